@@ -1,0 +1,186 @@
+"""Decisions as typed values: the plans policies return and the actions they imply.
+
+Policies never act; the controller's orchestrator (or the simulator) executes the
+``actions()`` of a plan in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.model import Role
+
+# --- actions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadVariant:
+    """Load ``variant`` of ``app_id`` on ``server_id`` for ``role``."""
+
+    server_id: str
+    app_id: str
+    variant: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadVariant:
+    """Unload ``variant`` of ``app_id`` from ``server_id``."""
+
+    server_id: str
+    app_id: str
+    variant: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteReplica:
+    """Make the loaded replica on ``server_id`` the app's serving replica and notify clients."""
+
+    app_id: str
+    server_id: str
+    variant: str
+
+
+Action = LoadVariant | UnloadVariant | PromoteReplica
+
+
+# --- warm-backup plan ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WarmAssignment:
+    """One warm backup: ``variant`` of ``app_id`` loaded on ``server_id``."""
+
+    app_id: str
+    server_id: str
+    variant: str
+    accuracy: float
+
+
+@dataclass(frozen=True, slots=True)
+class UncoveredApp:
+    """An app in K that got fewer warm backups than it asked for, and why."""
+
+    app_id: str
+    wanted: int
+    placed: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SolveStats:
+    """How a plan was computed: solver outcome, objective, bound and timings."""
+
+    method: str
+    solver: str
+    status: str
+    objective: float
+    bound: float | None = None
+    gap: float | None = None
+    variables: int = 0
+    constraints: int = 0
+    build_s: float = 0.0
+    solve_s: float = 0.0
+    total_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPlan:
+    """The chosen warm backups for the apps in K, and the apps left without enough of them."""
+
+    assignments: tuple[WarmAssignment, ...]
+    uncovered: tuple[UncoveredApp, ...]
+    stats: SolveStats
+
+    def for_app(self, app_id: str) -> tuple[WarmAssignment, ...]:
+        return tuple(a for a in self.assignments if a.app_id == app_id)
+
+    def actions(self, current_warm: tuple[tuple[str, str, str], ...] = ()) -> tuple[Action, ...]:
+        """Loads for new backups, then unloads of ``current_warm`` (app, server, variant) dropped.
+
+        Loads come first so an app never has fewer backups than before while the plan applies.
+        """
+        wanted = {(a.app_id, a.server_id, a.variant) for a in self.assignments}
+        current = set(current_warm)
+        loads = tuple(LoadVariant(a.server_id, a.app_id, a.variant, Role.WARM)
+                      for a in self.assignments if (a.app_id, a.server_id, a.variant) not in current)
+        unloads = tuple(UnloadVariant(server, app, variant)
+                        for app, server, variant in sorted(current - wanted))
+        return loads + unloads
+
+
+# --- failover plan -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSwitch:
+    """A failed app switches at once to its live warm backup."""
+
+    app_id: str
+    server_id: str
+    variant: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressiveRecovery:
+    """A failed app is recovered cold on ``server_id``: interim variant first, then target.
+
+    When ``interim_variant == target_variant`` only one load happens.
+    """
+
+    app_id: str
+    server_id: str
+    interim_variant: str
+    target_variant: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unrecoverable:
+    """A failed app for which no live server has room, even for its smallest variant."""
+
+    app_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressivePlan:
+    """Output of the progressive-failover heuristic (FailLite Algorithm 1)."""
+
+    recoveries: tuple[ProgressiveRecovery, ...]
+    unrecoverable: tuple[Unrecoverable, ...]
+    demand_ratio: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverPlan:
+    """What to do when servers fail: warm switches first, then progressive recoveries."""
+
+    failed_servers: frozenset[str]
+    warm_switches: tuple[WarmSwitch, ...]
+    recoveries: tuple[ProgressiveRecovery, ...]
+    unrecoverable: tuple[Unrecoverable, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def affected_apps(self) -> frozenset[str]:
+        return frozenset(s.app_id for s in self.warm_switches) | frozenset(
+            r.app_id for r in self.recoveries) | frozenset(u.app_id for u in self.unrecoverable)
+
+    def actions(self) -> tuple[Action, ...]:
+        """Warm promotions, then every interim load, then upgrades and interim unloads.
+
+        All interims come before any upgrade so that every app serves as early as possible.
+        """
+        promotions = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
+                           for s in self.warm_switches)
+        interims: list[Action] = []
+        upgrades: list[Action] = []
+        for r in self.recoveries:
+            interims.append(LoadVariant(r.server_id, r.app_id, r.interim_variant, Role.INTERIM))
+            interims.append(PromoteReplica(r.app_id, r.server_id, r.interim_variant))
+            if r.target_variant != r.interim_variant:
+                upgrades.append(LoadVariant(r.server_id, r.app_id, r.target_variant, Role.UPGRADE))
+                upgrades.append(PromoteReplica(r.app_id, r.server_id, r.target_variant))
+                upgrades.append(UnloadVariant(r.server_id, r.app_id, r.interim_variant))
+        return promotions + tuple(interims) + tuple(upgrades)

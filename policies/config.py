@@ -1,0 +1,44 @@
+"""Configuration of the policies: pydantic models with units in names, unknown keys rejected."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SolverName = Literal["highs", "cbc", "gurobi"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WarmPlanConfig(_Frozen):
+    """Settings of the warm-backup ILP (FailLite eq. 1-7 plus §3.4's extensions)."""
+
+    alpha: float = Field(0.1, ge=0.0, le=1.0,
+                         description="share of total free capacity kept for cold failover")
+    replicas: int = Field(1, ge=0, le=16, description="warm backups per app in K (R)")
+    site_independent: bool = Field(
+        False, description="a backup never shares a site with its primary; an app's backups "
+                           "use distinct sites")
+    solver: SolverName = "highs"
+    time_limit_s: float = Field(30.0, gt=0.0)
+    mip_rel_gap: float = Field(1e-4, ge=0.0, le=1.0)
+    threads: int | None = Field(None, ge=1)
+    method: Literal["decomposed", "full"] = Field(
+        "decomposed", description="'decomposed': aggregate master + packing with a full-ILP "
+                                  "fallback; 'full': one ILP over app x variant x server")
+    keep_current_bonus: float = Field(
+        1e-3, ge=0.0, le=0.1,
+        description="objective bonus (relative) for keeping an existing warm backup where it "
+                    "is, so re-planning does not churn loaded models for nothing")
+
+
+class ProgressiveConfig(_Frozen):
+    """Settings of the progressive-failover heuristic (FailLite Algorithm 1)."""
+
+    upgrade: bool = Field(True, description="run the upgrade_model pass")
+    order: Literal["priority", "input"] = Field(
+        "priority", description="'priority': critical apps first, then larger demand first; "
+                                "'input': the order given (the paper's)")
