@@ -1,0 +1,39 @@
+# Understudy developer entry points. `make demo` and `make test` are all a new machine needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint demo bench clean distclean
+
+# The virtual environment, (re)installed whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+$(VENV) venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy policies
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy policies
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/understudy demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/ilp_scale.py
+	$(BIN)/python bench/heuristic_scale.py
+
+# Build and tool caches; the virtual environment stays (see distclean).
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,345 @@
+"""Model-variant profiles: built from torchvision's published metadata, loaded as policy families.
+
+Three steps, each usable on its own:
+
+* ``build_profiles(csv_path)`` turns ``shared/data/torchvision_classification.csv`` into one
+  JSON-able document per family (pure: reads the CSV, returns dicts);
+* ``write_profiles(docs, out_dir)`` writes them as ``<family>.json`` (deterministic bytes);
+* ``load_families(profile_dir)`` reads the JSON files back into ``policies.model.Family`` values.
+
+The estimates (memory, compute share, latency) are coarse rules of thumb from FLOPs and weight
+size; the README's "Model-variant profiles" section states every rule. The profiler (issue 3)
+replaces them with measured resident memory, load times and latencies.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policies.errors import InvalidInputError
+from policies.model import REFERENCE_SERVER_TYPE, Family, Variant
+from policies.resources import MEMORY_MB, Resources
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Version of the profile document layout; bump it on an incompatible change."""
+
+SOURCE_CSV_NAME = "torchvision_classification.csv"
+SOURCE_TORCHVISION_VERSION = "0.29.2"
+"""The torchvision release whose weights metadata the CSV reproduces (see shared/data/README)."""
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+"""Where the committed profile documents live (package data of ``model_repo``)."""
+
+# --- memory estimate ----------------------------------------------------------------------
+# memory_mb = file_size_mb + activation_mb, activation_mb = WORKSPACE_MB + MB_PER_GFLOP * gflops.
+WORKSPACE_MB = 16.0
+"""Fixed per-instance GPU workspace (CUDA/cuDNN scratch, I/O buffers), MB."""
+ACTIVATION_MB_PER_GFLOP = 0.5
+"""Batch-1 activation memory per GFLOP of one forward pass, MB (a coarse rule of thumb)."""
+MEMORY_DECIMALS = 1
+
+# --- compute and latency estimate on the reference GPU -------------------------------------
+REFERENCE_GPU_NAME = "NVIDIA A2"
+"""The FailLite testbed GPU; ``compute`` is measured in percent of one of these."""
+REFERENCE_PEAK_GFLOPS = 4500.0
+"""FP32 peak throughput of the reference GPU, GFLOP/s."""
+REFERENCE_EFFICIENCY = 0.40
+"""Share of the peak a batch-1 CNN/ViT forward pass is assumed to reach."""
+REFERENCE_EFFECTIVE_GFLOPS = REFERENCE_PEAK_GFLOPS * REFERENCE_EFFICIENCY
+"""Effective throughput, GFLOP/s (1800): the basis of compute share and latency."""
+COMPUTE_PERCENT_OF_GPU = 100.0
+"""``compute`` units in one whole reference GPU (a server's capacity is this x its speed)."""
+COMPUTE_DECIMALS = 4
+LATENCY_OVERHEAD_MS = 1.0
+"""Fixed per-request latency (launch, copies) added to the FLOP time, ms."""
+LATENCY_DECIMALS = 3
+ACCURACY_DECIMALS = 6
+
+_REQUIRED_COLUMNS = (
+    "family", "model", "weights", "default", "acc1", "acc5",
+    "params", "gflops", "file_size_mb", "crop_size",
+)
+
+
+class ProfileError(ValueError):
+    """A profile source (CSV) or document (JSON) is missing or malformed."""
+
+
+# --- document schema (what load_families accepts) -----------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceFields(_Strict):
+    """The CSV row a variant was built from, as published by torchvision."""
+
+    weights: str
+    params: int = Field(gt=0)
+    gflops: float = Field(gt=0)
+    file_size_mb: float = Field(gt=0)
+    crop_size: int = Field(gt=0)
+    acc1: float = Field(gt=0, le=100)
+    acc5: float = Field(gt=0, le=100)
+
+
+class VariantProfile(_Strict):
+    """One variant's profile as stored in a family document."""
+
+    name: str = Field(min_length=1)
+    accuracy: float = Field(gt=0, le=1)
+    top1_pct: float | None = None
+    memory_mb: float = Field(gt=0)
+    activation_mb: float | None = Field(None, ge=0)
+    compute_per_rps: float = Field(ge=0)
+    latency_ms: dict[str, float]
+    load_time_s: float | None = Field(None, ge=0)
+    size_mb: float | None = Field(None, ge=0)
+    source: SourceFields | None = None
+
+
+class FamilyDocument(_Strict):
+    """A whole ``<family>.json`` document."""
+
+    schema_version: int
+    family: str = Field(min_length=1)
+    source: dict[str, str] = Field(default_factory=dict)
+    reference_gpu: dict[str, float | str] = Field(default_factory=dict)
+    variants: list[VariantProfile] = Field(min_length=1)
+
+
+# --- build ---------------------------------------------------------------------------------
+
+
+def reference_gpu_document() -> dict[str, float | str]:
+    """The estimation constants, recorded in every document next to the figures they produced."""
+    return {
+        "name": REFERENCE_GPU_NAME,
+        "peak_fp32_gflops": REFERENCE_PEAK_GFLOPS,
+        "efficiency": REFERENCE_EFFICIENCY,
+        "effective_gflops": REFERENCE_EFFECTIVE_GFLOPS,
+        "compute_unit": "percent of one reference GPU per request/s",
+        "latency_overhead_ms": LATENCY_OVERHEAD_MS,
+        "workspace_mb": WORKSPACE_MB,
+        "activation_mb_per_gflop": ACTIVATION_MB_PER_GFLOP,
+    }
+
+
+def estimate_activation_mb(gflops: float) -> float:
+    """Per-instance GPU memory beyond the weights: fixed workspace plus batch-1 activations."""
+    return WORKSPACE_MB + ACTIVATION_MB_PER_GFLOP * gflops
+
+
+def estimate_memory_mb(file_size_mb: float, gflops: float) -> float:
+    """GPU memory of one loaded instance, MB: weights plus activations, to 0.1 MB."""
+    return round(file_size_mb + estimate_activation_mb(gflops), MEMORY_DECIMALS)
+
+
+def estimate_compute_per_rps(gflops: float) -> float:
+    """Percent of one reference GPU consumed per request/s of load."""
+    return round(COMPUTE_PERCENT_OF_GPU * gflops / REFERENCE_EFFECTIVE_GFLOPS, COMPUTE_DECIMALS)
+
+
+def estimate_latency_ms(gflops: float) -> float:
+    """Batch-1 latency on the reference GPU: fixed overhead plus FLOPs at effective speed."""
+    gflop_per_ms = REFERENCE_EFFECTIVE_GFLOPS / 1000.0
+    return round(LATENCY_OVERHEAD_MS + gflops / gflop_per_ms, LATENCY_DECIMALS)
+
+
+def _parse_row(row: Mapping[str, str], line: int) -> dict[str, Any]:
+    try:
+        return {
+            "family": _non_empty(row["family"]),
+            "model": _non_empty(row["model"]),
+            "weights": _non_empty(row["weights"]),
+            "default": int(row["default"]),
+            "acc1": float(row["acc1"]),
+            "acc5": float(row["acc5"]),
+            "params": int(row["params"]),
+            "gflops": float(row["gflops"]),
+            "file_size_mb": float(row["file_size_mb"]),
+            "crop_size": int(row["crop_size"]),
+        }
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"line {line}: {exc}") from exc
+
+
+def _non_empty(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("empty name field")
+    return value
+
+
+def read_default_rows(csv_path: str | Path) -> list[dict[str, Any]]:
+    """The rows of the CSV marked ``default == 1``: exactly one per model, checked."""
+    path = Path(csv_path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in _REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ProfileError(f"{path}: missing columns {missing}")
+            rows = [_parse_row(row, line) for line, row in enumerate(reader, start=2)]
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile source {path}: {exc}") from exc
+    defaults: dict[str, dict[str, Any]] = {}
+    family_of: dict[str, str] = {}
+    for row in rows:
+        model = row["model"]
+        if family_of.setdefault(model, row["family"]) != row["family"]:
+            raise ProfileError(f"{path}: model {model!r} appears in two families")
+        if row["default"] == 1:
+            if model in defaults:
+                raise ProfileError(f"{path}: model {model!r} has more than one default row")
+            defaults[model] = row
+    no_default = sorted(set(family_of) - set(defaults))
+    if no_default:
+        raise ProfileError(f"{path}: models without a default row: {no_default}")
+    return list(defaults.values())
+
+
+def _variant_document(row: Mapping[str, Any], best_acc1: float) -> dict[str, Any]:
+    gflops = row["gflops"]
+    return {
+        "name": row["model"],
+        "accuracy": round(row["acc1"] / best_acc1, ACCURACY_DECIMALS),
+        "top1_pct": row["acc1"],
+        "memory_mb": estimate_memory_mb(row["file_size_mb"], gflops),
+        "activation_mb": round(estimate_activation_mb(gflops), 4),
+        "compute_per_rps": estimate_compute_per_rps(gflops),
+        "latency_ms": {REFERENCE_SERVER_TYPE: estimate_latency_ms(gflops)},
+        "load_time_s": None,
+        "size_mb": row["file_size_mb"],
+        "source": {key: row[key] for key in (
+            "weights", "params", "gflops", "file_size_mb", "crop_size", "acc1", "acc5")},
+    }
+
+
+def build_profiles(csv_path: str | Path) -> dict[str, dict[str, Any]]:
+    """Build one profile document per family from the torchvision metadata CSV.
+
+    Args:
+        csv_path: ``torchvision_classification.csv`` (layout in shared/data/README.md).
+
+    Returns:
+        Family name -> JSON-able document, families in name order, each document's variants
+        sorted by ``memory_mb`` (then name).
+
+    Raises:
+        ProfileError: the CSV is missing, lacks a column, has a bad value, or a model has no
+            (or more than one) default row.
+    """
+    by_family: dict[str, list[dict[str, Any]]] = {}
+    for row in read_default_rows(csv_path):
+        by_family.setdefault(row["family"], []).append(row)
+    docs: dict[str, dict[str, Any]] = {}
+    for family in sorted(by_family):
+        rows = by_family[family]
+        best_acc1 = max(row["acc1"] for row in rows)
+        variants = [_variant_document(row, best_acc1) for row in rows]
+        variants.sort(key=lambda v: (v["memory_mb"], v["name"]))
+        docs[family] = {
+            "schema_version": SCHEMA_VERSION,
+            "family": family,
+            "source": {"csv": SOURCE_CSV_NAME, "torchvision": SOURCE_TORCHVISION_VERSION},
+            "reference_gpu": reference_gpu_document(),
+            "variants": variants,
+        }
+    return docs
+
+
+def dump_document(doc: Mapping[str, Any]) -> str:
+    """The exact text a document is stored as: sorted keys, indent 2, trailing newline."""
+    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_profiles(docs: Mapping[str, Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Write each document to ``out_dir/<family>.json``; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for family in sorted(docs):
+        path = out / f"{family}.json"
+        path.write_text(dump_document(docs[family]), encoding="utf-8")
+        written.append(path)
+    logger.info("wrote %d profile documents to %s", len(written), out)
+    return written
+
+
+# --- load ----------------------------------------------------------------------------------
+
+
+def load_family_document(path: str | Path) -> FamilyDocument:
+    """Read and validate one ``<family>.json``; its ``family`` must match the file name."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile {path} is not valid JSON: {exc}") from exc
+    try:
+        doc = FamilyDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(f"profile {path} is malformed: {exc}") from exc
+    if doc.schema_version != SCHEMA_VERSION:
+        raise ProfileError(
+            f"profile {path}: schema_version {doc.schema_version}, expected {SCHEMA_VERSION}")
+    if doc.family != path.stem:
+        raise ProfileError(f"profile {path} describes family {doc.family!r}, not {path.stem!r}")
+    return doc
+
+
+def load_family_documents(profile_dir: str | Path | None = None) -> dict[str, FamilyDocument]:
+    """Every ``*.json`` document in ``profile_dir`` (default: the packaged profiles), by family."""
+    directory = PROFILE_DIR if profile_dir is None else Path(profile_dir)
+    if not directory.is_dir():
+        raise ProfileError(f"profile directory {directory} does not exist")
+    paths = sorted(directory.glob("*.json"))
+    if not paths:
+        raise ProfileError(f"profile directory {directory} holds no *.json profile")
+    return {path.stem: load_family_document(path) for path in paths}
+
+
+def family_from_document(doc: FamilyDocument) -> Family:
+    """The policy data model's ``Family`` for one validated document."""
+    try:
+        variants = tuple(
+            Variant(
+                name=v.name,
+                family=doc.family,
+                accuracy=v.accuracy,
+                base_demand=Resources({MEMORY_MB: v.memory_mb}),
+                compute_per_rps=v.compute_per_rps,
+                latency_ms=dict(v.latency_ms),
+                load_time_s=v.load_time_s,
+                top1_pct=v.top1_pct,
+                size_mb=v.size_mb,
+            )
+            for v in doc.variants
+        )
+        return Family(name=doc.family, variants=variants)
+    except InvalidInputError as exc:
+        raise ProfileError(f"profile of family {doc.family!r}: {exc}") from exc
+
+
+def load_families(profile_dir: str | Path | None = None) -> dict[str, Family]:
+    """All families in ``profile_dir`` (default: the packaged profiles) as policy values.
+
+    Raises:
+        ProfileError: the directory is missing or empty, or a file is unreadable, not JSON,
+            does not match the schema, or describes an invalid family.
+    """
+    docs = load_family_documents(profile_dir)
+    return {name: family_from_document(doc) for name, doc in docs.items()}
