@@ -26,9 +26,10 @@ class WarmPlanConfig(_Frozen):
     time_limit_s: float = Field(30.0, gt=0.0)
     mip_rel_gap: float = Field(1e-4, ge=0.0, le=1.0)
     threads: int | None = Field(None, ge=1)
-    method: Literal["decomposed", "full"] = Field(
-        "decomposed", description="'decomposed': aggregate master + packing with a full-ILP "
-                                  "fallback; 'full': one ILP over app x variant x server")
+    method: Literal["colgen", "full"] = Field(
+        "colgen", description="'colgen': column generation over the LP relaxation, then the "
+                              "MIP over the generated columns; 'full': one MIP over every "
+                              "pruned app x variant x server column")
     keep_current_bonus: float = Field(
         1e-3, ge=0.0, le=0.1,
         description="objective bonus (relative) for keeping an existing warm backup where it "
