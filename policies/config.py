@@ -26,10 +26,14 @@ class WarmPlanConfig(_Frozen):
     time_limit_s: float = Field(30.0, gt=0.0)
     mip_rel_gap: float = Field(1e-4, ge=0.0, le=1.0)
     threads: int | None = Field(None, ge=1)
-    method: Literal["colgen", "full"] = Field(
-        "colgen", description="'colgen': column generation over the LP relaxation, then the "
-                              "MIP over the generated columns; 'full': one MIP over every "
-                              "pruned app x variant x server column")
+    method: Literal["decomposed", "full"] = Field(
+        "decomposed", description="'decomposed': an aggregate ILP picks the variants, a packer "
+                                  "places them, the aggregate bound certifies the gap; 'full': "
+                                  "one MIP over every pruned app x variant x server column")
+    exact_fallback_max_columns: int = Field(
+        5000, ge=0, description="'decomposed' also solves the full MIP when its certified gap "
+                                "exceeds mip_rel_gap and the instance has at most this many "
+                                "columns (small instances are then solved exactly)")
     keep_current_bonus: float = Field(
         1e-3, ge=0.0, le=0.1,
         description="objective bonus (relative) for keeping an existing warm backup where it "

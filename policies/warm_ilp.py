@@ -17,14 +17,16 @@ objective any plan can reach, so one more backup always beats any accuracy gain:
 maximises the number of backups placed, then effective accuracy. The slack makes every
 instance feasible; apps with ``u_i > 0`` are reported as uncovered with a reason.
 
-**Column generation (method "colgen", default).** The objective does not depend on the
-server, so most of the app x variant x server columns are interchangeable. We start from a
-few columns per (app, variant) — the servers with the most free memory, plus the best one
-per site — solve the LP relaxation, price every omitted column with the LP duals and add
-those with positive reduced cost, until none is left. The final LP optimum is then the LP
-optimum of the full model, a valid upper bound; the MIP is solved over the generated
-columns only and its gap is reported against that bound. Method "full" builds every
-pruned column (the reference, and the fallback for tiny instances).
+**Decomposition (method "decomposed", default).** The objective does not depend on the
+server, so the hard part of the full MIP (which of ~100 interchangeable servers) carries no
+value. An aggregate ILP chooses the variants: one integer z_ij per (app, variant) with
+eq. (3), eq. (5) and the coverage penalty, and with per-server capacity (eq. 2) summed over
+servers. It is a relaxation of the full model, so its optimum bounds the full optimum from
+above. ``warm_packing`` then places the chosen backups (decreasing size; worst-fit, or
+best-fit when worst-fit leaves some out), retries unpacked ones with smaller variants and
+upgrades where room is left. The reported gap is certified against the aggregate bound. When
+that gap exceeds ``mip_rel_gap`` on a small instance the full MIP is solved too and the
+better plan kept, so small instances are solved exactly. Method "full" builds the full MIP.
 """
 
 from __future__ import annotations
@@ -43,17 +45,14 @@ from policies.config import WarmPlanConfig
 from policies.errors import SolverFailedError
 from policies.model import ClusterSnapshot
 from policies.resources import MEMORY_MB
-from policies.solvers import SolverOptions, dual_sign, make_solver
-from policies.warm_candidates import Column, WarmProblem, build_warm_problem
+from policies.solvers import SolverOptions, make_solver
+from policies.warm_candidates import WarmProblem, build_warm_problem
+from policies.warm_packing import Packing, pack
 
 logger = logging.getLogger(__name__)
 
-INITIAL_SERVERS_PER_VARIANT = 4
-"""Columns per (app, variant) before pricing: the freest servers (plus the best per site)."""
-
-MAX_PRICING_ROUNDS = 30
-COLUMNS_PER_APP_PER_ROUND = 4
-_RC_TOL = 1e-7
+MAX_REPACK_ROUNDS = 6
+"""Aggregate ILP + packing rounds before the decomposed method keeps its best packing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +61,12 @@ class _Model:
     x: dict[int, pulp.LpVariable]
     u: list[pulp.LpVariable]
     penalty: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Master:
+    model: _Model
+    z: dict[tuple[int, str], pulp.LpVariable]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,34 +99,114 @@ def plan_warm_backups(snapshot: ClusterSnapshot, config: WarmPlanConfig | None =
                            objective=0.0, bound=0.0, gap=0.0, total_s=clock() - started)
         return WarmPlan((), _uncovered(problem, {}, snapshot, config.replicas), stats)
 
-    notes: list[str] = []
-    lp_bound: float | None = None
-    if config.method == "colgen":
-        columns, lp_bound, rounds, complete = _generate_columns(problem, config, clock)
-        notes.append(f"column generation: {len(columns)} of {len(problem.columns)} columns, "
-                     f"{rounds} pricing rounds, "
-                     + ("pricing complete (LP bound is global)" if complete
-                        else "pricing stopped early (bound from reduced costs)"))
+    if config.method == "full":
+        model = _build_model(problem, range(len(problem.columns)))
+        built = clock()
+        solved = _solve(model, config, clock)
+        notes = ["full MIP"]
     else:
-        columns = list(range(len(problem.columns)))
-    built = clock()
-    model = _build_model(problem, columns, relax=False)
-    solved = _solve(model, config, clock, mip=True)
-    return _to_plan(snapshot, problem, model, solved, lp_bound, config, notes,
+        solved, model, notes = _solve_decomposed(problem, config, clock)
+        # Model building and packing interleave with the solves: build = total - solver time.
+        built = clock() - solved.solve_s
+    return _to_plan(snapshot, problem, model.penalty, solved, config, notes,
                     build_s=built - started, total_s=clock() - started)
+
+
+def _solve_decomposed(problem: WarmProblem, config: WarmPlanConfig,
+                      clock: Callable[[], float]) -> tuple[_Solved, _Model, list[str]]:
+    """Aggregate ILP for the variants, packing for the servers, exact MIP when small."""
+    budget = list(problem.budget)
+    memory = problem.resources.index(MEMORY_MB)
+    bound: float | None = None
+    best: tuple[Packing, _Master, _Solved] | None = None
+    notes = []
+    solve_s = 0.0
+    for attempt in range(1, MAX_REPACK_ROUNDS + 1):
+        master = _build_master(problem, budget)
+        master_solved = _solve(master.model, config, clock)
+        solve_s += master_solved.solve_s
+        if bound is None:
+            # Only the first master (the true budget) is a relaxation of the full model.
+            bound = master_solved.solver_bound
+            if bound is None:
+                # The backend exposes no dual bound: its optimum within the gap is one.
+                bound = master_solved.solver_objective + config.mip_rel_gap * abs(
+                    master_solved.solver_objective)
+        items = [(i, name) for (i, name), var in master.z.items()
+                 for _ in range(round(var.varValue or 0.0))]
+        packing = pack(problem, items, memory)
+        notes.append(f"round {attempt}: aggregate ILP chose {len(items)} backups "
+                     f"({master_solved.status}), packing placed {len(packing.chosen)}")
+        if best is None or _better(problem, packing, best[0]):
+            best = (packing, master, master_solved)
+        shortfall = _unpacked_demand(problem, items, packing)
+        if not any(shortfall):
+            break
+        # Fragmentation left backups out: ask the master for the same choice with less room.
+        budget = [max(0.0, b - s) for b, s in zip(budget, shortfall, strict=True)]
+    assert best is not None and bound is not None
+    packing, master, master_solved = best
+    uncovered = problem.total_wanted - len(packing.chosen)
+    objective = packing.value(problem) - master.model.penalty * uncovered
+    solved = _Solved(list(packing.chosen), objective, bound, master_solved.status,
+                     master_solved.variables, master_solved.constraints, solve_s)
+    model = master.model
+    if (_gap(solved) > config.mip_rel_gap
+            and len(problem.columns) <= config.exact_fallback_max_columns):
+        full = _build_model(problem, range(len(problem.columns)))
+        exact = _solve(full, config, clock)
+        notes.append(f"gap {_gap(solved):.2e} above mip_rel_gap: full MIP solved too "
+                     f"({exact.status})")
+        keep = exact if exact.solver_objective > solved.solver_objective else solved
+        tightest = min(b for b in (solved.solver_bound, exact.solver_bound) if b is not None)
+        solved = _Solved(keep.chosen, keep.solver_objective, tightest, exact.status,
+                         exact.variables, exact.constraints, solved.solve_s + exact.solve_s)
+        model = full
+    return solved, model, notes
+
+
+def _better(problem: WarmProblem, a: Packing, b: Packing) -> bool:
+    return (len(a.chosen), a.value(problem)) > (len(b.chosen), b.value(problem))
+
+
+def _unpacked_demand(problem: WarmProblem, items: Sequence[tuple[int, str]],
+                     packing: Packing) -> list[float]:
+    """Per resource, the demand of the chosen backups the packing had to leave out."""
+    asked: dict[int, list[float]] = defaultdict(lambda: [0.0] * len(problem.resources))
+    first: dict[tuple[int, str], int] = {}
+    for n, column in enumerate(problem.columns):
+        first.setdefault((column.app, column.variant.name), n)
+    for item in items:
+        for r, d in enumerate(problem.columns[first[item]].demand):
+            asked[item[0]][r] += d
+    for n in packing.chosen:
+        for r, d in enumerate(problem.columns[n].demand):
+            asked[problem.columns[n].app][r] -= d
+    return [sum(max(0.0, v[r]) for v in asked.values()) for r in range(len(problem.resources))]
+
+
+def _gap(solved: _Solved) -> float:
+    if solved.solver_bound is None:
+        return math.inf
+    return max(0.0, solved.solver_bound - solved.solver_objective) / max(
+        abs(solved.solver_bound), 1e-9)
 
 
 # --- model building ------------------------------------------------------------------------
 
 
-def _build_model(problem: WarmProblem, columns: Sequence[int], *, relax: bool) -> _Model:
-    """The PuLP model over the given column indices (see the module docstring)."""
-    category = pulp.LpContinuous if relax else pulp.LpBinary
+def _coverage_penalty(problem: WarmProblem) -> float:
+    """P: above any accuracy objective (values carry at most a 10 % keep-current bonus)."""
+    return sum(r * a.max_rate_rps for r, a in zip(problem.wanted, problem.apps,
+                                                  strict=True)) * 1.1 + 1.0
+
+
+def _build_model(problem: WarmProblem, columns: Sequence[int]) -> _Model:
+    """The full PuLP model over the given column indices (see the module docstring)."""
     model = pulp.LpProblem("warm_backups", pulp.LpMaximize)
-    x = {n: pulp.LpVariable(f"x{n}", 0, 1, category) for n in columns}
+    x = {n: pulp.LpVariable(f"x{n}", 0, 1, pulp.LpBinary) for n in columns}
     u = [pulp.LpVariable(f"u{i}", 0, r) for i, r in enumerate(problem.wanted)]
-    penalty = sum(r * a.max_rate_rps for r, a in zip(problem.wanted, problem.apps,
-                                                     strict=True)) * 1.1 + 1.0
+    penalty = _coverage_penalty(problem)
     objective = [(x[n], problem.columns[n].value) for n in columns]
     objective += [(var, -penalty) for var in u]
     model.setObjective(pulp.LpAffineExpression(objective))
@@ -170,13 +255,53 @@ def _add_le(model: pulp.LpProblem, terms: list[tuple[pulp.LpVariable, float]], n
                                           pulp.LpConstraintLE, name, rhs))
 
 
+def _build_master(problem: WarmProblem, budget: Sequence[float]) -> _Master:
+    """The aggregate ILP: which variant (and how many copies) each app gets, not where."""
+    model = pulp.LpProblem("warm_variants", pulp.LpMaximize)
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for n, column in enumerate(problem.columns):
+        groups[(column.app, column.variant.name)].append(n)
+    spread: dict[int, int] = {}
+    for i in range(len(problem.apps)):
+        servers = {problem.columns[n].server for (a, _), ns in groups.items() if a == i
+                   for n in ns}
+        sites = {problem.servers[k].site_id for k in servers}
+        spread[i] = len(sites) if problem.site_independent else len(servers)
+    z: dict[tuple[int, str], pulp.LpVariable] = {}
+    for (i, name), members in groups.items():
+        distinct = len({problem.columns[n].server for n in members})
+        upper = min(problem.wanted[i], distinct)
+        category = pulp.LpBinary if upper == 1 else pulp.LpInteger
+        z[(i, name)] = pulp.LpVariable(f"z{i}_{len(z)}", 0, upper, category)
+    u = [pulp.LpVariable(f"u{i}", 0, r) for i, r in enumerate(problem.wanted)]
+    penalty = _coverage_penalty(problem)
+    objective = [(var, max(problem.columns[n].value for n in groups[key]))
+                 for key, var in z.items()]
+    model.setObjective(pulp.LpAffineExpression(objective + [(var, -penalty) for var in u]))
+    by_app: dict[int, list[pulp.LpVariable]] = defaultdict(list)
+    for (i, _), var in z.items():
+        by_app[i].append(var)
+    for i, want in enumerate(problem.wanted):
+        terms = [(var, 1.0) for var in by_app.get(i, [])]
+        model.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms + [(u[i], 1.0)]),
+                                              pulp.LpConstraintEQ, f"app{i}", want))
+        if want > 1 and terms:
+            _add_le(model, terms, f"spread{i}", float(spread[i]))
+    total_capacity = [sum(c[r] for c in problem.capacity) for r in range(len(problem.resources))]
+    for r, share in enumerate(budget):
+        limit = min(share, total_capacity[r])
+        terms = [(var, problem.columns[groups[key][0]].demand[r]) for key, var in z.items()]
+        if sum(coef * (var.upBound or 0) for var, coef in terms) > limit:
+            _add_le(model, terms, f"budget{r}", limit)
+    return _Master(_Model(model, {}, u, penalty), z)
+
+
 # --- solving -------------------------------------------------------------------------------
 
 
-def _solve(model: _Model, config: WarmPlanConfig, clock: Callable[[], float], *,
-           mip: bool) -> _Solved:
+def _solve(model: _Model, config: WarmPlanConfig, clock: Callable[[], float]) -> _Solved:
     options = SolverOptions(config.time_limit_s, config.mip_rel_gap, config.threads)
-    solver = make_solver(config.solver if mip else "highs", options, mip=mip)
+    solver = make_solver(config.solver, options)
     started = clock()
     model.problem.solve(solver)
     elapsed = clock() - started
@@ -187,7 +312,7 @@ def _solve(model: _Model, config: WarmPlanConfig, clock: Callable[[], float], *,
     chosen = [n for n, var in model.x.items() if (var.varValue or 0.0) > 0.5]
     objective = pulp.value(model.problem.objective) or 0.0
     status = "optimal" if model.problem.sol_status == pulp.LpSolutionOptimal else "time_limit"
-    bound = _solver_bound(model.problem, solver) if mip else objective
+    bound = _solver_bound(model.problem, solver)
     return _Solved(chosen, objective, bound, status, len(model.x) + len(model.u),
                    len(model.problem.constraints), elapsed)
 
@@ -202,85 +327,17 @@ def _solver_bound(problem: pulp.LpProblem, solver: pulp.LpSolver) -> float | Non
     return -bound if math.isfinite(bound) else None
 
 
-# --- column generation ---------------------------------------------------------------------
-
-
-def _initial_columns(problem: WarmProblem) -> set[int]:
-    """Per (app, variant): the freest servers plus the freest server of every site."""
-    rank = sorted(range(len(problem.servers)),
-                  key=lambda k: (-problem.capacity[k][problem.resources.index(MEMORY_MB)], k))
-    position = {k: p for p, k in enumerate(rank)}
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for n, column in enumerate(problem.columns):
-        groups[(column.app, column.variant.name)].append(n)
-    chosen: set[int] = set()
-    for members in groups.values():
-        members.sort(key=lambda n: position[problem.columns[n].server])
-        chosen.update(members[:INITIAL_SERVERS_PER_VARIANT])
-        seen_sites: set[str] = set()
-        for n in members:
-            site = problem.servers[problem.columns[n].server].site_id
-            if site not in seen_sites:
-                seen_sites.add(site)
-                chosen.add(n)
-    return chosen
-
-
-def _generate_columns(problem: WarmProblem, config: WarmPlanConfig,
-                      clock: Callable[[], float]) -> tuple[list[int], float, int, bool]:
-    """Grow the column set until no omitted column has a positive reduced cost.
-
-    Returns the columns, an upper bound on the full LP optimum, the rounds run and whether
-    pricing completed (then the bound is the full LP optimum itself).
-    """
-    active = _initial_columns(problem)
-    sign = dual_sign("highs")
-    for round_no in range(1, MAX_PRICING_ROUNDS + 1):
-        model = _build_model(problem, sorted(active), relax=True)
-        solved = _solve(model, config, clock, mip=False)
-        duals = {name: sign * (c.pi or 0.0) for name, c in model.problem.constraints.items()}
-        best: dict[int, list[tuple[float, int]]] = defaultdict(list)
-        for n, column in enumerate(problem.columns):
-            if n in active:
-                continue
-            rc = _reduced_cost(problem, column, duals)
-            if rc > _RC_TOL:
-                best[column.app].append((rc, n))
-        if not best:
-            return sorted(active), solved.solver_objective, round_no, True
-        if round_no == MAX_PRICING_ROUNDS:
-            bound = solved.solver_objective + sum(
-                min(problem.wanted[i] * max(rc for rc, _ in cands), sum(rc for rc, _ in cands))
-                for i, cands in best.items())
-            return sorted(active), bound, round_no, False
-        for cands in best.values():
-            cands.sort(reverse=True)
-            active.update(n for _, n in cands[:COLUMNS_PER_APP_PER_ROUND])
-    raise AssertionError("unreachable")
-
-
-def _reduced_cost(problem: WarmProblem, column: Column, duals: dict[str, float]) -> float:
-    k = column.server
-    rc = column.value - duals.get(f"app{column.app}", 0.0)
-    for r, amount in enumerate(column.demand):
-        if amount:
-            rc -= amount * (duals.get(f"cap{k}_{r}", 0.0) + duals.get(f"budget{r}", 0.0))
-    if problem.wanted[column.app] > 1:
-        rc -= duals.get(f"one{column.app}_{k}", 0.0)
-        if problem.site_independent:
-            rc -= duals.get(f"site{column.app}_{problem.servers[k].site_id}", 0.0)
-    return rc
-
-
 # --- result --------------------------------------------------------------------------------
 
 
-def _to_plan(snapshot: ClusterSnapshot, problem: WarmProblem, model: _Model, solved: _Solved,
-             lp_bound: float | None, config: WarmPlanConfig, notes: list[str], *,
-             build_s: float, total_s: float) -> WarmPlan:
+def _to_plan(snapshot: ClusterSnapshot, problem: WarmProblem, penalty: float, solved: _Solved,
+             config: WarmPlanConfig, notes: list[str], *, build_s: float,
+             total_s: float) -> WarmPlan:
     assignments = []
     placed: dict[str, int] = defaultdict(int)
-    for n in sorted(solved.chosen, key=lambda n: (problem.columns[n].app, problem.columns[n].server)):
+    ordered = sorted(solved.chosen,
+                     key=lambda m: (problem.columns[m].app, problem.columns[m].server))
+    for n in ordered:
         column = problem.columns[n]
         app = problem.apps[column.app]
         placed[app.app_id] += 1
@@ -289,13 +346,11 @@ def _to_plan(snapshot: ClusterSnapshot, problem: WarmProblem, model: _Model, sol
     accuracy_objective = sum(a.accuracy * snapshot.app_by_id[a.app_id].max_rate_rps
                              for a in assignments)
     uncovered_backups = problem.total_wanted - len(assignments)
-    bounds = [b for b in (solved.solver_bound, lp_bound) if b is not None]
-    solver_bound = min(bounds) if bounds else None
     bound = gap = None
-    if solver_bound is not None:
-        bound = solver_bound + model.penalty * uncovered_backups
-        denominator = max(abs(solver_bound), 1e-9)
-        gap = max(0.0, (solver_bound - solved.solver_objective) / denominator)
+    if solved.solver_bound is not None:
+        # Plans at least as well covered as this one have accuracy <= solver bound + P*U.
+        bound = solved.solver_bound + penalty * uncovered_backups
+        gap = _gap(solved)
     stats = SolveStats(
         method=config.method, solver=config.solver, status=solved.status,
         objective=accuracy_objective, bound=bound, gap=gap, variables=solved.variables,
