@@ -104,7 +104,8 @@ class WarmPlan:
         wanted = {(a.app_id, a.server_id, a.variant) for a in self.assignments}
         current = set(current_warm)
         loads = tuple(LoadVariant(a.server_id, a.app_id, a.variant, Role.WARM)
-                      for a in self.assignments if (a.app_id, a.server_id, a.variant) not in current)
+                      for a in self.assignments
+                      if (a.app_id, a.server_id, a.variant) not in current)
         unloads = tuple(UnloadVariant(server, app, variant)
                         for app, server, variant in sorted(current - wanted))
         return loads + unloads

@@ -75,7 +75,8 @@ class Variant:
         _require_id(self.family, f"family of variant {self.name!r}")
         if not 0.0 < self.accuracy <= 1.0:
             raise InvalidInputError(
-                f"variant {self.name!r}: normalised accuracy must be in (0, 1], got {self.accuracy}")
+                f"variant {self.name!r}: normalised accuracy must be in (0, 1], "
+                f"got {self.accuracy}")
         base = Resources.non_negative(self.base_demand, what=f"variant {self.name!r} demand")
         if base[MEMORY_MB] <= 0:
             raise InvalidInputError(f"variant {self.name!r}: memory demand must be positive")
@@ -99,10 +100,7 @@ class Variant:
 
     def latency_on(self, server: Server) -> float:
         """Batch-1 latency on ``server``: its type's figure, else reference / speed."""
-        measured = self.latency_ms.get(server.server_type)
-        if measured is not None:
-            return measured
-        return self.latency_ms[REFERENCE_SERVER_TYPE] / server.speed
+        return latency_for(self, server.server_type, server.speed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,11 +338,13 @@ class ClusterSnapshot:
                 raise UnknownReferenceError(f"placement names unknown app {placement.app_id!r}")
             if placement.server_id not in self.server_by_id:
                 raise UnknownReferenceError(
-                    f"placement of {placement.app_id!r} names unknown server {placement.server_id!r}")
+                    f"placement of {placement.app_id!r} names unknown server "
+                    f"{placement.server_id!r}")
             variant = self.families[app.family].variant(placement.variant)
             key = (placement.app_id, placement.server_id, placement.variant)
             if key in seen:
-                raise DuplicateIdError(f"variant {key[2]!r} of {key[0]!r} placed twice on {key[1]!r}")
+                raise DuplicateIdError(
+                    f"variant {key[2]!r} of {key[0]!r} placed twice on {key[1]!r}")
             seen.add(key)
             if placement.role is Role.PRIMARY:
                 if placement.app_id in primaries:
@@ -397,6 +397,19 @@ class ClusterSnapshot:
     def with_failed(self, server_ids: Iterable[str]) -> ClusterSnapshot:
         """A copy in which ``server_ids`` are failed too."""
         return replace(self, failed_servers=self.failed_servers | frozenset(server_ids))
+
+
+def latency_for(variant: Variant, server_type: str, speed: float) -> float:
+    """Latency of ``variant`` on a server of ``server_type`` and ``speed``.
+
+    A figure measured on that server type wins; otherwise the reference figure is scaled
+    by the server's speed (the reference server has speed 1).
+    """
+    if server_type != REFERENCE_SERVER_TYPE:
+        measured = variant.latency_ms.get(server_type)
+        if measured is not None:
+            return measured
+    return variant.latency_ms[REFERENCE_SERVER_TYPE] / speed
 
 
 def accuracy_reduction(primary: Variant, backup: Variant) -> float:

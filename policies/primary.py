@@ -54,7 +54,8 @@ def place_primaries(snapshot: ClusterSnapshot, app_ids: Sequence[str] | None = N
     unplaced: list[UnplacedApp] = []
     for app in todo:
         demand = demands[app.app_id]
-        candidates = [s for s in _allowed_servers(app, live) if demand.fits_within(free[s.server_id])]
+        candidates = [s for s in _allowed_servers(app, live)
+                      if demand.fits_within(free[s.server_id])]
         if not candidates:
             unplaced.append(UnplacedApp(app.app_id, _why_unplaced(app, demand, live)))
             continue

@@ -31,9 +31,11 @@ class Resources(Mapping[str, float]):
         merged.update(named)
         for name, value in merged.items():
             if not isinstance(name, str) or not name:
-                raise NegativeCapacityError(f"resource names must be non-empty strings, got {name!r}")
+                raise NegativeCapacityError(
+                    f"resource names must be non-empty strings, got {name!r}")
             if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise NegativeCapacityError(f"resource {name!r} must be a finite number, got {value!r}")
+                raise NegativeCapacityError(
+                    f"resource {name!r} must be a finite number, got {value!r}")
         self._amounts: dict[str, float] = {k: float(v) for k, v in sorted(merged.items())}
         self._hash: int | None = None
 
@@ -91,7 +93,8 @@ class Resources(Mapping[str, float]):
 
     def fits_within(self, capacity: Mapping[str, float]) -> bool:
         """True when every amount here is at most the same amount in ``capacity``."""
-        return all(value <= capacity.get(name, 0.0) + _EPSILON for name, value in self._amounts.items())
+        return all(value <= capacity.get(name, 0.0) + _EPSILON
+                   for name, value in self._amounts.items())
 
     def as_dict(self) -> dict[str, float]:
         """A plain copy, for JSON."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from policies.model import Application, ClusterSnapshot, Role, Server, Variant
+from policies.model import Application, ClusterSnapshot, Role, Server, Variant, latency_for
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 
 _EPS = 1e-9
@@ -129,7 +129,7 @@ def _undominated_variants(snapshot: ClusterSnapshot, app: Application,
     profiles = []
     for v in variants:
         demand = v.demand(app.max_rate_rps)
-        latencies = tuple(_latency(v, server_type, speed) for server_type, speed in speed_groups)
+        latencies = tuple(latency_for(v, server_type, speed) for server_type, speed in speed_groups)
         profiles.append((v, demand, latencies))
     kept = []
     for j, (v, demand, latencies) in enumerate(profiles):
@@ -139,11 +139,6 @@ def _undominated_variants(snapshot: ClusterSnapshot, app: Application,
         if not dominated:
             kept.append(v)
     return kept
-
-
-def _latency(variant: Variant, server_type: str, speed: float) -> float:
-    measured = variant.latency_ms.get(server_type)
-    return measured if measured is not None else variant.latency_ms["reference"] / speed
 
 
 def _dominates(a: tuple[Variant, Resources, tuple[float, ...]], a_index: int,

@@ -36,7 +36,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pulp
 
@@ -125,13 +125,9 @@ def _solve_decomposed(problem: WarmProblem, config: WarmPlanConfig,
         master = _build_master(problem, budget)
         master_solved = _solve(master.model, config, clock)
         solve_s += master_solved.solve_s
-        if bound is None:
+        if attempt == 1:
             # Only the first master (the true budget) is a relaxation of the full model.
             bound = master_solved.solver_bound
-            if bound is None:
-                # The backend exposes no dual bound: its optimum within the gap is one.
-                bound = master_solved.solver_objective + config.mip_rel_gap * abs(
-                    master_solved.solver_objective)
         items = [(i, name) for (i, name), var in master.z.items()
                  for _ in range(round(var.varValue or 0.0))]
         packing = pack(problem, items, memory)
@@ -144,7 +140,7 @@ def _solve_decomposed(problem: WarmProblem, config: WarmPlanConfig,
             break
         # Fragmentation left backups out: ask the master for the same choice with less room.
         budget = [max(0.0, b - s) for b, s in zip(budget, shortfall, strict=True)]
-    assert best is not None and bound is not None
+    assert best is not None
     packing, master, master_solved = best
     uncovered = problem.total_wanted - len(packing.chosen)
     objective = packing.value(problem) - master.model.penalty * uncovered
@@ -158,10 +154,14 @@ def _solve_decomposed(problem: WarmProblem, config: WarmPlanConfig,
         notes.append(f"gap {_gap(solved):.2e} above mip_rel_gap: full MIP solved too "
                      f"({exact.status})")
         keep = exact if exact.solver_objective > solved.solver_objective else solved
-        tightest = min(b for b in (solved.solver_bound, exact.solver_bound) if b is not None)
-        solved = _Solved(keep.chosen, keep.solver_objective, tightest, exact.status,
-                         exact.variables, exact.constraints, solved.solve_s + exact.solve_s)
+        bounds = [b for b in (solved.solver_bound, exact.solver_bound) if b is not None]
+        solved = _Solved(keep.chosen, keep.solver_objective, min(bounds, default=None),
+                         exact.status, exact.variables, exact.constraints,
+                         solved.solve_s + exact.solve_s)
         model = full
+    if solved.status != "time_limit":
+        status = "optimal" if _gap(solved) <= config.mip_rel_gap + 1e-12 else "feasible"
+        solved = replace(solved, status=status)
     return solved, model, notes
 
 
@@ -313,6 +313,9 @@ def _solve(model: _Model, config: WarmPlanConfig, clock: Callable[[], float]) ->
     objective = pulp.value(model.problem.objective) or 0.0
     status = "optimal" if model.problem.sol_status == pulp.LpSolutionOptimal else "time_limit"
     bound = _solver_bound(model.problem, solver)
+    if bound is None and status == "optimal":
+        # The backend exposes no dual bound: its optimum within the relative gap is one.
+        bound = objective + config.mip_rel_gap * abs(objective)
     return _Solved(chosen, objective, bound, status, len(model.x) + len(model.u),
                    len(model.problem.constraints), elapsed)
 

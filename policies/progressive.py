@@ -1,0 +1,455 @@
+"""Progressive failover: FailLite Algorithm 1 for the affected apps that have no warm backup.
+
+``plan_progressive`` picks, for each app, a model variant and a live server in three steps
+(FailLite §3.3): ``match`` a variant to the demand ratio δ = C / D, place it memory
+worst-fit falling back to smaller variants, then ``upgrade_model`` with what is left. Each
+recovery loads the *interim* variant first (the family's smallest that meets the SLO on the
+chosen server) and then the *target*.
+
+Where we differ from the paper, on purpose:
+
+* **Transient safety.** While a target loads, the interim still serves, and the orchestrator
+  upgrades one app per server at a time. Per server and resource the plan keeps
+  ``Σ max(interim, target) + max over upgrading apps of min(interim, target) <= free``; when
+  the interim needs no more than the target (always for memory) this is ``Σ targets +
+  max interim``. The second term is the server's *reserve*; placement and upgrade both keep it.
+* **Upgrade pass.** Candidates (app, larger variant with strictly higher accuracy, within the
+  SLO on the app's server, not above its primary) go best accuracy gain per extra MB first,
+  and the pass repeats until nothing improves. Capacity is only consumed, except when an
+  upgrade makes an app need less of some resource; only such servers are revisited.
+* **Speed.** Demands are float tuples precomputed once per app (memory first). Servers sit
+  in one max-heap of free memory per *latency class* (server type, speed), so an SLO is
+  checked once per class rather than per server. A search pops servers in worst-fit order
+  until one fits and stops as soon as the most free memory left is below the demand;
+  entries are invalidated lazily with a version counter per server. Placement costs about
+  O(log S) per attempt when memory binds; exclusion lists and non-memory bottlenecks can make
+  it scan more servers (worst case O(S) per attempt).
+
+Ties: worst-fit prefers the smaller server id. ``config.order == "priority"`` handles critical
+apps first, then larger matched variants, then app id; duplicates in ``app_ids`` are ignored.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policies.actions import ProgressivePlan, ProgressiveRecovery, Unrecoverable
+from policies.config import ProgressiveConfig
+from policies.errors import InvalidInputError, UnknownReferenceError
+from policies.model import Application, ClusterSnapshot, Family, Server, Variant
+from policies.resources import COMPUTE, MEMORY_MB
+
+EPSILON = 1e-9
+"""Slack of every capacity comparison, as in ``Resources.fits_within``."""
+
+# The heap search stops early on free memory alone; a looser slack than EPSILON makes sure
+# rounding in "free - used - reserve" can never prune a server that the exact test accepts.
+_PRUNE_SLACK = 1e-6
+
+DEFAULT_CONFIG = ProgressiveConfig()
+"""The default settings (a frozen model, so one shared instance is safe)."""
+
+Vec = tuple[float, ...]
+HeapEntry = tuple[float, int, int]  # (-free memory after reserve, server index, version)
+
+
+def match_variant(family: Family, primary: Variant, delta: float) -> Variant:
+    """The largest variant up to ``primary`` whose memory is at most δ × the primary's.
+
+    δ >= 1 gives the primary itself; when no variant is small enough, the smallest.
+    """
+    top = family.index(primary.name)
+    return family.variants[_match_index([v.memory_mb for v in family.variants], top, delta)]
+
+
+def _match_index(memory: Sequence[float], top: int, delta: float) -> int:
+    if delta >= 1.0:
+        return top
+    limit = delta * memory[top] + EPSILON
+    for index in range(top, -1, -1):
+        if memory[index] <= limit:
+            return index
+    return 0
+
+
+@dataclass(slots=True)
+class _App:
+    """One affected app's numbers for this call, and where it ends up."""
+
+    app: Application
+    dem: list[Vec]          # demand per variant (size order) at the app's max rate
+    mem: list[float]
+    acc: list[float]
+    top: int                # index of the primary variant: never go above it
+    ok: list[list[bool]]    # per latency class, per variant: meets the SLO
+    interim: list[int]      # per latency class: smallest variant meeting the SLO, or -1
+    restricted: bool        # has an exclusion list (checked per server)
+    match: int = 0
+    pos: int = 0
+    server: int = -1
+    variant: int = -1
+    interim_index: int = -1
+    base: Vec = ()
+    trans: Vec = ()
+
+
+@dataclass(slots=True)
+class _Cluster:
+    """Mutable working copy of the live servers' free capacity (local to one call)."""
+
+    servers: list[Server]
+    free: list[Vec]
+    klass: list[int]
+    used: list[list[float]]         # per server: Σ steady demand of the plan's apps
+    reserve: list[list[float]]      # per server: max transient demand (see module docstring)
+    residents: list[list[_App]]
+    version: list[int]              # bumped on every change; older heap entries are stale
+    heaps: list[list[HeapEntry]]    # one per latency class
+
+    def head(self, k: int) -> float:
+        """Free memory of server ``k`` once its targets and its reserve are counted."""
+        return self.free[k][0] - self.used[k][0] - self.reserve[k][0]
+
+    def touch(self, k: int) -> None:
+        """Server ``k`` changed: invalidate its heap entries and push the new one."""
+        self.version[k] += 1
+        heapq.heappush(self.heaps[self.klass[k]], (-self.head(k), k, self.version[k]))
+
+
+def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
+                     config: ProgressiveConfig = DEFAULT_CONFIG) -> ProgressivePlan:
+    """Recover ``app_ids`` cold on the live servers' free capacity (FailLite Algorithm 1).
+
+    ``app_ids`` are the affected apps without a warm backup; repeats are ignored. Returns one
+    ``ProgressiveRecovery`` (interim then target variant on one server) or ``Unrecoverable``
+    per app, in processing order, and δ (0.0 when there is nothing to recover). Raises
+    ``UnknownReferenceError`` for an id the snapshot does not know.
+    """
+    apps = _resolve_apps(snapshot, app_ids)
+    servers = sorted((snapshot.server_by_id[s] for s in snapshot.free), key=lambda s: s.server_id)
+    names = _resource_names(snapshot, apps)
+    classes, klass = _latency_classes(servers)
+    catalog = _Catalog(snapshot, names, classes)
+    infos = [catalog.app(app) for app in apps]
+    delta = _demand_ratio(snapshot, servers, infos, names) if infos else 0.0
+    for info in infos:
+        info.match = _match_index(info.mem, info.top, delta)
+    if config.order == "priority":
+        infos.sort(key=lambda a: (not a.app.critical, -a.mem[a.match], a.app.app_id))
+    for pos, info in enumerate(infos):
+        info.pos = pos
+
+    cluster = _new_cluster(snapshot, servers, names, klass, len(classes))
+    lost = [info for info in infos if not _place(cluster, info)]
+    if config.upgrade:
+        _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
+    return _result(snapshot, cluster, infos, lost, delta)
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+def _resolve_apps(snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> list[Application]:
+    if isinstance(app_ids, str):
+        raise InvalidInputError(
+            f"app_ids must be a sequence of app ids, not the string {app_ids!r}")
+    unique = list(dict.fromkeys(app_ids))  # first occurrence wins, order kept
+    unknown = [a for a in unique if a not in snapshot.app_by_id]
+    if unknown:
+        raise UnknownReferenceError(f"progressive failover for unknown apps {sorted(unknown)}")
+    return [snapshot.app_by_id[a] for a in unique]
+
+
+def _resource_names(snapshot: ClusterSnapshot, apps: Sequence[Application]) -> list[str]:
+    """Memory first (worst-fit balances it), then every other resource any variant needs."""
+    others = {COMPUTE}
+    for family in {app.family for app in apps}:
+        for variant in snapshot.families[family].variants:
+            others.update(variant.base_demand)
+    others.discard(MEMORY_MB)
+    return [MEMORY_MB, *sorted(others)]
+
+
+def _latency_classes(servers: Sequence[Server]) -> tuple[list[Server], list[int]]:
+    """Group servers on which every variant has the same latency: same (type, speed)."""
+    index: dict[tuple[str, float], int] = {}
+    klass = [index.setdefault((s.server_type, s.speed), len(index)) for s in servers]
+    return list({c: s for s, c in zip(servers, klass, strict=True)}.values()), klass
+
+
+@dataclass(frozen=True, slots=True)
+class _FamilyTable:
+    """A family's numbers, computed once per call and shared by all its apps."""
+
+    base: list[Vec]
+    compute_per_rps: list[float]
+    acc: list[float]
+    latency: list[list[float]]  # per latency class, per variant
+
+
+@dataclass(slots=True)
+class _Catalog:
+    """Per-call caches, so the cost per app is a few list operations (no Resources objects)."""
+
+    snapshot: ClusterSnapshot
+    names: list[str]
+    classes: list[Server]
+    tables: dict[str, _FamilyTable] = field(default_factory=dict)
+    tops: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    slos: dict[tuple[str, float | None, int], tuple[list[list[bool]], list[int]]] = field(
+        default_factory=dict)
+
+    def table(self, family: str) -> _FamilyTable:
+        table = self.tables.get(family)
+        if table is None:
+            variants = self.snapshot.families[family].variants
+            table = self.tables[family] = _FamilyTable(
+                [tuple(v.base_demand[r] for r in self.names) for v in variants],
+                [v.compute_per_rps for v in variants], [v.accuracy for v in variants],
+                [[v.latency_on(rep) for v in variants] for rep in self.classes])
+        return table
+
+    def top(self, app: Application) -> int:
+        key = (app.family, app.primary_variant)
+        if key not in self.tops:
+            primary = self.snapshot.primary_variant(app)
+            self.tops[key] = self.snapshot.families[app.family].variants.index(primary)
+        return self.tops[key]
+
+    def slo(self, app: Application, top: int) -> tuple[list[list[bool]], list[int]]:
+        """Per latency class: which variants meet the SLO, and the interim (-1: none)."""
+        key = (app.family, app.latency_slo_ms, top)
+        if key not in self.slos:
+            slo = app.latency_slo_ms
+            latency = self.table(app.family).latency
+            ok = [[slo is None or ms <= slo for ms in row] for row in latency]
+            interim = [row.index(True) if True in row[:top + 1] else -1 for row in ok]
+            self.slos[key] = (ok, interim)
+        return self.slos[key]
+
+    def app(self, app: Application) -> _App:
+        table, top, compute = self.table(app.family), self.top(app), self.names.index(COMPUTE)
+        dem: list[Vec] = []
+        for base, per_rps in zip(table.base, table.compute_per_rps, strict=True):
+            vector = list(base)
+            vector[compute] += per_rps * app.max_rate_rps  # as Variant.demand computes it
+            dem.append(tuple(vector))
+        ok, interim = self.slo(app, top)
+        restricted = bool(app.excluded_servers or app.excluded_sites
+                          or app.allowed_backup_sites is not None)
+        return _App(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
+                    interim=interim, restricted=restricted)
+
+
+def _demand_ratio(snapshot: ClusterSnapshot, servers: Sequence[Server], infos: Sequence[_App],
+                  names: Sequence[str]) -> float:
+    """δ = min over resources with demand of C^r / D^r (the binding resource)."""
+    ratios = []
+    for r, name in enumerate(names):
+        demand = sum(info.dem[info.top][r] for info in infos)
+        if demand > 0:
+            capacity = sum(snapshot.free[s.server_id][name] for s in servers)
+            ratios.append(capacity / demand)
+    return min(ratios)
+
+
+def _new_cluster(snapshot: ClusterSnapshot, servers: list[Server], names: Sequence[str],
+                 klass: list[int], n_classes: int) -> _Cluster:
+    cluster = _Cluster(servers, [tuple(snapshot.free[s.server_id][r] for r in names)
+                                 for s in servers], klass,
+                       used=[[0.0] * len(names) for _ in servers],
+                       reserve=[[0.0] * len(names) for _ in servers],
+                       residents=[[] for _ in servers], version=[0] * len(servers),
+                       heaps=[[] for _ in range(n_classes)])
+    for k in range(len(servers)):
+        cluster.heaps[klass[k]].append((-cluster.head(k), k, 0))
+    for heap in cluster.heaps:
+        heapq.heapify(heap)
+    return cluster
+
+
+# --- placement --------------------------------------------------------------------------------
+
+
+def _load(info: _App, interim: int, target: int) -> tuple[Vec, Vec]:
+    """(steady demand, transient reserve) of ``target`` recovered through ``interim``."""
+    tgt = info.dem[target]
+    if interim == target:
+        return tgt, (0.0,) * len(tgt)
+    itm = info.dem[interim]
+    return tuple(map(max, tgt, itm)), tuple(map(min, tgt, itm))
+
+
+def _fits(cluster: _Cluster, k: int, base: Vec, trans: Vec) -> bool:
+    free, used, reserve = cluster.free[k], cluster.used[k], cluster.reserve[k]
+    for r in range(len(base)):
+        if used[r] + base[r] + max(reserve[r], trans[r]) > free[r] + EPSILON:
+            return False
+    return True
+
+
+def _best_in_class(cluster: _Cluster, c: int, info: _App, base: Vec,
+                   trans: Vec) -> HeapEntry | None:
+    """The worst-fit server of latency class ``c`` that takes (base, trans), if any."""
+    heap, version = cluster.heaps[c], cluster.version
+    popped: list[HeapEntry] = []
+    found = None
+    need = base[0] - _PRUNE_SLACK
+    while heap:
+        entry = heap[0]
+        if entry[2] != version[entry[1]]:
+            heapq.heappop(heap)  # stale: the server changed since this entry was pushed
+            continue
+        if -entry[0] < need:
+            break  # every remaining server has even less free memory
+        popped.append(heapq.heappop(heap))
+        k = entry[1]
+        if info.restricted and not info.app.may_back_up_on(cluster.servers[k]):
+            continue
+        if _fits(cluster, k, base, trans):
+            found = entry
+            break
+    for entry in popped:
+        heapq.heappush(heap, entry)
+    return found
+
+
+def _place(cluster: _Cluster, info: _App) -> bool:
+    """Matched variant down to the smallest; the first feasible (variant, server) wins."""
+    for j in range(info.match, -1, -1):
+        best: HeapEntry | None = None
+        for c in range(len(cluster.heaps)):
+            if not info.ok[c][j]:
+                continue
+            base, trans = _load(info, info.interim[c], j)
+            hit = _best_in_class(cluster, c, info, base, trans)
+            if hit is not None and (best is None or hit < best):
+                best = hit
+        if best is not None:
+            _commit(cluster, best[1], info, j)
+            return True
+    return False
+
+
+def _commit(cluster: _Cluster, k: int, info: _App, j: int) -> None:
+    interim = info.interim[cluster.klass[k]]
+    base, trans = _load(info, interim, j)
+    used, reserve = cluster.used[k], cluster.reserve[k]
+    for r in range(len(base)):
+        used[r] += base[r]
+        reserve[r] = max(reserve[r], trans[r])
+    info.server, info.variant, info.interim_index = k, j, interim
+    info.base, info.trans = base, trans
+    cluster.residents[k].append(info)
+    cluster.touch(k)
+
+
+# --- upgrade_model ----------------------------------------------------------------------------
+
+
+def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> None:
+    """Greedy by accuracy gain per extra MB, repeated until a round changes nothing.
+
+    A candidate that failed can only succeed later if another app on its server came to need
+    *less* of some resource (a larger variant with a smaller compute share, say): capacity is
+    otherwise only consumed. So the next round revisits just the servers where that happened;
+    with demands that grow with variant size, one round is the fixpoint.
+    """
+    by_pos = {info.pos: info for info in placed}
+    todo: Sequence[_App] = placed
+    while todo:
+        candidates = []
+        for info in todo:
+            c, cur = cluster.klass[info.server], info.variant
+            for v in range(cur + 1, info.top + 1):
+                gain = info.acc[v] - info.acc[cur]
+                if gain > 0 and info.ok[c][v]:
+                    extra = info.mem[v] - info.mem[cur]
+                    ratio = gain / extra if extra > 0 else math.inf
+                    candidates.append((-ratio, -gain, info.pos, v))
+        candidates.sort()
+        shrunk: set[int] = set()
+        for _, _, pos, v in candidates:
+            info = by_pos[pos]
+            if info.acc[v] > info.acc[info.variant]:
+                _try_upgrade(cluster, info, v, shrunk)
+        todo = [info for info in placed if info.server in shrunk]
+
+
+def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> None:
+    """Raise ``info`` to variant ``v`` on its server if it fits; note a server that shrank."""
+    k = info.server
+    base, trans = _load(info, info.interim_index, v)
+    used, free = cluster.used[k], cluster.free[k]
+    if all(map(operator.ge, trans, info.trans)):
+        # The usual case: this app's transient only grows, so the server's reserve without
+        # it cannot matter beyond the current maximum.
+        reserve = list(map(max, cluster.reserve[k], trans))
+    else:
+        reserve = list(trans)
+        for other in cluster.residents[k]:
+            if other is not info:
+                reserve = list(map(max, reserve, other.trans))
+    new_used = [u - old + new for u, old, new in zip(used, info.base, base, strict=True)]
+    if any(u + t > f + EPSILON for u, t, f in zip(new_used, reserve, free, strict=True)):
+        return
+    if any(map(operator.lt, base, info.base)) or any(map(operator.lt, trans, info.trans)):
+        shrunk.add(k)
+    cluster.used[k], cluster.reserve[k] = new_used, reserve
+    info.variant, info.base, info.trans = v, base, trans
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
+            lost: Sequence[_App], delta: float) -> ProgressivePlan:
+    recoveries = []
+    for info in infos:
+        if info.server >= 0:
+            variants = snapshot.families[info.app.family].variants
+            recoveries.append(ProgressiveRecovery(
+                info.app.app_id, cluster.servers[info.server].server_id,
+                variants[info.interim_index].name, variants[info.variant].name))
+    why = _Why(snapshot, cluster)
+    return ProgressivePlan(recoveries=tuple(recoveries), demand_ratio=delta,
+                           unrecoverable=tuple(Unrecoverable(i.app.app_id, why(i)) for i in lost))
+
+
+class _Why:
+    """Reasons an operator can act on, for the apps that failed: O(S) once, not per app."""
+
+    def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster) -> None:
+        self.snapshot, self.cluster = snapshot, cluster
+        self.most = [-math.inf] * len(cluster.heaps)  # most free memory per latency class
+        for k, c in enumerate(cluster.klass):
+            self.most[c] = max(self.most[c], cluster.head(k))
+        self.allowed: dict[object, set[int]] = {}  # exclusion list -> classes it leaves
+
+    def __call__(self, info: _App) -> str:
+        app, cluster = info.app, self.cluster
+        if not cluster.servers:
+            return "no live server is available"
+        classes: set[int] = set(range(len(cluster.heaps)))
+        if info.restricted:
+            key = (app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
+            if key not in self.allowed:
+                self.allowed[key] = {cluster.klass[k] for k, s in enumerate(cluster.servers)
+                                     if app.may_back_up_on(s)}
+            classes = self.allowed[key]
+        if not classes:
+            return "its exclusion list rules out every live server"
+        eligible = [c for c in classes if info.interim[c] >= 0]
+        if not eligible:
+            return (f"no variant up to its primary meets its latency SLO of "
+                    f"{app.latency_slo_ms:g} ms on any live server it may use")
+        smallest = min(info.interim[c] for c in eligible)
+        name = self.snapshot.families[app.family].variants[smallest].name
+        return (f"no live server it may use has room for even variant {name!r} "
+                f"({info.mem[smallest]:g} MB GPU memory, plus the transient reserve); the most "
+                f"free memory left on a server fast enough is "
+                f"{max(self.most[c] for c in eligible):g} MB")
