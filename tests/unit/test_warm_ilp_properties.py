@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies.actions import SolveStats, WarmAssignment, WarmPlan
 from policies.config import WarmPlanConfig
 from policies.model import Role
 from policies.warm_candidates import warm_capacity
@@ -24,7 +25,7 @@ def instances(draw, max_apps=3, max_servers=3):
     accuracies = draw(st.lists(st.integers(50, 100), min_size=n_variants, max_size=n_variants))
     top = max(accuracies)
     family = make_family(
-        "f", [(f"v{j}", 50.0 * m, a / top) for j, (m, a) in enumerate(zip(memories, accuracies))],
+        "f", [(f"v{j}", 50.0 * m, a / top) for j, (m, a) in enumerate(zip(memories, accuracies, strict=True))],
         compute_per_rps=[0.5 * m for m in memories],
         latency_ms=[float(m) for m in memories])
     n_servers = draw(st.integers(2, max_servers))
@@ -60,9 +61,6 @@ def instances(draw, max_apps=3, max_servers=3):
 
 def brute_force(snapshot, config):
     """Best (backups placed, Σ accuracy·rate) over every assignment, by enumeration (R = 1)."""
-    from policies.actions import WarmAssignment, WarmPlan
-    from policies.actions import SolveStats
-
     critical = [a for a in snapshot.apps if a.critical]
     free = warm_capacity(snapshot)
     options = []
