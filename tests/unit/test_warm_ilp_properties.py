@@ -24,8 +24,10 @@ def instances(draw, max_apps=3, max_servers=3):
                                     max_size=n_variants, unique=True)))
     accuracies = draw(st.lists(st.integers(50, 100), min_size=n_variants, max_size=n_variants))
     top = max(accuracies)
+    specs = [(f"v{j}", 50.0 * m, a / top)
+             for j, (m, a) in enumerate(zip(memories, accuracies, strict=True))]
     family = make_family(
-        "f", [(f"v{j}", 50.0 * m, a / top) for j, (m, a) in enumerate(zip(memories, accuracies, strict=True))],
+        "f", specs,
         compute_per_rps=[0.5 * m for m in memories],
         latency_ms=[float(m) for m in memories])
     n_servers = draw(st.integers(2, max_servers))
