@@ -15,7 +15,7 @@ from policies.model import Application, ClusterSnapshot, Family, Server, Site
 from policies.primary import place_primaries
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 
-MAX_PRIMARY_COMPUTE_PCT = 50.0
+MAX_PRIMARY_COMPUTE_PCT = 20.0
 """An app's request rate is capped so its primary needs at most this share of one GPU."""
 
 SLO_FACTOR = 3.0
