@@ -31,6 +31,9 @@ def generate_cluster(families: Mapping[str, Family], *, servers: int = 6, sites:
                      rate_rps: tuple[float, float] = (1.0, 10.0)) -> ClusterSnapshot:
     """A cluster of ``servers`` identical servers in ``sites`` sites with ``apps`` placed apps.
 
+    A server is never smaller than the largest primary, so with few apps per server the
+    free share can exceed ``headroom``.
+
     Families are drawn uniformly from ``family_names`` (default: every family). A random
     ``critical_fraction`` of the apps is in K. Deterministic for a given ``seed``.
     """
