@@ -1,32 +1,30 @@
 """Progressive failover: FailLite Algorithm 1 for the affected apps that have no warm backup.
 
-``plan_progressive`` picks, for each app, a model variant and a live server in three steps
-(FailLite §3.3): ``match`` a variant to the demand ratio δ = C / D, place it memory
-worst-fit falling back to smaller variants, then ``upgrade_model`` with what is left. Each
-recovery loads the *interim* variant first (the family's smallest that meets the SLO on the
-chosen server) and then the *target*.
+``plan_progressive`` picks each app's variant and live server (FailLite §3.3): ``match`` a
+variant to the demand ratio δ = C / D, place it memory worst-fit falling back to smaller
+variants, then ``upgrade_model`` with what is left. A recovery loads the *interim* (the
+family's smallest variant meeting the SLO on the chosen server) first, then the *target*.
 
-Where we differ from the paper, on purpose:
+Where we do better than the paper, on purpose:
 
-* **Transient safety.** While a target loads, the interim still serves, and the orchestrator
+* **Transient safety.** While a target loads the interim still serves, and the orchestrator
   upgrades one app per server at a time. Per server and resource the plan keeps
-  ``Σ max(interim, target) + max over upgrading apps of min(interim, target) <= free``; when
-  the interim needs no more than the target (always for memory) this is ``Σ targets +
-  max interim``. The second term is the server's *reserve*; placement and upgrade both keep it.
-* **Upgrade pass.** Candidates (app, larger variant with strictly higher accuracy, within the
+  ``Σ max(interim, target) + max over upgrading apps of min(interim, target) <= free``, i.e.
+  ``Σ targets + max interim`` when the interim needs no more than its target (always true for
+  memory). The second term is the server's *reserve*; placement and upgrades both keep it.
+* **Upgrade pass.** Candidates (app, larger variant with strictly higher accuracy meeting the
   SLO on the app's server, not above its primary) go best accuracy gain per extra MB first,
-  and the pass repeats until nothing improves. Capacity is only consumed, except when an
-  upgrade makes an app need less of some resource; only such servers are revisited.
-* **Speed.** Demands are float tuples precomputed once per app (memory first). Servers sit
-  in one max-heap of free memory per *latency class* (server type, speed), so an SLO is
-  checked once per class rather than per server. A search pops servers in worst-fit order
-  until one fits and stops as soon as the most free memory left is below the demand;
-  entries are invalidated lazily with a version counter per server. Placement costs about
-  O(log S) per attempt when memory binds; exclusion lists and non-memory bottlenecks can make
-  it scan more servers (worst case O(S) per attempt).
+  and the pass repeats until nothing improves (see ``_upgrade_pass`` for why that is cheap).
+* **Speed.** Demands are float tuples (memory first) precomputed once per app. Servers sit in
+  max-heaps of free memory per *latency class* (type, speed), so an SLO is checked per class,
+  not per server, and per (class, site) for apps whose exclusion list names sites. A search
+  pops servers in worst-fit order until one fits and stops once the most free memory left is
+  below the demand; a version counter per server invalidates old entries lazily. An attempt
+  costs O(log S) when memory binds; excluded servers, or compute binding on servers that still
+  have memory, make it pop more servers (O(S log S) at worst).
 
-Ties: worst-fit prefers the smaller server id. ``config.order == "priority"`` handles critical
-apps first, then larger matched variants, then app id; duplicates in ``app_ids`` are ignored.
+Ties go to the smaller server id. ``config.order == "priority"`` takes critical apps first,
+then larger matched variants, then app id. Repeated ids in ``app_ids`` are ignored.
 """
 
 from __future__ import annotations
@@ -58,10 +56,7 @@ HeapEntry = tuple[float, int, int]  # (-free memory after reserve, server index,
 
 
 def match_variant(family: Family, primary: Variant, delta: float) -> Variant:
-    """The largest variant up to ``primary`` whose memory is at most δ × the primary's.
-
-    δ >= 1 gives the primary itself; when no variant is small enough, the smallest.
-    """
+    """The largest variant up to ``primary`` with memory <= δ × the primary's, else the smallest."""
     top = family.index(primary.name)
     return family.variants[_match_index([v.memory_mb for v in family.variants], top, delta)]
 
@@ -109,6 +104,7 @@ class _Cluster:
     residents: list[list[_App]]
     version: list[int]              # bumped on every change; older heap entries are stale
     heaps: list[list[HeapEntry]]    # one per latency class
+    site_heaps: list[dict[str, list[HeapEntry]]]  # per latency class and site: same entries
 
     def head(self, k: int) -> float:
         """Free memory of server ``k`` once its targets and its reserve are counted."""
@@ -117,7 +113,18 @@ class _Cluster:
     def touch(self, k: int) -> None:
         """Server ``k`` changed: invalidate its heap entries and push the new one."""
         self.version[k] += 1
-        heapq.heappush(self.heaps[self.klass[k]], (-self.head(k), k, self.version[k]))
+        entry, c = (-self.head(k), k, self.version[k]), self.klass[k]
+        heapq.heappush(self.heaps[c], entry)
+        heapq.heappush(self.site_heaps[c][self.servers[k].site_id], entry)
+
+    def pools(self, c: int, app: Application) -> list[list[HeapEntry]]:
+        """Heaps to search in class ``c``: one per allowed site if the app lists sites."""
+        # Else an app allowed in one site of ten pops the other nine once its site is full.
+        allowed, excluded = app.allowed_backup_sites, app.excluded_sites
+        if allowed is None and not excluded:
+            return [self.heaps[c]]
+        return [heap for site, heap in self.site_heaps[c].items()
+                if site not in excluded and (allowed is None or site in allowed)]
 
 
 def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
@@ -135,7 +142,8 @@ def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
     classes, klass = _latency_classes(servers)
     catalog = _Catalog(snapshot, names, classes)
     infos = [catalog.app(app) for app in apps]
-    delta = _demand_ratio(snapshot, servers, infos, names) if infos else 0.0
+    cluster = _new_cluster(snapshot, servers, names, klass, len(classes))
+    delta = _demand_ratio(cluster, infos) if infos else 0.0
     for info in infos:
         info.match = _match_index(info.mem, info.top, delta)
     if config.order == "priority":
@@ -143,7 +151,6 @@ def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
     for pos, info in enumerate(infos):
         info.pos = pos
 
-    cluster = _new_cluster(snapshot, servers, names, klass, len(classes))
     lost = [info for info in infos if not _place(cluster, info)]
     if config.upgrade:
         _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
@@ -189,6 +196,8 @@ class _FamilyTable:
     compute_per_rps: list[float]
     acc: list[float]
     latency: list[list[float]]  # per latency class, per variant
+    index: dict[str, int]       # variant name -> position in size order
+    best: int                   # position of the most accurate variant (default primary)
 
 
 @dataclass(slots=True)
@@ -199,61 +208,45 @@ class _Catalog:
     names: list[str]
     classes: list[Server]
     tables: dict[str, _FamilyTable] = field(default_factory=dict)
-    tops: dict[tuple[str, str | None], int] = field(default_factory=dict)
     slos: dict[tuple[str, float | None, int], tuple[list[list[bool]], list[int]]] = field(
-        default_factory=dict)
+        default_factory=dict)  # (family, SLO, top) -> per class: meets the SLO?, interim
 
     def table(self, family: str) -> _FamilyTable:
         table = self.tables.get(family)
         if table is None:
             variants = self.snapshot.families[family].variants
+            best = self.snapshot.families[family].most_accurate
             table = self.tables[family] = _FamilyTable(
                 [tuple(v.base_demand[r] for r in self.names) for v in variants],
                 [v.compute_per_rps for v in variants], [v.accuracy for v in variants],
-                [[v.latency_on(rep) for v in variants] for rep in self.classes])
+                [[v.latency_on(rep) for v in variants] for rep in self.classes],
+                {v.name: j for j, v in enumerate(variants)}, variants.index(best))
         return table
 
-    def top(self, app: Application) -> int:
-        key = (app.family, app.primary_variant)
-        if key not in self.tops:
-            primary = self.snapshot.primary_variant(app)
-            self.tops[key] = self.snapshot.families[app.family].variants.index(primary)
-        return self.tops[key]
-
-    def slo(self, app: Application, top: int) -> tuple[list[list[bool]], list[int]]:
-        """Per latency class: which variants meet the SLO, and the interim (-1: none)."""
-        key = (app.family, app.latency_slo_ms, top)
-        if key not in self.slos:
-            slo = app.latency_slo_ms
-            latency = self.table(app.family).latency
-            ok = [[slo is None or ms <= slo for ms in row] for row in latency]
-            interim = [row.index(True) if True in row[:top + 1] else -1 for row in ok]
-            self.slos[key] = (ok, interim)
-        return self.slos[key]
-
     def app(self, app: Application) -> _App:
-        table, top, compute = self.table(app.family), self.top(app), self.names.index(COMPUTE)
+        table, compute, slo = self.table(app.family), self.names.index(COMPUTE), app.latency_slo_ms
+        top = table.best if app.primary_variant is None else table.index[app.primary_variant]
+        if (app.family, slo, top) not in self.slos:
+            ok = [[slo is None or ms <= slo for ms in row] for row in table.latency]
+            interim = [row.index(True) if True in row[:top + 1] else -1 for row in ok]
+            self.slos[(app.family, slo, top)] = (ok, interim)
         dem: list[Vec] = []
         for base, per_rps in zip(table.base, table.compute_per_rps, strict=True):
             vector = list(base)
             vector[compute] += per_rps * app.max_rate_rps  # as Variant.demand computes it
             dem.append(tuple(vector))
-        ok, interim = self.slo(app, top)
+        ok, interim = self.slos[(app.family, slo, top)]
         restricted = bool(app.excluded_servers or app.excluded_sites
                           or app.allowed_backup_sites is not None)
         return _App(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
                     interim=interim, restricted=restricted)
 
 
-def _demand_ratio(snapshot: ClusterSnapshot, servers: Sequence[Server], infos: Sequence[_App],
-                  names: Sequence[str]) -> float:
+def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
     """δ = min over resources with demand of C^r / D^r (the binding resource)."""
-    ratios = []
-    for r, name in enumerate(names):
-        demand = sum(info.dem[info.top][r] for info in infos)
-        if demand > 0:
-            capacity = sum(snapshot.free[s.server_id][name] for s in servers)
-            ratios.append(capacity / demand)
+    demand = [sum(column) for column in zip(*(info.dem[info.top] for info in infos), strict=True)]
+    capacity = [sum(column) for column in zip(*cluster.free, strict=True)] or [0.0] * len(demand)
+    ratios: list[float] = [c / d for c, d in zip(capacity, demand, strict=True) if d > 0]
     return min(ratios)
 
 
@@ -264,10 +257,13 @@ def _new_cluster(snapshot: ClusterSnapshot, servers: list[Server], names: Sequen
                        used=[[0.0] * len(names) for _ in servers],
                        reserve=[[0.0] * len(names) for _ in servers],
                        residents=[[] for _ in servers], version=[0] * len(servers),
-                       heaps=[[] for _ in range(n_classes)])
-    for k in range(len(servers)):
-        cluster.heaps[klass[k]].append((-cluster.head(k), k, 0))
-    for heap in cluster.heaps:
+                       heaps=[[] for _ in range(n_classes)],
+                       site_heaps=[{} for _ in range(n_classes)])
+    for k, server in enumerate(servers):
+        entry = (-cluster.head(k), k, 0)
+        cluster.heaps[klass[k]].append(entry)
+        cluster.site_heaps[klass[k]].setdefault(server.site_id, []).append(entry)
+    for heap in [*cluster.heaps, *(h for sites in cluster.site_heaps for h in sites.values())]:
         heapq.heapify(heap)
     return cluster
 
@@ -292,10 +288,10 @@ def _fits(cluster: _Cluster, k: int, base: Vec, trans: Vec) -> bool:
     return True
 
 
-def _best_in_class(cluster: _Cluster, c: int, info: _App, base: Vec,
-                   trans: Vec) -> HeapEntry | None:
-    """The worst-fit server of latency class ``c`` that takes (base, trans), if any."""
-    heap, version = cluster.heaps[c], cluster.version
+def _best_in_heap(cluster: _Cluster, heap: list[HeapEntry], info: _App, base: Vec,
+                  trans: Vec) -> HeapEntry | None:
+    """The worst-fit server in ``heap`` that takes (base, trans), if any."""
+    version = cluster.version
     popped: list[HeapEntry] = []
     found = None
     need = base[0] - _PRUNE_SLACK
@@ -326,9 +322,10 @@ def _place(cluster: _Cluster, info: _App) -> bool:
             if not info.ok[c][j]:
                 continue
             base, trans = _load(info, info.interim[c], j)
-            hit = _best_in_class(cluster, c, info, base, trans)
-            if hit is not None and (best is None or hit < best):
-                best = hit
+            for heap in cluster.pools(c, info.app):
+                hit = _best_in_heap(cluster, heap, info, base, trans)
+                if hit is not None and (best is None or hit < best):
+                    best = hit
         if best is not None:
             _commit(cluster, best[1], info, j)
             return True
@@ -352,12 +349,11 @@ def _commit(cluster: _Cluster, k: int, info: _App, j: int) -> None:
 
 
 def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> None:
-    """Greedy by accuracy gain per extra MB, repeated until a round changes nothing.
+    """Greedy by accuracy gain per extra MB, repeated until nothing improves.
 
-    A candidate that failed can only succeed later if another app on its server came to need
-    *less* of some resource (a larger variant with a smaller compute share, say): capacity is
-    otherwise only consumed. So the next round revisits just the servers where that happened;
-    with demands that grow with variant size, one round is the fixpoint.
+    A failed candidate can only succeed later if another app on its server came to need *less*
+    of some resource (a larger variant with a smaller compute share, say); capacity is otherwise
+    only consumed. So a new round revisits just those servers: usually there are none.
     """
     by_pos = {info.pos: info for info in placed}
     todo: Sequence[_App] = placed
@@ -383,11 +379,12 @@ def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> None:
 def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> None:
     """Raise ``info`` to variant ``v`` on its server if it fits; note a server that shrank."""
     k = info.server
-    base, trans = _load(info, info.interim_index, v)
     used, free = cluster.used[k], cluster.free[k]
+    if used[0] - info.base[0] + info.mem[v] > free[0] + EPSILON:
+        return  # cheap early exit: memory alone already fails (most candidates, late on)
+    base, trans = _load(info, info.interim_index, v)
     if all(map(operator.ge, trans, info.trans)):
-        # The usual case: this app's transient only grows, so the server's reserve without
-        # it cannot matter beyond the current maximum.
+        # Usual case: its transient only grows, so the reserve without it needs no recount.
         reserve = list(map(max, cluster.reserve[k], trans))
     else:
         reserve = list(trans)
@@ -432,8 +429,6 @@ class _Why:
 
     def __call__(self, info: _App) -> str:
         app, cluster = info.app, self.cluster
-        if not cluster.servers:
-            return "no live server is available"
         classes: set[int] = set(range(len(cluster.heaps)))
         if info.restricted:
             key = (app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
@@ -442,7 +437,8 @@ class _Why:
                                      if app.may_back_up_on(s)}
             classes = self.allowed[key]
         if not classes:
-            return "its exclusion list rules out every live server"
+            return ("its exclusion list rules out every live server" if cluster.servers
+                    else "no live server is available")
         eligible = [c for c in classes if info.interim[c] >= 0]
         if not eligible:
             return (f"no variant up to its primary meets its latency SLO of "
