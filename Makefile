@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
-	$(BIN)/understudy demo
+	$(BIN)/understudy --log-level WARNING demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/ilp_scale.py
