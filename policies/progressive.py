@@ -154,7 +154,7 @@ def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
     lost = [info for info in infos if not _place(cluster, info)]
     if config.upgrade:
         _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
-    return _result(snapshot, cluster, infos, lost, delta)
+    return _result(snapshot, cluster, infos, lost, delta, names)
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> Non
 
 
 def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
-            lost: Sequence[_App], delta: float) -> ProgressivePlan:
+            lost: Sequence[_App], delta: float, names: Sequence[str]) -> ProgressivePlan:
     recoveries = []
     for info in infos:
         if info.server >= 0:
@@ -412,7 +412,7 @@ def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
             recoveries.append(ProgressiveRecovery(
                 info.app.app_id, cluster.servers[info.server].server_id,
                 variants[info.interim_index].name, variants[info.variant].name))
-    why = _Why(snapshot, cluster)
+    why = _Why(snapshot, cluster, names)
     return ProgressivePlan(recoveries=tuple(recoveries), demand_ratio=delta,
                            unrecoverable=tuple(Unrecoverable(i.app.app_id, why(i)) for i in lost))
 
@@ -420,8 +420,9 @@ def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
 class _Why:
     """Reasons an operator can act on, for the apps that failed: O(S) once, not per app."""
 
-    def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster) -> None:
-        self.snapshot, self.cluster = snapshot, cluster
+    def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster,
+                 names: Sequence[str]) -> None:
+        self.snapshot, self.cluster, self.names = snapshot, cluster, names
         self.most = [-math.inf] * len(cluster.heaps)  # most free memory per latency class
         for k, c in enumerate(cluster.klass):
             self.most[c] = max(self.most[c], cluster.head(k))
@@ -448,4 +449,21 @@ class _Why:
         return (f"no live server it may use has room for even variant {name!r} "
                 f"({info.mem[smallest]:g} MB GPU memory, plus the transient reserve); the most "
                 f"free memory left on a server fast enough is "
-                f"{max(self.most[c] for c in eligible):g} MB")
+                f"{max(self.most[c] for c in eligible):g} MB{self._short(info, smallest)}")
+
+    def _short(self, info: _App, variant: int) -> str:
+        """The other resources the variant needs more of than any eligible server has left."""
+        cluster, need = self.cluster, info.dem[variant]
+        servers = [k for k, c in enumerate(cluster.klass) if info.interim[c] >= 0]
+        parts = []
+        for r, name in enumerate(self.names):
+            if name == MEMORY_MB or not servers:
+                continue
+            left = max(cluster.free[k][r] - cluster.used[k][r] - cluster.reserve[k][r]
+                       for k in servers)
+            if need[r] > left + EPSILON:
+                parts.append(f"{name} {need[r]:g} needed, at most {left:g} left")
+        if not parts:
+            # Each resource is left somewhere, but never all of them on one server.
+            return "; no single server has the memory and the other resources at once"
+        return "; " + ", ".join(parts)
