@@ -195,6 +195,15 @@ class FullSizeWarm:
         return FailoverPlan(failed, switches, (), unrecoverable)
 
 
+def _warm_then_cold_full_size(snapshot: ClusterSnapshot, failed_servers: Iterable[str],
+                              seed: int) -> FailoverPlan:
+    """Switch to live warm backups, then load full-size cold replicas for the rest."""
+    failed = resolve_failed_servers(snapshot, failed_servers)
+    after, switches, cold = split_affected(snapshot, failed)
+    recoveries, unrecoverable = _cold_full_size(after, cold, seed)
+    return FailoverPlan(failed, switches, recoveries, unrecoverable)
+
+
 @dataclass(frozen=True, slots=True)
 class FullSizeCold:
     """No warm backups; on failure, full-size cold loads: K first, then the rest at random.
@@ -212,10 +221,7 @@ class FullSizeCold:
 
     def plan_failover(self, snapshot: ClusterSnapshot,
                       failed_servers: Iterable[str]) -> FailoverPlan:
-        failed = resolve_failed_servers(snapshot, failed_servers)
-        after, switches, cold = split_affected(snapshot, failed)
-        recoveries, unrecoverable = _cold_full_size(after, cold, self.seed)
-        return FailoverPlan(failed, switches, recoveries, unrecoverable)
+        return _warm_then_cold_full_size(snapshot, failed_servers, self.seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +243,4 @@ class FullSizeWarmK:
 
     def plan_failover(self, snapshot: ClusterSnapshot,
                       failed_servers: Iterable[str]) -> FailoverPlan:
-        failed = resolve_failed_servers(snapshot, failed_servers)
-        after, switches, cold = split_affected(snapshot, failed)
-        recoveries, unrecoverable = _cold_full_size(after, cold, self.seed)
-        return FailoverPlan(failed, switches, recoveries, unrecoverable)
+        return _warm_then_cold_full_size(snapshot, failed_servers, self.seed)
