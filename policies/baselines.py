@@ -9,7 +9,7 @@ the most free memory on which the whole demand vector fits, ties to the smaller 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -25,27 +25,16 @@ from policies.actions import (
 from policies.config import WarmPlanConfig
 from policies.failover import resolve_failed_servers, split_affected
 from policies.model import Application, ClusterSnapshot, Server, Variant
+from policies.primary import worst_fit
 from policies.resources import MEMORY_MB, Resources, total
 from policies.warm_candidates import warm_capacity
-
-_SLO_SLACK_MS = 1e-9
 
 # --- shared greedy pieces ------------------------------------------------------------------
 
 
 def _may_host(app: Application, variant: Variant, server: Server) -> bool:
     """The user's exclusion list and the latency SLO allow a backup of ``app`` on ``server``."""
-    if not app.may_back_up_on(server):
-        return False
-    slo = app.latency_slo_ms
-    return slo is None or variant.latency_on(server) <= slo + _SLO_SLACK_MS
-
-
-def _worst_fit(servers: Iterable[Server], demand: Resources,
-               free: Mapping[str, Resources]) -> Server | None:
-    """The server with the most free memory among ``servers`` where ``demand`` fits."""
-    fitting = [s for s in servers if demand.fits_within(free[s.server_id])]
-    return min(fitting, key=lambda s: (-free[s.server_id][MEMORY_MB], s.server_id), default=None)
+    return app.may_back_up_on(server) and app.meets_slo(variant, server)
 
 
 def _full_demand(snapshot: ClusterSnapshot, app: Application) -> Resources:
@@ -55,10 +44,6 @@ def _full_demand(snapshot: ClusterSnapshot, app: Application) -> Resources:
 def _largest_first(snapshot: ClusterSnapshot, apps: Iterable[Application]) -> list[Application]:
     """``apps`` by decreasing full-size memory demand, ties by app id."""
     return sorted(apps, key=lambda a: (-_full_demand(snapshot, a)[MEMORY_MB], a.app_id))
-
-
-def _wanted(app: Application, config: WarmPlanConfig) -> int:
-    return config.replicas if app.warm_replicas is None else app.warm_replicas
 
 
 def _warm_candidates(snapshot: ClusterSnapshot, app: Application, variant: Variant,
@@ -90,7 +75,7 @@ def _greedy_warm(snapshot: ClusterSnapshot, apps: Sequence[Application],
     assignments: list[WarmAssignment] = []
     uncovered: list[UncoveredApp] = []
     for app in apps:
-        wanted = _wanted(app, config)
+        wanted = app.backups_wanted(config.replicas)
         if wanted == 0:
             continue
         primary = snapshot.primary_by_app.get(app.app_id)
@@ -105,7 +90,7 @@ def _greedy_warm(snapshot: ClusterSnapshot, apps: Sequence[Application],
         while len(taken) < wanted:
             candidates = _warm_candidates(snapshot, app, variant, primary.server_id, taken,
                                           config.site_independent)
-            server = _worst_fit(candidates, demand, free)
+            server = worst_fit(candidates, demand, free)
             if not candidates:
                 reason = ("no further live server passes primary/site independence, the latency "
                           "SLO and the exclusion list")
@@ -149,7 +134,7 @@ def _cold_full_size(after: ClusterSnapshot, app_ids: Sequence[str], seed: int,
         variant = after.primary_variant(app)
         demand = variant.demand(app.max_rate_rps)
         allowed = [s for s in live if _may_host(app, variant, s)]
-        server = _worst_fit(allowed, demand, free)
+        server = worst_fit(allowed, demand, free)
         if server is None:
             why = (f"no live server has room for full-size {variant.name!r}" if allowed else
                    "no live server meets the latency SLO and the exclusion list")

@@ -29,6 +29,9 @@ T = TypeVar("T")
 REFERENCE_SERVER_TYPE = "reference"
 """Key of a variant's latency measured (or estimated) on the reference GPU."""
 
+_LATENCY_SLACK_MS = 1e-9
+"""Latencies are sums of floats read from profiles; compare them with this slack."""
+
 
 class Role(StrEnum):
     """What a loaded (or stored) replica is for."""
@@ -211,6 +214,15 @@ class Application:
         object.__setattr__(self, "excluded_sites", frozenset(self.excluded_sites))
         if self.allowed_backup_sites is not None:
             object.__setattr__(self, "allowed_backup_sites", frozenset(self.allowed_backup_sites))
+
+    def backups_wanted(self, default: int) -> int:
+        """Warm backups this app asks for: its own ``warm_replicas``, else ``default`` (R)."""
+        return default if self.warm_replicas is None else self.warm_replicas
+
+    def meets_slo(self, variant: Variant, server: Server) -> bool:
+        """True when ``variant`` on ``server`` answers within the app's latency SLO (if any)."""
+        return (self.latency_slo_ms is None
+                or variant.latency_on(server) <= self.latency_slo_ms + _LATENCY_SLACK_MS)
 
     def may_back_up_on(self, server: Server) -> bool:
         """True unless the user's exclusion list forbids a backup on ``server``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.errors import UnknownReferenceError
@@ -54,16 +54,24 @@ def place_primaries(snapshot: ClusterSnapshot, app_ids: Sequence[str] | None = N
     unplaced: list[UnplacedApp] = []
     for app in todo:
         demand = demands[app.app_id]
-        candidates = [s for s in _allowed_servers(app, live)
-                      if demand.fits_within(free[s.server_id])]
-        if not candidates:
+        best = worst_fit(_allowed_servers(app, live), demand, free)
+        if best is None:
             unplaced.append(UnplacedApp(app.app_id, _why_unplaced(app, demand, live)))
             continue
-        best = min(candidates, key=lambda s: (-free[s.server_id][MEMORY_MB], s.server_id))
         free[best.server_id] = free[best.server_id] - demand
         variant = snapshot.primary_variant(app).name
         placements.append(Placement(app.app_id, best.server_id, variant, Role.PRIMARY))
     return PrimaryPlacementResult(tuple(placements), tuple(unplaced))
+
+
+def worst_fit(servers: Iterable[Server], demand: Resources,
+              free: Mapping[str, Resources]) -> Server | None:
+    """The server with the most free memory among ``servers`` where all of ``demand`` fits.
+
+    Ties go to the smaller server id; None when it fits nowhere.
+    """
+    fitting = [s for s in servers if demand.fits_within(free[s.server_id])]
+    return min(fitting, key=lambda s: (-free[s.server_id][MEMORY_MB], s.server_id), default=None)
 
 
 def _allowed_servers(app: Application, live: Sequence[Server]) -> list[Server]:

@@ -90,7 +90,7 @@ def build_warm_problem(snapshot: ClusterSnapshot, *, alpha: float, replicas: int
     for app in snapshot.apps:
         if not app.critical:
             continue
-        want = replicas if app.warm_replicas is None else app.warm_replicas
+        want = app.backups_wanted(replicas)
         primary = snapshot.primary_by_app.get(app.app_id)
         if want == 0:
             continue
@@ -160,7 +160,6 @@ def _columns_for(app: Application, index: int, variants: Sequence[Variant],
                  capacity: Sequence[tuple[float, ...]], budget: Sequence[float],
                  resources: Sequence[str], current: set[tuple[str, str, str]],
                  keep_current_bonus: float) -> list[Column]:
-    slo = app.latency_slo_ms
     out = []
     for variant in variants:
         demand_vector = variant.demand(app.max_rate_rps)
@@ -172,7 +171,7 @@ def _columns_for(app: Application, index: int, variants: Sequence[Variant],
             if any(d > c + _EPS for d, c in zip(demand, capacity[k], strict=True)):
                 continue
             server = servers[k]
-            if slo is not None and variant.latency_on(server) > slo + _EPS:
+            if not app.meets_slo(variant, server):
                 continue
             bonus = 1.0
             if (app.app_id, server.server_id, variant.name) in current:

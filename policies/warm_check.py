@@ -56,7 +56,7 @@ def _spread_violations(snapshot: ClusterSnapshot, per_app: dict[str, list[str]],
     problems = []
     for app_id, servers in per_app.items():
         app = snapshot.app_by_id[app_id]
-        want = app.warm_replicas if app.warm_replicas is not None else config.replicas
+        want = app.backups_wanted(config.replicas)
         if len(servers) > want:
             problems.append(f"{app_id}: {len(servers)} backups, wants {want}")
         if len(set(servers)) < len(servers):
@@ -82,7 +82,6 @@ def _placement_violations(snapshot: ClusterSnapshot, a: WarmAssignment,
         problems.append(f"{a.app_id}: backup in its primary's site")
     if not app.may_back_up_on(server):
         problems.append(f"{a.app_id}: backup on excluded server {a.server_id}")
-    slo = app.latency_slo_ms
-    if slo is not None and variant.latency_on(server) > slo + _EPS:
+    if not app.meets_slo(variant, server):
         problems.append(f"{a.app_id}: {a.variant} misses its SLO on {a.server_id}")
     return problems

@@ -380,6 +380,6 @@ def _uncovered(problem: WarmProblem, placed: dict[str, int], snapshot: ClusterSn
     for app_id, reason in sorted(problem.unplaceable.items()):
         if app_id not in listed:
             app = snapshot.app_by_id[app_id]
-            want = app.warm_replicas if app.warm_replicas is not None else replicas
+            want = app.backups_wanted(replicas)
             out.append(UncoveredApp(app_id, want, 0, reason))
     return tuple(out)
