@@ -14,13 +14,18 @@ eq. (1)-(7) can use, so pruning never changes the optimum:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TypeVar
 
 from policies.model import Application, ClusterSnapshot, Role, Server, Variant, latency_for
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 
 _EPS = 1e-9
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,31 @@ class WarmProblem:
     @property
     def total_wanted(self) -> int:
         return sum(self.wanted)
+
+    # Indexes over ``columns``, built once: the master, the packer and its repair and upgrade
+    # steps all need them, several times per plan.
+
+    @cached_property
+    def columns_by_item(self) -> dict[tuple[int, str], list[int]]:
+        """Column indices per (app index, variant name), in server order."""
+        return _group(self.columns, lambda c: (c.app, c.variant.name))
+
+    @cached_property
+    def columns_by_app(self) -> dict[int, list[int]]:
+        """Column indices per app index."""
+        return _group(self.columns, lambda c: c.app)
+
+    @cached_property
+    def columns_by_app_server(self) -> dict[tuple[int, int], list[int]]:
+        """Column indices per (app index, server index)."""
+        return _group(self.columns, lambda c: (c.app, c.server))
+
+
+def _group(columns: Sequence[Column], key: Callable[[Column], K]) -> dict[K, list[int]]:
+    groups: dict[K, list[int]] = defaultdict(list)
+    for n, column in enumerate(columns):
+        groups[key(column)].append(n)
+    return dict(groups)
 
 
 def warm_capacity(snapshot: ClusterSnapshot) -> dict[str, Resources]:

@@ -173,11 +173,9 @@ def _unpacked_demand(problem: WarmProblem, items: Sequence[tuple[int, str]],
                      packing: Packing) -> list[float]:
     """Per resource, the demand of the chosen backups the packing had to leave out."""
     asked: dict[int, list[float]] = defaultdict(lambda: [0.0] * len(problem.resources))
-    first: dict[tuple[int, str], int] = {}
-    for n, column in enumerate(problem.columns):
-        first.setdefault((column.app, column.variant.name), n)
     for item in items:
-        for r, d in enumerate(problem.columns[first[item]].demand):
+        first = problem.columns_by_item[item][0]
+        for r, d in enumerate(problem.columns[first].demand):
             asked[item[0]][r] += d
     for n in packing.chosen:
         for r, d in enumerate(problem.columns[n].demand):
@@ -258,13 +256,10 @@ def _add_le(model: pulp.LpProblem, terms: list[tuple[pulp.LpVariable, float]], n
 def _build_master(problem: WarmProblem, budget: Sequence[float]) -> _Master:
     """The aggregate ILP: which variant (and how many copies) each app gets, not where."""
     model = pulp.LpProblem("warm_variants", pulp.LpMaximize)
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for n, column in enumerate(problem.columns):
-        groups[(column.app, column.variant.name)].append(n)
+    groups = problem.columns_by_item
     spread: dict[int, int] = {}
-    for i in range(len(problem.apps)):
-        servers = {problem.columns[n].server for (a, _), ns in groups.items() if a == i
-                   for n in ns}
+    for i, members in problem.columns_by_app.items():
+        servers = {problem.columns[n].server for n in members}
         sites = {problem.servers[k].site_id for k in servers}
         spread[i] = len(sites) if problem.site_independent else len(servers)
     z: dict[tuple[int, str], pulp.LpVariable] = {}

@@ -76,7 +76,7 @@ def pack(problem: WarmProblem, items: Sequence[tuple[int, str]], memory_index: i
     Worst-fit keeps free memory balanced for cold failover; best-fit packs tighter. We try
     worst-fit first and use best-fit only when worst-fit leaves something out.
     """
-    columns_by_item = _columns_by_item(problem)
+    columns_by_item = problem.columns_by_item
     best: Packing | None = None
     for strategy in ("worst", "best"):
         state = _State(problem)
@@ -91,13 +91,6 @@ def pack(problem: WarmProblem, items: Sequence[tuple[int, str]], memory_index: i
             break
     assert best is not None
     return best
-
-
-def _columns_by_item(problem: WarmProblem) -> dict[tuple[int, str], list[int]]:
-    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for n, column in enumerate(problem.columns):
-        groups[(column.app, column.variant.name)].append(n)
-    return groups
 
 
 def _place_all(state: _State, items: Sequence[tuple[int, str]],
@@ -141,12 +134,9 @@ def _repair(state: _State, unpacked: list[tuple[int, str]],
             memory_index: int) -> list[tuple[int, str]]:
     """Retry each unpacked backup with any variant of its app, most valuable first."""
     problem = state.problem
-    by_app: dict[int, list[int]] = defaultdict(list)
-    for n, column in enumerate(problem.columns):
-        by_app[column.app].append(n)
     still: list[tuple[int, str]] = []
     for app, variant in unpacked:
-        candidates = sorted(by_app[app], key=lambda m: -problem.columns[m].value)
+        candidates = sorted(problem.columns_by_app[app], key=lambda m: -problem.columns[m].value)
         choice = _choose(state, candidates, memory_index, "worst")
         if choice is None:
             still.append((app, variant))
@@ -158,15 +148,12 @@ def _repair(state: _State, unpacked: list[tuple[int, str]],
 def _upgrade(state: _State) -> None:
     """Swap chosen backups for more valuable variants on the same server while room allows."""
     problem = state.problem
-    by_app_server: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for n, column in enumerate(problem.columns):
-        by_app_server[(column.app, column.server)].append(n)
     improved = True
     while improved:
         improved = False
         for n in sorted(state.chosen, key=lambda n: problem.columns[n].value):
             column = problem.columns[n]
-            better = sorted((m for m in by_app_server[(column.app, column.server)]
+            better = sorted((m for m in problem.columns_by_app_server[(column.app, column.server)]
                              if problem.columns[m].value > column.value + _EPS),
                             key=lambda m: -problem.columns[m].value)
             if not better:
