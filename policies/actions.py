@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies.model import Role
+from policies.model import Placement, Role
 
 # --- actions -------------------------------------------------------------------------------
 
@@ -95,6 +95,11 @@ class WarmPlan:
 
     def for_app(self, app_id: str) -> tuple[WarmAssignment, ...]:
         return tuple(a for a in self.assignments if a.app_id == app_id)
+
+    def placements(self) -> tuple[Placement, ...]:
+        """The planned backups as WARM placements, to add to a snapshot once loaded."""
+        return tuple(Placement(a.app_id, a.server_id, a.variant, Role.WARM)
+                     for a in self.assignments)
 
     def actions(self, current_warm: tuple[tuple[str, str, str], ...] = ()) -> tuple[Action, ...]:
         """Loads for new backups, then unloads of ``current_warm`` (app, server, variant) dropped.

@@ -16,7 +16,7 @@ from policies.actions import FailoverPlan, WarmPlan
 from policies.baselines import FullSizeCold, FullSizeWarm, FullSizeWarmK
 from policies.config import WarmPlanConfig
 from policies.failover import UnderstudyPolicy
-from policies.model import ClusterSnapshot, Placement, Role, accuracy_reduction
+from policies.model import ClusterSnapshot, accuracy_reduction
 from policies.policy import FailoverPolicy
 from policies.resources import COMPUTE, MEMORY_MB
 from sim.generator import generate_cluster
@@ -43,8 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _print_servers(snapshot)
 
     warm = policy.plan_warm(snapshot)
-    with_warm = snapshot.with_placements(snapshot.placements + tuple(
-        Placement(a.app_id, a.server_id, a.variant, Role.WARM) for a in warm.assignments))
+    with_warm = snapshot.with_placements(snapshot.placements + warm.placements())
     _title("Step 1 - proactive: warm backups for the critical apps (ILP)")
     _print_warm(snapshot, warm)
 
@@ -55,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _title("Same failure under the FailLite baselines (full-size models only)")
     _print_comparison(snapshot, failed, [policy, FullSizeWarmK(warm=warm_config),
-                                         FullSizeWarm(warm=warm_config), FullSizeCold()])
+                                         FullSizeWarm(warm=warm_config), FullSizeCold()],
+                      known={policy.name: warm})
     return 0
 
 
@@ -132,21 +132,22 @@ def _print_failover(snapshot: ClusterSnapshot, plan: FailoverPlan) -> None:
     recovered = len(plan.warm_switches) + len(plan.recoveries)
     print(f"affected {affected}, recovered {recovered} ({_rate(recovered, affected)}), "
           f"mean accuracy reduction {_accuracy_loss(snapshot, plan):.2%}")
-    print(f"{len(plan.actions())} actions for the orchestrator, in order:")
-    for action in plan.actions()[:12]:
+    actions = plan.actions()
+    print(f"{len(actions)} actions for the orchestrator, in order:")
+    for action in actions[:12]:
         print(f"    {action}")
-    if len(plan.actions()) > 12:
-        print(f"    ... {len(plan.actions()) - 12} more")
+    if len(actions) > 12:
+        print(f"    ... {len(actions) - 12} more")
 
 
 def _print_comparison(snapshot: ClusterSnapshot, failed: str,
-                      policies: Sequence[FailoverPolicy]) -> None:
+                      policies: Sequence[FailoverPolicy], known: dict[str, WarmPlan]) -> None:
+    """One line per policy; ``known`` holds warm plans already computed, by policy name."""
     print(f"{'policy':<18}{'warm backups':>13}{'recovered':>11}{'warm':>6}{'cold':>6}"
           f"{'accuracy loss':>15}")
     for policy in policies:
-        warm = policy.plan_warm(snapshot)
-        state = snapshot.with_placements(snapshot.placements + tuple(
-            Placement(a.app_id, a.server_id, a.variant, Role.WARM) for a in warm.assignments))
+        warm = known.get(policy.name) or policy.plan_warm(snapshot)
+        state = snapshot.with_placements(snapshot.placements + warm.placements())
         plan = policy.plan_failover(state, [failed])
         recovered = len(plan.warm_switches) + len(plan.recoveries)
         print(f"{policy.name:<18}{len(warm.assignments):>13}"

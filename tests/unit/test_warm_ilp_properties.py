@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from policies.actions import SolveStats, WarmAssignment, WarmPlan
 from policies.config import WarmPlanConfig
-from policies.model import Role
 from policies.warm_candidates import warm_capacity
 from policies.warm_check import warm_plan_violations
 from policies.warm_ilp import plan_warm_backups
@@ -123,8 +122,7 @@ def test_objective_equals_brute_force_on_tiny_instances(method, instance):
 def test_replanning_with_current_backups_is_still_valid(instance):
     snapshot, config = instance
     first = plan_warm_backups(snapshot, config)
-    current = [placement(a.app_id, a.server_id, a.variant, Role.WARM) for a in first.assignments]
-    again = snapshot.with_placements(snapshot.placements + tuple(current))
+    again = snapshot.with_placements(snapshot.placements + first.placements())
     second = plan_warm_backups(again, config)
     assert warm_plan_violations(again, second, config) == []
     # The bonus for keeping backups never costs coverage.
