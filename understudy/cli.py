@@ -1,4 +1,5 @@
-"""The ``understudy`` command line: ``demo`` and ``profiles build|show``."""
+"""The ``understudy`` command line: ``demo``, ``profiles build|show`` and the commands of
+:data:`COMMAND_MODULES`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -16,8 +18,36 @@ DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared/data/torchvision_cla
 
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-level",)
 
+COMMAND_MODULES: tuple[str, ...] = (
+    "understudy.models_cli",
+    "understudy.agent_cli",
+    "understudy.sim_cli",
+    "understudy.controller_cli",
+    "understudy.testbed_cli",
+    "understudy.graph_cli",
+)
+"""Modules that each add one top-level command.
 
-def _build_parser() -> argparse.ArgumentParser:
+Each defines ``COMMAND`` (its name), ``register(commands)`` (adds its sub-parser to the
+``argparse`` sub-parsers object) and ``run(options) -> int``. A module absent from this
+checkout is skipped, so a command lands together with its module.
+"""
+
+
+def _command_modules() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        found[module.COMMAND] = module
+    return found
+
+
+def _build_parser(modules: dict[str, Any]) -> argparse.ArgumentParser:
     from model_repo.profiles import PROFILE_DIR
 
     parser = argparse.ArgumentParser(
@@ -43,6 +73,8 @@ def _build_parser() -> argparse.ArgumentParser:
     show.add_argument("--family", help="list this family's variants instead of the summary")
     show.add_argument("--dir", type=Path, default=None,
                       help=f"profile folder (default {PROFILE_DIR})")
+    for module in modules.values():
+        module.register(commands)
     return parser
 
 
@@ -142,11 +174,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = _split_demo(args)
     if split is not None:
         args, passthrough = split
-    parser = _build_parser()
+    modules = _command_modules()
+    parser = _build_parser(modules)
     options = parser.parse_args(args)
     _configure_logging(options.log_level)
     if options.command == "demo":
         return _run_demo(passthrough or [])
+    if options.command in modules:
+        return int(modules[options.command].run(options) or 0)
     from model_repo.profiles import ProfileError
 
     try:
