@@ -1,0 +1,1 @@
+"""Stateful service graphs with NSPB primary-backup replication (HAMS)."""
