@@ -167,6 +167,8 @@ class FailoverPlan:
     recoveries: tuple[ProgressiveRecovery, ...]
     unrecoverable: tuple[Unrecoverable, ...]
     notes: tuple[str, ...] = field(default=())
+    preempted: tuple[Placement, ...] = field(default=())
+    """Warm backups of healthy apps to unload so that the recoveries fit (policies/preemption)."""
 
     @property
     def affected_apps(self) -> frozenset[str]:
@@ -174,12 +176,14 @@ class FailoverPlan:
             r.app_id for r in self.recoveries) | frozenset(u.app_id for u in self.unrecoverable)
 
     def actions(self) -> tuple[Action, ...]:
-        """Warm promotions, then every interim load, then upgrades and interim unloads.
+        """Warm promotions, preempted backups' unloads, every interim load, then upgrades.
 
         All interims come before any upgrade so that every app serves as early as possible.
         """
-        promotions = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
-                           for s in self.warm_switches)
+        promotions: tuple[Action, ...] = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
+                                               for s in self.warm_switches)
+        promotions += tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
+                            for p in self.preempted)
         interims: list[Action] = []
         upgrades: list[Action] = []
         for r in self.recoveries:

@@ -47,3 +47,7 @@ class ProgressiveConfig(_Frozen):
     order: Literal["priority", "input"] = Field(
         "priority", description="'priority': critical apps first, then larger demand first; "
                                 "'input': the order given (the paper's)")
+    preempt_warm: bool = Field(
+        False, description="when the free capacity cannot recover every affected app, unload "
+                           "the fewest, least valuable warm backups of healthy apps that let "
+                           "more affected apps recover (policies/preemption.py)")

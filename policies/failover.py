@@ -15,6 +15,7 @@ from policies.actions import FailoverPlan, ProgressivePlan, WarmPlan, WarmSwitch
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import ClusterSnapshot, Placement, Role
+from policies.preemption import replan_preempting
 from policies.progressive import plan_progressive
 from policies.resources import MEMORY_MB
 from policies.warm_ilp import plan_warm_backups
@@ -97,15 +98,25 @@ class UnderstudyPolicy:
 
         The warm backups of unaffected apps stay loaded and keep their memory; the replicas
         on failed servers are gone, so Algorithm 1 sees only the live servers' free capacity.
+        With ``progressive.preempt_warm``, when that leaves apps unrecoverable, the fewest
+        warm backups of healthy apps that let more apps recover are preempted
+        (``policies.preemption``; listed in ``FailoverPlan.preempted``).
         """
         failed = resolve_failed_servers(snapshot, failed_servers)
         after, switches, cold = split_affected(snapshot, failed)
+        preempted: tuple[Placement, ...] = ()
         if cold:
             progressive = plan_progressive(after, cold, self.progressive)
             notes: tuple[str, ...] = (f"demand ratio {progressive.demand_ratio:.3f}",)
+            if self.progressive.preempt_warm:
+                progressive, preempted = replan_preempting(after, cold, self.progressive,
+                                                           progressive)
+                if preempted:
+                    notes += (f"preempted {len(preempted)} warm backups of healthy apps",)
         else:
             progressive = ProgressivePlan(recoveries=(), unrecoverable=())
             notes = ()
         return FailoverPlan(failed_servers=failed, warm_switches=switches,
                             recoveries=progressive.recoveries,
-                            unrecoverable=progressive.unrecoverable, notes=notes)
+                            unrecoverable=progressive.unrecoverable, notes=notes,
+                            preempted=preempted)
