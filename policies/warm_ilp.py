@@ -47,6 +47,7 @@ from policies.model import ClusterSnapshot
 from policies.resources import MEMORY_MB
 from policies.solvers import SolverOptions, make_solver
 from policies.warm_candidates import WarmProblem, build_warm_problem
+from policies.warm_heuristic import plan_warm_heuristic
 from policies.warm_packing import Packing, pack
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,16 @@ def plan_warm_backups(snapshot: ClusterSnapshot, config: WarmPlanConfig | None =
                       clock: Callable[[], float] = time.perf_counter) -> WarmPlan:
     """Choose warm backups (variant and server) for every app in K.
 
+    ``config.method`` "heuristic" (or "auto" on a large instance) runs FailLite Algorithm 1
+    instead (``policies.warm_heuristic``); the plan's ``stats.method`` says which ran.
     ``clock`` only feeds the timings in the result; decisions never depend on it (beyond
     the solver's own time limit).
     """
     config = config or WarmPlanConfig()
+    if uses_heuristic(snapshot, config):
+        return plan_warm_heuristic(snapshot, config, clock=clock)
+    if config.method == "auto":
+        config = config.model_copy(update={"method": "decomposed"})
     started = clock()
     problem = build_warm_problem(snapshot, alpha=config.alpha, replicas=config.replicas,
                                  site_independent=config.site_independent,
@@ -110,6 +117,14 @@ def plan_warm_backups(snapshot: ClusterSnapshot, config: WarmPlanConfig | None =
         built = clock() - solved.solve_s
     return _to_plan(snapshot, problem, model.penalty, solved, config, notes,
                     build_s=built - started, total_s=clock() - started)
+
+
+def uses_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig) -> bool:
+    """True when ``config`` sends this snapshot to the heuristic instead of the ILP."""
+    if config.method != "auto":
+        return config.method == "heuristic"
+    critical = sum(1 for a in snapshot.apps if a.critical)
+    return critical * len(snapshot.free) > config.auto_ilp_max_size
 
 
 def _solve_decomposed(problem: WarmProblem, config: WarmPlanConfig,
