@@ -47,6 +47,17 @@ def resolve_failed_servers(snapshot: ClusterSnapshot,
     return failed
 
 
+def with_warm_plan(snapshot: ClusterSnapshot, plan: WarmPlan) -> ClusterSnapshot:
+    """``snapshot`` with its warm backups replaced by ``plan``'s.
+
+    This is the state the controller holds once ``plan.actions(current_warm)`` has run, and
+    the snapshot to pass to ``plan_failover`` when servers fail; the simulator builds its
+    state the same way (``sim.decisions``).
+    """
+    kept = tuple(p for p in snapshot.placements if p.role is not Role.WARM)
+    return snapshot.with_placements(kept + plan.placements())
+
+
 def affected_app_ids(snapshot: ClusterSnapshot) -> tuple[str, ...]:
     """Apps whose primary replica is on a failed server of ``snapshot``, by app id."""
     return tuple(sorted(app_id for app_id, primary in snapshot.primary_by_app.items()
