@@ -1,0 +1,152 @@
+"""The agent's local Triton model repository, materialised from the artifact store.
+
+An artifact source is either a local store directory (``understudy models build --out``) or an
+HTTP base URL (the controller serves ``{base}/{variant}/manifest.json`` and
+``{base}/{variant}/weights.pt``). Weights fetched over HTTP are cached under the agent's run
+directory and checked against the manifest's sha256 before use; a local store's weights are used
+in place. Each ``<app>__<variant>`` directory gets a ``config.pbtxt`` rendered for its name and a
+copy of the model code from this installation, written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from model_repo.artifacts import (
+    MANIFEST_FILE,
+    MODEL_SOURCE,
+    WEIGHTS_FILE,
+    ArtifactError,
+    Manifest,
+    find_variant,
+    render_config,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownVariantError(ArtifactError):
+    """The artifact source does not hold the requested variant (a final error)."""
+
+
+class ArtifactFetchError(ArtifactError):
+    """Fetching an artifact over HTTP failed (worth retrying)."""
+
+    retryable = True
+
+
+class ModelRepository:
+    """Materialises ``<app>__<variant>`` model directories for the local Triton."""
+
+    def __init__(self, source: str, repository: Path, cache: Path, token: str | None = None,
+                 timeout_s: float = 120.0) -> None:
+        self.source = source
+        self.repository = repository
+        self.cache = cache
+        self.token = token
+        self.timeout_s = timeout_s
+        repository.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the source is an HTTP URL."""
+        return self.source.startswith(("http://", "https://"))
+
+    def materialise(self, model_name: str, variant: str) -> Manifest:
+        """Write (or refresh) the model directory; returns the variant's manifest."""
+        manifest, weights = self._weights(variant)
+        target = self.repository / model_name
+        work = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=self.repository))
+        try:
+            (work / "1").mkdir()
+            shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
+            (work / "config.pbtxt").write_text(
+                render_config(model_name, manifest.network, str(weights),
+                              manifest.max_batch_size), encoding="utf-8")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(work, target)
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+        return manifest
+
+    def remove(self, model_name: str) -> None:
+        """Delete a model directory (after its unload)."""
+        shutil.rmtree(self.repository / model_name, ignore_errors=True)
+
+    def _weights(self, variant: str) -> tuple[Manifest, Path]:
+        if not self.remote:
+            try:
+                entry = find_variant(Path(self.source), variant)
+            except ArtifactError as exc:
+                raise UnknownVariantError(str(exc)) from exc
+            return entry.manifest, (entry.directory / WEIGHTS_FILE).resolve()
+        return self._fetch(variant)
+
+    def _fetch(self, variant: str) -> tuple[Manifest, Path]:
+        import httpx
+
+        base = self.source.rstrip("/")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        directory = self.cache / variant
+        try:
+            with httpx.Client(timeout=self.timeout_s, headers=headers) as client:
+                response = client.get(f"{base}/{variant}/{MANIFEST_FILE}")
+                if response.status_code == 404:
+                    raise UnknownVariantError(f"variant {variant!r} is not served by {base}")
+                response.raise_for_status()
+                manifest = Manifest.model_validate_json(response.content)
+                weights = directory / WEIGHTS_FILE
+                if _verified_sha256(weights) != manifest.weights_sha256:
+                    self._download(client, f"{base}/{variant}/{WEIGHTS_FILE}", weights,
+                                   manifest.weights_sha256)
+        except httpx.HTTPError as exc:
+            raise ArtifactFetchError(f"fetching {variant} from {base}: {exc}") from exc
+        return manifest, weights.resolve()
+
+    @staticmethod
+    def _download(client: object, url: str, target: Path, sha256: str) -> None:
+        import httpx
+
+        assert isinstance(client, httpx.Client)  # noqa: S101 - internal call
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        digest = hashlib.sha256()
+        with client.stream("GET", url) as response:
+            response.raise_for_status()
+            with partial.open("wb") as handle:
+                for block in response.iter_bytes(1 << 20):
+                    digest.update(block)
+                    handle.write(block)
+        if digest.hexdigest() != sha256:
+            partial.unlink(missing_ok=True)
+            raise ArtifactFetchError(f"{url}: sha256 mismatch (download corrupted)")
+        os.replace(partial, target)
+        _marker(target).write_text(f"{target.stat().st_size} {sha256}\n", encoding="ascii")
+        logger.info("fetched %s (%.1f MB)", url, target.stat().st_size / 1e6)
+
+
+def _marker(weights: Path) -> Path:
+    return weights.with_name(weights.name + ".sha256")
+
+
+def _verified_sha256(weights: Path) -> str | None:
+    """The sha256 recorded when ``weights`` was downloaded and checked, if the file is intact.
+
+    Hashing a cached file on every load would add ~1 s per GB to each load, so the check is done
+    once after the download; a size change (truncation, replacement) invalidates it.
+    """
+    try:
+        size, sha = _marker(weights).read_text(encoding="ascii").split()
+        if int(size) == weights.stat().st_size:
+            return sha
+    except (OSError, ValueError):
+        pass
+    return None

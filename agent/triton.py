@@ -1,0 +1,398 @@
+"""The one wrapper around Triton Inference Server: process, health, repository API, inference.
+
+Triton comes from the ``nvidia-pytriton`` wheel (``pytriton/tritonserver``). It runs in explicit
+model-control mode with ``--disable-auto-complete-config`` (a small model then loads in ~0.1 s
+instead of ~1.3 s), bound to 127.0.0.1 on the ports given. Beside it runs the per-server torch
+runtime (:mod:`model_repo.runtime`) that the generated models use, so that a model's load time
+is its own and not the cost of importing torch again.
+
+Only this module calls ``tritonclient`` on behalf of the agent and the profiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import site
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_PR_SET_PDEATHSIG = 1
+
+
+class TritonError(RuntimeError):
+    """Base class of everything that went wrong talking to Triton."""
+
+    retryable = False
+
+
+class TritonNotInstalledError(TritonError):
+    """The ``nvidia-pytriton`` wheel (and with it ``tritonserver``) is missing."""
+
+
+class TritonStartError(TritonError):
+    """``tritonserver`` exited or did not become ready in time; the message has its log tail."""
+
+
+class TritonUnavailableError(TritonError):
+    """Triton did not answer (not started, died, or overloaded): worth retrying."""
+
+    retryable = True
+
+
+class ModelLoadError(TritonError):
+    """Triton refused to load a model (bad config, failing ``initialize``): final."""
+
+
+class ModelNotReadyError(TritonError):
+    """Inference on a model that is not loaded."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel put Triton's pieces."""
+
+    binary: Path
+    backends: Path
+    python_stub: Path
+    libs: Path
+
+    @classmethod
+    def locate(cls) -> TritonInstall:
+        """Find ``tritonserver`` in the installed ``pytriton`` package."""
+        try:
+            import pytriton
+        except ImportError as exc:
+            raise TritonNotInstalledError(
+                "nvidia-pytriton is not installed (pip install nvidia-pytriton)") from exc
+        root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = cls(binary=root / "bin" / "tritonserver", backends=root / "backends",
+                      python_stub=root / "python_backend_stubs" / version /
+                      "triton_python_backend_stub",
+                      libs=root.parent.parent / "nvidia_pytriton.libs")
+        for path in (install.binary, install.backends / "python", install.python_stub):
+            if not path.exists():
+                raise TritonNotInstalledError(f"missing Triton component {path}")
+        return install
+
+
+class TritonConfig(BaseModel):
+    """How to run one Triton (ports are chosen by the caller; tests allocate free ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_repository: Path
+    work_dir: Path
+    http_port: int = Field(gt=0, lt=65536)
+    grpc_port: int = Field(gt=0, lt=65536)
+    metrics_port: int = Field(gt=0, lt=65536)
+    host: str = "127.0.0.1"
+    model_load_threads: int = Field(2, ge=1)
+    use_runtime: bool = True
+    start_timeout_s: float = Field(60.0, gt=0)
+    stop_timeout_s: float = Field(10.0, gt=0)
+    log_verbose: int = Field(0, ge=0)
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint (tritonclient's form)."""
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint."""
+        return f"{self.host}:{self.grpc_port}"
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _python_paths() -> list[str]:
+    """Directories the Triton stub must add to reach our packages and their dependencies."""
+    paths = [str(REPO_ROOT)]
+    paths += [p for p in site.getsitepackages() if Path(p).is_dir()]
+    return list(dict.fromkeys(paths))
+
+
+class TritonServer:
+    """One ``tritonserver`` process (and its torch runtime), owned by the caller."""
+
+    def __init__(self, config: TritonConfig, install: TritonInstall | None = None) -> None:
+        self.config = config
+        self.install = install or TritonInstall.locate()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.runtime: subprocess.Popen[bytes] | None = None
+        self._client: Any = None
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = config.work_dir / "tritonserver.log"
+        self.runtime_socket = config.work_dir / "torch-runtime.sock"
+
+    # --- process -------------------------------------------------------------------------
+
+    def _backend_dir(self) -> Path:
+        """A backend directory with the Python backend and the stub for our Python version."""
+        python_dir = self.config.work_dir / "backends" / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        sources = list((self.install.backends / "python").iterdir()) + [self.install.python_stub]
+        for source in sources:
+            if source.name == "__pycache__":
+                continue
+            link = python_dir / source.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            # A link, not a copy: the stub finds its bundled libraries relative to itself.
+            link.symlink_to(source)
+        return python_dir.parent
+
+    def environment(self) -> dict[str, str]:
+        """Environment of ``tritonserver`` (inherited by the Python stubs)."""
+        env = dict(os.environ)
+        lib_dirs = [str(self.install.libs), str(Path(sys.base_prefix) / "lib")]
+        if env.get("LD_LIBRARY_PATH"):
+            lib_dirs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
+        env["UNDERSTUDY_PYTHONPATH"] = os.pathsep.join(_python_paths())
+        env.pop("UNDERSTUDY_RUNTIME_SOCKET", None)
+        if self.config.use_runtime:
+            env["UNDERSTUDY_RUNTIME_SOCKET"] = str(self.runtime_socket)
+        return env
+
+    def command(self) -> list[str]:
+        """The ``tritonserver`` command line."""
+        c = self.config
+        return [
+            str(self.install.binary),
+            f"--model-repository={c.model_repository}",
+            "--model-control-mode=explicit",
+            "--disable-auto-complete-config",
+            f"--backend-directory={self._backend_dir()}",
+            f"--http-address={c.host}", f"--http-port={c.http_port}",
+            f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
+            f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
+            f"--model-load-thread-count={c.model_load_threads}",
+            "--exit-timeout-secs=5",
+            f"--log-verbose={c.log_verbose}",
+        ]
+
+    def start(self) -> None:
+        """Start the runtime and Triton, and wait until Triton reports ready."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        self.config.model_repository.mkdir(parents=True, exist_ok=True)
+        if self.config.use_runtime:
+            self._start_runtime()
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        self._client = None
+        self._wait_ready()
+        logger.info("tritonserver pid %d ready on http %s grpc %s", self.process.pid,
+                    self.config.http_url, self.config.grpc_url)
+
+    def _start_runtime(self) -> None:
+        if self.runtime is not None and self.runtime.poll() is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.runtime_socket.unlink()
+        log = (self.config.work_dir / "torch-runtime.log").open("ab")
+        try:
+            self.runtime = subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "model_repo.runtime", "--socket",
+                 str(self.runtime_socket)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_paths())},
+                preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while not self.runtime_socket.exists():
+            if self.runtime.poll() is not None or time.monotonic() > deadline:
+                raise TritonStartError(f"torch runtime did not start: {self._tail('runtime')}")
+            time.sleep(0.01)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            assert self.process is not None  # noqa: S101 - set by start()
+            if self.process.poll() is not None:
+                raise TritonStartError(
+                    f"tritonserver exited with code {self.process.returncode}: {self._tail()}")
+            if self.is_ready():
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TritonStartError(f"tritonserver not ready after "
+                                       f"{self.config.start_timeout_s} s: {self._tail()}")
+            time.sleep(0.02)
+
+    def _tail(self, which: str = "triton", lines: int = 15) -> str:
+        path = self.log_path if which == "triton" else self.config.work_dir / "torch-runtime.log"
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(line for line in text[-lines:] if "Timeout" not in line)
+
+    @property
+    def pid(self) -> int | None:
+        """Triton's pid while it runs."""
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        """Whether the Triton process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGINT (graceful: unloads models), then SIGKILL after the stop timeout."""
+        for proc in (self.process, self.runtime):
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(self.config.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("pid %d ignored SIGINT for %.0f s; killing it", proc.pid,
+                               self.config.stop_timeout_s)
+                proc.kill()
+                proc.wait()
+        self._close_client()
+
+    def kill(self) -> None:
+        """SIGKILL Triton and the runtime at once (failure injection, emergency stop)."""
+        for proc in (self.process, self.runtime):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._close_client()
+
+    # --- client ----------------------------------------------------------------------------
+
+    def _http(self) -> Any:
+        if self._client is None:
+            import tritonclient.http as httpclient
+
+            self._client = httpclient.InferenceServerClient(
+                self.config.http_url, connection_timeout=5.0, network_timeout=300.0,
+                concurrency=4)
+        return self._client
+
+    def _close_client(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+    def is_ready(self) -> bool:
+        """Triton's readiness endpoint (False when it does not answer)."""
+        try:
+            return bool(self._http().is_server_ready())
+        except Exception:  # noqa: BLE001 - any transport error means "not ready"
+            self._close_client()
+            return False
+
+    def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return function(*args, **kwargs)
+        except InferenceServerException as exc:
+            raise ModelLoadError(f"{what}: {exc.message()}") from exc
+        except Exception as exc:  # noqa: BLE001 - transport errors are retryable
+            self._close_client()
+            raise TritonUnavailableError(f"{what}: Triton did not answer ({exc})") from exc
+
+    def load(self, model_name: str) -> float:
+        """Load (or reload) a model; returns the wall time of the load call in seconds."""
+        started = time.perf_counter()
+        self._call(f"load {model_name}", self._http().load_model, model_name)
+        return time.perf_counter() - started
+
+    def unload(self, model_name: str, wait: bool = True, timeout_s: float = 60.0) -> float:
+        """Unload a model; with ``wait`` return only when Triton no longer lists it ready."""
+        started = time.perf_counter()
+        self._call(f"unload {model_name}", self._http().unload_model, model_name)
+        deadline = time.monotonic() + timeout_s
+        while wait and model_name in self.ready_models():
+            if time.monotonic() > deadline:
+                raise TritonUnavailableError(f"unload {model_name}: still ready after "
+                                             f"{timeout_s} s")
+            time.sleep(0.005)
+        return time.perf_counter() - started
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: name, version, state, reason per model."""
+        return list(self._call("repository index", self._http().get_model_repository_index))
+
+    def ready_models(self) -> set[str]:
+        """Names of the models Triton reports READY."""
+        return {entry["name"] for entry in self.repository_index()
+                if entry.get("state") == "READY"}
+
+    def is_model_ready(self, model_name: str) -> bool:
+        """Whether one model is loaded and ready."""
+        try:
+            return bool(self._http().is_model_ready(model_name))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def infer(self, model_name: str, images: np.ndarray) -> np.ndarray:
+        """Logits of ``model_name`` for a batch of images (float32, N x 3 x H x W)."""
+        import tritonclient.http as httpclient
+
+        images = np.ascontiguousarray(images, dtype=np.float32)
+        tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images)
+        output = httpclient.InferRequestedOutput("logits")
+        result = self._call(f"infer {model_name}", self._http().infer, model_name, [tensor],
+                            outputs=[output])
+        return np.asarray(result.as_numpy("logits"))
+
+    def model_memory_mb(self) -> dict[str, float]:
+        """Private resident memory of each loaded model's runtime worker, MB."""
+        if not self.config.use_runtime:
+            return {}
+        from model_repo.runtime import runtime_stats
+
+        try:
+            workers = runtime_stats(self.runtime_socket)
+        except OSError:
+            return {}
+        return {w["model"]: float(w["private_mb"]) for w in workers}
+
+
+def wait_for(condition: Any, timeout_s: float, interval_s: float = 0.01,
+             what: str = "condition") -> None:
+    """Poll ``condition()`` until true; raise TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def models_in(names: Sequence[str], index: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """State per model name from a repository index (missing models are absent)."""
+    wanted = set(names)
+    return {e["name"]: str(e.get("state", "")) for e in index if e["name"] in wanted}

@@ -1,0 +1,213 @@
+"""The artifact store: one Triton model directory per family variant, with seeded torch weights.
+
+Layout of a store (``understudy models build --out STORE``)::
+
+    STORE/index.json                       what is in the store (families, variants, scale)
+    STORE/<family>/<variant>/config.pbtxt  Triton config (name = the variant)
+    STORE/<family>/<variant>/1/model.py    copy of model_repo/triton_model.py
+    STORE/<family>/<variant>/weights.pt    torch state_dict, size = profiled size x scale
+    STORE/<family>/<variant>/manifest.json spec, size and sha256 of the weights
+
+The weight file of a variant follows its profiled size (``size_mb`` from the torchvision table)
+times ``scale``: the default scale makes the demo families (about 5.9 GB at scale 1) fit in about
+2 GB. Accuracy figures come from the profile table, not from these weights, which are random.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_repo.network import NetworkSpec, initial_state, seed_for, spec_for_size
+from policies.model import Family
+
+logger = logging.getLogger(__name__)
+
+STORE_SCHEMA_VERSION = 1
+DEFAULT_SCALE = 0.35
+"""Artifact scale: the demo families' 5.87 GB of torchvision weights become about 2.05 GB."""
+DEFAULT_MAX_BATCH = 8
+MODEL_SOURCE = Path(__file__).resolve().parent / "triton_model.py"
+WEIGHTS_FILE = "weights.pt"
+MANIFEST_FILE = "manifest.json"
+INDEX_FILE = "index.json"
+
+
+class ArtifactError(ValueError):
+    """The artifact store is missing, inconsistent, or lacks a requested variant."""
+
+
+class Manifest(BaseModel):
+    """What the generator wrote for one variant; checked before the agent serves it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = STORE_SCHEMA_VERSION
+    family: str
+    variant: str
+    profiled_size_mb: float = Field(gt=0)
+    scale: float = Field(gt=0)
+    weights_mb: float = Field(gt=0)
+    weights_sha256: str
+    spec: dict[str, int]
+    max_batch_size: int = Field(ge=1)
+
+    @property
+    def network(self) -> NetworkSpec:
+        """The network spec as a value."""
+        return NetworkSpec.from_dict(self.spec)
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """A variant as found in a store."""
+
+    family: str
+    variant: str
+    directory: Path
+    manifest: Manifest
+
+
+def render_config(model_name: str, spec: NetworkSpec, weights: str,
+                  max_batch_size: int = DEFAULT_MAX_BATCH) -> str:
+    """The ``config.pbtxt`` of one model (complete: Triton's auto-complete is off)."""
+    spec_json = json.dumps(spec.to_dict(), sort_keys=True).replace('"', '\\"')
+    side = spec.image_side
+    return (
+        f'name: "{model_name}"\n'
+        'backend: "python"\n'
+        f"max_batch_size: {max_batch_size}\n"
+        f'input [ {{ name: "image" data_type: TYPE_FP32 dims: [ 3, {side}, {side} ] }} ]\n'
+        f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {spec.num_classes} ] }} ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+        f'parameters {{ key: "weights" value: {{ string_value: "{weights}" }} }}\n'
+        f'parameters {{ key: "network_spec" value: {{ string_value: "{spec_json}" }} }}\n'
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_variant(store: Path, family: str, variant: str, size_mb: float, scale: float,
+                  image_side: int = 224, max_batch_size: int = DEFAULT_MAX_BATCH) -> Manifest:
+    """Write one variant's directory (atomically: a half-written variant is never visible)."""
+    import torch
+
+    spec = spec_for_size(size_mb * scale, seed=seed_for(f"{family}/{variant}"),
+                         image_side=image_side)
+    target = store / family / variant
+    work = Path(tempfile.mkdtemp(prefix=f".{variant}.", dir=store))
+    try:
+        (work / "1").mkdir()
+        shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
+        (work / "config.pbtxt").write_text(
+            render_config(variant, spec, WEIGHTS_FILE, max_batch_size), encoding="utf-8")
+        torch.save(initial_state(spec), work / WEIGHTS_FILE)
+        weights_path = work / WEIGHTS_FILE
+        manifest = Manifest(
+            family=family, variant=variant, profiled_size_mb=size_mb, scale=scale,
+            weights_mb=round(weights_path.stat().st_size / 1e6, 3),
+            weights_sha256=_sha256(weights_path), spec=spec.to_dict(),
+            max_batch_size=max_batch_size)
+        (work / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n",
+                                          encoding="utf-8")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def build_store(store: Path, families: Iterable[Family], scale: float = DEFAULT_SCALE,
+                variants: Sequence[str] | None = None, image_side: int = 224,
+                rebuild: bool = False) -> list[Manifest]:
+    """Write every variant of ``families`` (or only ``variants``) into ``store``.
+
+    A variant whose manifest already matches (same size and scale) is kept unless ``rebuild``.
+    """
+    if scale <= 0:
+        raise ArtifactError(f"scale must be positive, got {scale}")
+    store.mkdir(parents=True, exist_ok=True)
+    wanted = set(variants) if variants is not None else None
+    manifests: list[Manifest] = []
+    for family in families:
+        for variant in family.variants:
+            if wanted is not None and variant.name not in wanted:
+                continue
+            if variant.size_mb is None:
+                raise ArtifactError(f"variant {variant.name} has no profiled size_mb")
+            existing = _existing_manifest(store / family.name / variant.name)
+            if (not rebuild and existing is not None and existing.scale == scale
+                    and existing.profiled_size_mb == variant.size_mb
+                    and existing.spec.get("image_side") == image_side):
+                # Weights are expensive and stable; the code is cheap and may have changed.
+                shutil.copyfile(MODEL_SOURCE, store / family.name / variant.name / "1" /
+                                "model.py")
+                manifests.append(existing)
+                continue
+            logger.info("building %s/%s (%.1f MB x %.3f)", family.name, variant.name,
+                        variant.size_mb, scale)
+            manifests.append(build_variant(store, family.name, variant.name, variant.size_mb,
+                                           scale, image_side))
+    _write_index(store)
+    return manifests
+
+
+def _existing_manifest(directory: Path) -> Manifest | None:
+    try:
+        manifest = Manifest.model_validate_json((directory / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if (directory / WEIGHTS_FILE).exists() else None
+
+
+def _write_index(store: Path) -> None:
+    entries = list_store(store)
+    index: dict[str, Any] = {
+        "schema_version": STORE_SCHEMA_VERSION,
+        "variants": {e.variant: {"family": e.family, "weights_mb": e.manifest.weights_mb,
+                                 "scale": e.manifest.scale} for e in entries},
+        "total_mb": round(sum(e.manifest.weights_mb for e in entries), 1),
+    }
+    tmp = store / (INDEX_FILE + ".tmp")
+    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, store / INDEX_FILE)
+
+
+def list_store(store: Path) -> list[StoreEntry]:
+    """Every complete variant in ``store``, sorted by family then weight size."""
+    entries = []
+    for manifest_path in sorted(store.glob(f"*/*/{MANIFEST_FILE}")):
+        manifest = _existing_manifest(manifest_path.parent)
+        if manifest is not None:
+            entries.append(StoreEntry(manifest.family, manifest.variant, manifest_path.parent,
+                                      manifest))
+    return sorted(entries, key=lambda e: (e.family, e.manifest.weights_mb))
+
+
+def find_variant(store: Path, variant: str) -> StoreEntry:
+    """The store entry of ``variant``; ArtifactError when the store does not hold it."""
+    for manifest_path in store.glob(f"*/{variant}/{MANIFEST_FILE}"):
+        manifest = _existing_manifest(manifest_path.parent)
+        if manifest is not None:
+            return StoreEntry(manifest.family, variant, manifest_path.parent, manifest)
+    raise ArtifactError(f"variant {variant!r} is not in the artifact store {store}")

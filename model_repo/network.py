@@ -1,0 +1,138 @@
+"""The torch network behind every generated model variant: image in, logits out.
+
+The weights are synthetic (seeded, never downloaded) but the network is real: a convolutional stem
+that pools an RGB image into a feature vector, a stack of fully connected layers, and a classifier
+head of ``num_classes`` logits. The stack is sized so that the weight file has the variant's
+profiled size times the artifact scale, so a larger variant really reads, deserialises and
+touches more bytes when it loads, and really computes more per request.
+
+This module imports torch lazily inside the functions that need it, so that the artifact
+generator's pure helpers (sizing) stay importable without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+BYTES_PER_PARAM = 4
+"""Weights are stored as float32."""
+MAX_WIDTH = 1024
+"""Width of the hidden layers once a variant is big enough to need more than one."""
+MIN_WIDTH = 8
+STEM_CHANNELS = 16
+STEM_STRIDE = 4
+POOLED_SIDE = 8
+"""The stem output is average-pooled to POOLED_SIDE x POOLED_SIDE before the dense stack."""
+DEFAULT_IMAGE_SIDE = 224
+DEFAULT_NUM_CLASSES = 1000
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Shape of one variant's network; stored next to its weights so a loader can rebuild it."""
+
+    width: int
+    hidden_layers: int
+    num_classes: int = DEFAULT_NUM_CLASSES
+    image_side: int = DEFAULT_IMAGE_SIDE
+    seed: int = 0
+
+    @property
+    def features(self) -> int:
+        """Length of the pooled stem output that feeds the dense stack."""
+        return STEM_CHANNELS * POOLED_SIDE * POOLED_SIDE
+
+    def parameter_count(self) -> int:
+        """Number of float32 parameters (weights and biases) of the whole network."""
+        stem = 3 * STEM_CHANNELS * STEM_STRIDE * STEM_STRIDE + STEM_CHANNELS
+        first = self.features * self.width + self.width
+        hidden = self.hidden_layers * (self.width * self.width + self.width)
+        head = self.width * self.num_classes + self.num_classes
+        return stem + first + hidden + head
+
+    def weight_mb(self) -> float:
+        """Size of the raw parameters, MB (the weight file adds a few KB of container)."""
+        return self.parameter_count() * BYTES_PER_PARAM / 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NetworkSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{k: int(data[k]) for k in ("width", "hidden_layers", "num_classes",
+                                                  "image_side", "seed")})
+
+
+def seed_for(name: str) -> int:
+    """A stable 31-bit seed from a variant name (the same on every machine and run)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def spec_for_size(target_mb: float, seed: int = 0, num_classes: int = DEFAULT_NUM_CLASSES,
+                  image_side: int = DEFAULT_IMAGE_SIDE) -> NetworkSpec:
+    """The network whose weights come closest to ``target_mb`` megabytes.
+
+    Small targets get a single hidden layer of a narrower width; larger ones a stack of
+    ``MAX_WIDTH``-wide layers (4.2 MB each), so the error is below one layer's size.
+    """
+    target_params = max(0.0, target_mb) * 1e6 / BYTES_PER_PARAM
+    probe = NetworkSpec(width=MAX_WIDTH, hidden_layers=0, num_classes=num_classes,
+                        image_side=image_side, seed=seed)
+    if target_params <= probe.parameter_count():
+        # params(width) is linear in width with no hidden layers: solve for it.
+        per_width = probe.features + 1 + num_classes
+        fixed = probe.parameter_count() - MAX_WIDTH * per_width
+        width = max(MIN_WIDTH, math.floor((target_params - fixed) / per_width))
+        return NetworkSpec(width=width, hidden_layers=0, num_classes=num_classes,
+                           image_side=image_side, seed=seed)
+    per_layer = MAX_WIDTH * MAX_WIDTH + MAX_WIDTH
+    layers = round((target_params - probe.parameter_count()) / per_layer)
+    return NetworkSpec(width=MAX_WIDTH, hidden_layers=layers, num_classes=num_classes,
+                       image_side=image_side, seed=seed)
+
+
+def build_network(spec: NetworkSpec) -> torch.nn.Module:
+    """The untrained module for ``spec`` (parameters left uninitialised: a loader fills them)."""
+    import torch
+    from torch import nn
+
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, STEM_CHANNELS, kernel_size=STEM_STRIDE, stride=STEM_STRIDE),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(POOLED_SIDE),
+        nn.Flatten(),
+        nn.Linear(spec.features, spec.width),
+        nn.ReLU(),
+    ]
+    for _ in range(spec.hidden_layers):
+        layers += [nn.Linear(spec.width, spec.width), nn.ReLU()]
+    layers.append(nn.Linear(spec.width, spec.num_classes))
+    with torch.device("meta"):
+        meta = nn.Sequential(*layers)
+    # to_empty allocates real (uninitialised) storage without the cost of random init.
+    return meta.to_empty(device="cpu").eval()
+
+
+def initial_state(spec: NetworkSpec) -> dict[str, torch.Tensor]:
+    """Deterministic weights for ``spec`` (He-scaled normal, zero biases) from its seed."""
+    import torch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in build_network(spec).state_dict().items():
+        if name.endswith("bias"):
+            state[name] = torch.zeros_like(tensor)
+            continue
+        fan_in = max(1, tensor[0].numel())
+        values = torch.empty_like(tensor)
+        values.normal_(0.0, math.sqrt(2.0 / fan_in), generator=generator)
+        state[name] = values
+    return state

@@ -1,0 +1,82 @@
+"""The Triton Python-backend model of every generated variant (copied as ``1/model.py``).
+
+Triton's Python stub runs with an isolated interpreter that ignores ``PYTHONPATH``, so the
+directories holding our packages and their dependencies arrive in ``UNDERSTUDY_PYTHONPATH`` (set
+by the Triton wrapper) and are added as site directories before anything else is imported, in
+front of the base interpreter's own: a different NumPy there (2.x in pyenv's site-packages) makes
+the stub return empty output tensors.
+
+The model reads two parameters from its ``config.pbtxt``: ``weights`` (a path relative to the
+model directory) and ``network_spec`` (the JSON :class:`model_repo.network.NetworkSpec`). It serves
+through the per-server torch runtime when ``UNDERSTUDY_RUNTIME_SOCKET`` names one, and otherwise
+loads torch inside the stub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import sys
+from pathlib import Path
+from typing import Any
+
+_BASE_PATH = list(sys.path)
+for _entry in os.environ.get("UNDERSTUDY_PYTHONPATH", "").split(os.pathsep):
+    if _entry:
+        site.addsitedir(_entry)
+sys.path[:] = [p for p in sys.path if p not in _BASE_PATH] + _BASE_PATH
+
+import numpy as np  # noqa: E402 - only importable once the site directories are in place
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from model_repo.network import NetworkSpec  # noqa: E402
+from model_repo.runtime import (  # noqa: E402
+    RUNTIME_SOCKET_ENV,
+    InProcessRunner,
+    RuntimeClient,
+)
+
+INPUT_NAME = "image"
+OUTPUT_NAME = "logits"
+
+
+class TritonPythonModel:
+    """One model instance: a runner (runtime worker or in-process) behind Triton's batching."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        """Load the weights; raising here makes Triton report the load as failed."""
+        config = json.loads(args["model_config"])
+        parameters = {key: value["string_value"]
+                      for key, value in config.get("parameters", {}).items()}
+        model_dir = Path(args["model_repository"])
+        weights = (model_dir / parameters["weights"]).resolve()
+        spec = NetworkSpec.from_dict(json.loads(parameters["network_spec"]))
+        threads = int(parameters.get("threads", "1"))
+        socket_path = os.environ.get(RUNTIME_SOCKET_ENV)
+        if socket_path:
+            self.runner: Any = RuntimeClient(socket_path, args["model_name"], weights, spec,
+                                             threads)
+        else:
+            self.runner = InProcessRunner(weights, spec, threads)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Run all requests of a dynamic batch as one forward pass, then split the logits."""
+        images = [pb_utils.get_input_tensor_by_name(r, INPUT_NAME).as_numpy() for r in requests]
+        sizes = [batch.shape[0] for batch in images]
+        try:
+            logits = self.runner.infer(np.concatenate(images, axis=0))
+        except Exception as exc:  # noqa: BLE001 - report per request, keep the instance alive
+            error = pb_utils.TritonError(f"inference failed: {exc}")
+            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
+        responses = []
+        start = 0
+        for size in sizes:
+            tensor = pb_utils.Tensor(OUTPUT_NAME, np.ascontiguousarray(logits[start:start + size]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+            start += size
+        return responses
+
+    def finalize(self) -> None:
+        """Release the worker so its memory is freed with the unload."""
+        self.runner.close()
