@@ -18,8 +18,8 @@ import signal
 import site
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,7 @@ class TritonServer:
         self.install = install or TritonInstall.locate()
         self.process: subprocess.Popen[bytes] | None = None
         self.runtime: subprocess.Popen[bytes] | None = None
-        self._client: Any = None
+        self._clients = threading.local()
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = config.work_dir / "tritonserver.log"
         self.runtime_socket = config.work_dir / "torch-runtime.sock"
@@ -206,7 +206,7 @@ class TritonServer:
                 preexec_fn=_die_with_parent)
         finally:
             log.close()
-        self._client = None
+        self._close_client()
         self._wait_ready()
         logger.info("tritonserver pid %d ready on http %s grpc %s", self.process.pid,
                     self.config.http_url, self.config.grpc_url)
@@ -290,19 +290,23 @@ class TritonServer:
     # --- client ----------------------------------------------------------------------------
 
     def _http(self) -> Any:
-        if self._client is None:
+        # One client per thread: tritonclient's HTTP client is not safe to share across threads,
+        # and the agent runs loads in worker threads.
+        client = getattr(self._clients, "client", None)
+        if client is None:
             import tritonclient.http as httpclient
 
-            self._client = httpclient.InferenceServerClient(
-                self.config.http_url, connection_timeout=5.0, network_timeout=300.0,
-                concurrency=4)
-        return self._client
+            client = httpclient.InferenceServerClient(
+                self.config.http_url, connection_timeout=5.0, network_timeout=300.0)
+            self._clients.client = client
+        return client
 
     def _close_client(self) -> None:
-        if self._client is not None:
+        client = getattr(self._clients, "client", None)
+        if client is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
-            self._client = None
+                client.close()
+            self._clients.client = None
 
     def is_ready(self) -> bool:
         """Triton's readiness endpoint (False when it does not answer)."""
@@ -330,16 +334,27 @@ class TritonServer:
         return time.perf_counter() - started
 
     def unload(self, model_name: str, wait: bool = True, timeout_s: float = 60.0) -> float:
-        """Unload a model; with ``wait`` return only when Triton no longer lists it ready."""
+        """Unload a model; returns seconds until its instance is gone (with ``wait``).
+
+        Triton answers the unload request before the instance is finalised, so with ``wait`` we
+        poll until the index no longer shows it READY or UNLOADING and, with the runtime, until
+        its worker (and the worker's memory) is gone.
+        """
         started = time.perf_counter()
         self._call(f"unload {model_name}", self._http().unload_model, model_name)
         deadline = time.monotonic() + timeout_s
-        while wait and model_name in self.ready_models():
+        while wait and self._still_loaded(model_name):
             if time.monotonic() > deadline:
-                raise TritonUnavailableError(f"unload {model_name}: still ready after "
+                raise TritonUnavailableError(f"unload {model_name}: still loaded after "
                                              f"{timeout_s} s")
             time.sleep(0.005)
         return time.perf_counter() - started
+
+    def _still_loaded(self, model_name: str) -> bool:
+        states = {e["name"]: e.get("state") for e in self.repository_index()}
+        if states.get(model_name) in ("READY", "UNLOADING"):
+            return True
+        return model_name in self.model_memory_mb()
 
     def repository_index(self) -> list[dict[str, Any]]:
         """Triton's repository index: name, version, state, reason per model."""
@@ -380,19 +395,3 @@ class TritonServer:
         except OSError:
             return {}
         return {w["model"]: float(w["private_mb"]) for w in workers}
-
-
-def wait_for(condition: Any, timeout_s: float, interval_s: float = 0.01,
-             what: str = "condition") -> None:
-    """Poll ``condition()`` until true; raise TimeoutError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
-def models_in(names: Sequence[str], index: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """State per model name from a repository index (missing models are absent)."""
-    wanted = set(names)
-    return {e["name"]: str(e.get("state", "")) for e in index if e["name"] in wanted}

@@ -1,0 +1,439 @@
+"""The per-server agent: supervises Triton, keeps one websocket to the controller, runs commands.
+
+Life of a connection: ``hello`` (identity, capacity, endpoints, inventory), then a heartbeat every
+T ms on a fixed schedule (not "sleep T after each send", which drifts), while commands run as
+independent tasks so a slow load never delays a heartbeat or another command. Results that could
+not be delivered because the connection dropped are queued and sent after the next ``hello``.
+
+Triton is watched by a thread blocked in ``waitpid``: its death is reported to the controller
+the moment it happens (``triton_down``), then Triton is restarted or not, as configured. When the
+controller is unreachable the agent keeps Triton serving and reconnects with capped exponential
+back-off plus jitter (FailLite §4; DESIGN.md "Failure detection").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.repository import ArtifactFetchError, ModelRepository, UnknownVariantError
+from agent.triton import TritonConfig, TritonError, TritonServer
+from understudy.ports import free_ports
+from understudy.protocol import (
+    AGENT_WS_PATH,
+    CommandResult,
+    Configure,
+    Endpoints,
+    ErrorInfo,
+    Heartbeat,
+    Hello,
+    InventoryCommand,
+    InventoryItem,
+    LoadCommand,
+    ModelState,
+    ProtocolError,
+    TritonDown,
+    TritonUp,
+    UnloadCommand,
+    encode,
+    parse_controller_message,
+    split_model_name,
+)
+
+logger = logging.getLogger(__name__)
+
+OUTBOX_LIMIT = 1000
+"""Undelivered results kept across a disconnection (oldest dropped first, with a warning)."""
+
+
+class RestartPolicy(StrEnum):
+    """What the agent does when its Triton dies."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+
+
+class AgentConfig(BaseModel):
+    """Everything one agent needs; ports 0 mean "pick free ones"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server_id: str = Field(min_length=1)
+    site_id: str = Field(min_length=1)
+    controller_url: str
+    capacity: dict[str, float]
+    artifacts: str
+    """Local artifact store directory or HTTP base URL."""
+    run_dir: Path
+    token: str | None = None
+    server_type: str = "testbed"
+    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+    triton_restart: RestartPolicy = RestartPolicy.ALWAYS
+    max_restarts: int = Field(5, ge=0)
+    restart_backoff_s: float = Field(0.5, ge=0)
+    reconnect_initial_s: float = Field(0.05, gt=0)
+    reconnect_max_s: float = Field(2.0, gt=0)
+    http_port: int = Field(0, ge=0, lt=65536)
+    grpc_port: int = Field(0, ge=0, lt=65536)
+    metrics_port: int = Field(0, ge=0, lt=65536)
+    model_load_threads: int = Field(2, ge=1)
+    use_runtime: bool = True
+
+    def websocket_url(self) -> str:
+        """The controller's agent endpoint as a ws:// URL."""
+        url = self.controller_url.rstrip("/")
+        for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+            if url.startswith(http):
+                url = ws + url[len(http):]
+        if url.endswith(AGENT_WS_PATH):
+            return url
+        return url + AGENT_WS_PATH
+
+
+def _error(code: str, exc: BaseException | str, retryable: bool = False) -> ErrorInfo:
+    return ErrorInfo(code=code, message=str(exc), retryable=retryable)
+
+
+class Agent:
+    """One server's agent. ``await agent.run()`` until ``agent.stop()``."""
+
+    def __init__(self, config: AgentConfig,
+                 triton_factory: Callable[[TritonConfig], TritonServer] = TritonServer) -> None:
+        self.config = config
+        self.boot_id = uuid.uuid4().hex
+        ports = free_ports(3)
+        triton_config = TritonConfig(
+            model_repository=config.run_dir / "repository", work_dir=config.run_dir / "triton",
+            http_port=config.http_port or ports[0], grpc_port=config.grpc_port or ports[1],
+            metrics_port=config.metrics_port or ports[2],
+            model_load_threads=config.model_load_threads, use_runtime=config.use_runtime)
+        self.triton = triton_factory(triton_config)
+        self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
+                                          config.run_dir / "artifact-cache", token=config.token)
+        self.models: dict[str, InventoryItem] = {}
+        self.restarts = 0
+        self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._ws: Any = None
+        self._outbox: deque[str] = deque()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._triton_alive = False
+        self._expected_exit = False
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """Where clients reach this server's Triton."""
+        c = self.triton.config
+        return Endpoints(http=c.http_url, grpc=c.grpc_url,
+                         metrics=f"{c.host}:{c.metrics_port}")
+
+    async def run(self) -> None:
+        """Start Triton, then stay connected to the controller until :meth:`stop`."""
+        self._loop = asyncio.get_running_loop()
+        await self._start_triton()
+        try:
+            await self._connection_loop()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            self._expected_exit = True
+            await asyncio.to_thread(self.triton.stop)
+            logger.info("agent %s stopped", self.config.server_id)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish (safe from a signal handler on the loop)."""
+        self._stop.set()
+        if self._ws is not None:
+            self._spawn(self._ws.close(1001, "agent stopping"))
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _start_triton(self) -> bool:
+        try:
+            await asyncio.to_thread(self.triton.start)
+        except TritonError as exc:
+            logger.error("Triton did not start: %s", exc)
+            self._triton_alive = False
+            return False
+        self._triton_alive = True
+        self._expected_exit = False
+        self._watch(self.triton.process)
+        return True
+
+    def _watch(self, process: Any) -> None:
+        """Block a thread in waitpid so Triton's death is seen the instant it happens."""
+        loop = self._loop
+        assert loop is not None  # noqa: S101 - set in run()
+
+        def wait() -> None:
+            code = process.wait()
+            loop.call_soon_threadsafe(self._on_triton_exit, process, code)
+
+        threading.Thread(target=wait, name="triton-watch", daemon=True).start()
+
+    def _on_triton_exit(self, process: Any, code: int) -> None:
+        if process is not self.triton.process or self._expected_exit:
+            return
+        at = time.time()
+        self._triton_alive = False
+        lost = sorted(self.models)
+        self.models.clear()
+        restarting = (self.config.triton_restart is RestartPolicy.ALWAYS
+                      and self.restarts < self.config.max_restarts and not self._stop.is_set())
+        logger.error("Triton (pid %s) exited with code %s; lost %d models; %s", process.pid,
+                     code, len(lost), "restarting" if restarting else "not restarting")
+        self._spawn(self._send(TritonDown(at=at, exit_code=code, restarting=restarting,
+                                          lost_models=lost), keep=True))
+        if restarting:
+            self._spawn(self._restart_triton())
+
+    async def _restart_triton(self) -> None:
+        self.restarts += 1
+        await asyncio.sleep(self.config.restart_backoff_s * self.restarts)
+        await asyncio.to_thread(self.triton.kill)  # the runtime too, for a clean slate
+        if await self._start_triton():
+            await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
+                                      restarts=self.restarts), keep=True)
+
+    # --- connection ----------------------------------------------------------------------------
+
+    async def _connection_loop(self) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus, WebSocketException
+
+        delay = self.config.reconnect_initial_s
+        headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        url = self.config.websocket_url()
+        while not self._stop.is_set():
+            try:
+                async with connect(url, additional_headers=headers, compression=None,
+                                   proxy=None, open_timeout=5, ping_interval=None,
+                                   max_size=16 * 1024 * 1024) as ws:
+                    delay = self.config.reconnect_initial_s
+                    await self._serve(ws)
+            except InvalidStatus as exc:
+                logger.error("controller refused the connection: HTTP %s",
+                             exc.response.status_code)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                logger.info("controller %s unreachable (%s); retrying in %.2f s", url,
+                            type(exc).__name__, delay)
+            if self._stop.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, self.config.reconnect_max_s)
+
+    async def _serve(self, ws: Any) -> None:
+        await ws.send(encode(self._hello()))
+        self._ws = ws
+        logger.info("connected to controller as %s", self.config.server_id)
+        while self._outbox:
+            await ws.send(self._outbox.popleft())
+        heartbeats = asyncio.ensure_future(self._heartbeats(ws))
+        try:
+            async for raw in ws:
+                self._dispatch(raw)
+        finally:
+            self._ws = None
+            heartbeats.cancel()
+
+    def _hello(self) -> Hello:
+        return Hello(server_id=self.config.server_id, site_id=self.config.site_id,
+                     capacity=self.config.capacity, server_type=self.config.server_type,
+                     endpoints=self.endpoints, triton_alive=self._triton_alive,
+                     inventory=list(self.models.values()),
+                     heartbeat_interval_ms=self.heartbeat_interval_s * 1000.0,
+                     boot_id=self.boot_id, agent_pid=_pid())
+
+    async def _heartbeats(self, ws: Any) -> None:
+        loop = asyncio.get_running_loop()
+        seq = 0
+        due = loop.time()
+        while True:
+            await ws.send(encode(Heartbeat(seq=seq, sent_at=time.time(),
+                                           triton_alive=self._triton_alive)))
+            seq += 1
+            due += self.heartbeat_interval_s
+            now = loop.time()
+            if due < now - self.heartbeat_interval_s:
+                due = now  # fell behind (a stall): resume the schedule instead of bursting
+            await asyncio.sleep(max(0.0, due - now))
+
+    async def _send(self, message: Any, keep: bool = False) -> None:
+        """Send now, or (``keep``) queue for the next connection if there is none."""
+        text = encode(message)
+        ws = self._ws
+        if ws is not None:
+            try:
+                await ws.send(text)
+                return
+            except Exception as exc:  # noqa: BLE001 - any send failure means "not delivered"
+                logger.info("send failed (%s); %s", exc, "queued" if keep else "dropped")
+        if keep:
+            if len(self._outbox) >= OUTBOX_LIMIT:
+                logger.warning("outbox full; dropping the oldest undelivered message")
+                self._outbox.popleft()
+            self._outbox.append(text)
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def _dispatch(self, raw: str | bytes) -> None:
+        try:
+            message = parse_controller_message(raw)
+        except ProtocolError as exc:
+            logger.warning("bad command: %s", exc)
+            self._spawn(self._send(CommandResult(
+                command_id=exc.command_id or "", ok=False, command="invalid",
+                error=_error("bad_command", exc)), keep=True))
+            return
+        if isinstance(message, Configure):
+            if message.heartbeat_interval_ms is not None:
+                self.heartbeat_interval_s = message.heartbeat_interval_ms / 1000.0
+            return
+        self._spawn(self._run_command(message))
+
+    async def _run_command(self, command: LoadCommand | UnloadCommand | InventoryCommand
+                           ) -> None:
+        started = time.perf_counter()
+        try:
+            if isinstance(command, LoadCommand):
+                result = await self._load(command, started)
+            elif isinstance(command, UnloadCommand):
+                result = await self._unload(command, started)
+            else:
+                result = CommandResult(command_id=command.command_id, ok=True,
+                                       command="inventory", inventory=await self.inventory())
+        except Exception as exc:  # noqa: BLE001 - one failing command never kills the agent
+            logger.exception("command %s failed unexpectedly", command.command_id)
+            result = CommandResult(command_id=command.command_id, ok=False,
+                                   command=command.type, error=_error("internal", exc, True))
+        await self._send(result, keep=True)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _load(self, command: LoadCommand, started: float) -> CommandResult:
+        name = command.model_name
+        reply = _Reply(command, "load", started)
+        if not self._triton_alive:
+            return reply.fail(_error("triton_down", "Triton is not running", retryable=True))
+        async with self._lock(name):
+            queued = time.perf_counter()
+            current = self.models.get(name)
+            if current is not None and current.state is ModelState.READY and \
+                    await asyncio.to_thread(self.triton.is_model_ready, name):
+                return reply.ok(ModelState.READY, already=True, queued_s=queued - started)
+            self.models[name] = InventoryItem(model_name=name, app_id=command.app_id,
+                                              variant=command.variant, state=ModelState.LOADING)
+            try:
+                await asyncio.to_thread(self.repository.materialise, name, command.variant)
+                materialised = time.perf_counter()
+                load_s = await asyncio.to_thread(self.triton.load, name)
+            except UnknownVariantError as exc:
+                self.models.pop(name, None)
+                return reply.fail(_error("unknown_variant", exc))
+            except (ArtifactFetchError, TritonError) as exc:
+                self.models.pop(name, None)
+                await asyncio.to_thread(self.repository.remove, name)
+                code = "artifact_fetch" if isinstance(exc, ArtifactFetchError) else "load_failed"
+                return reply.fail(_error(code, exc, getattr(exc, "retryable", False)))
+            memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
+            self.models[name] = InventoryItem(
+                model_name=name, app_id=command.app_id, variant=command.variant,
+                state=ModelState.READY, memory_mb=memory, load_s=load_s)
+            return reply.ok(ModelState.READY, queued_s=queued - started,
+                            materialise_s=materialised - queued, load_s=load_s)
+
+    async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
+        name = command.model_name
+        reply = _Reply(command, "unload", started)
+        async with self._lock(name):
+            queued = time.perf_counter()
+            loaded = self._triton_alive and await asyncio.to_thread(
+                self.triton.is_model_ready, name)
+            if not loaded:
+                self.models.pop(name, None)
+                await asyncio.to_thread(self.repository.remove, name)
+                return reply.ok(None, already=True, queued_s=queued - started)
+            self.models[name] = self.models.get(name, InventoryItem(
+                model_name=name, app_id=command.app_id, variant=command.variant,
+                state=ModelState.UNLOADING)).model_copy(update={"state": ModelState.UNLOADING})
+            try:
+                unload_s = await asyncio.to_thread(self.triton.unload, name)
+            except TritonError as exc:
+                self.models[name] = self.models[name].model_copy(
+                    update={"state": ModelState.READY})
+                return reply.fail(_error("unload_failed", exc, exc.retryable))
+            self.models.pop(name, None)
+            await asyncio.to_thread(self.repository.remove, name)
+            return reply.ok(None, queued_s=queued - started, unload_s=unload_s)
+
+    async def inventory(self) -> list[InventoryItem]:
+        """Reconcile our model table with Triton's index and return it (with memory)."""
+        if not self._triton_alive:
+            return []
+        try:
+            ready = await asyncio.to_thread(self.triton.ready_models)
+            memory = await asyncio.to_thread(self.triton.model_memory_mb)
+        except TritonError as exc:
+            logger.warning("inventory: %s", exc)
+            return list(self.models.values())
+        for name in ready:
+            if name not in self.models:
+                with contextlib.suppress(ValueError):
+                    app_id, variant = split_model_name(name)
+                    self.models[name] = InventoryItem(model_name=name, app_id=app_id,
+                                                      variant=variant, state=ModelState.READY)
+        for name, item in list(self.models.items()):
+            if item.state is ModelState.READY and name not in ready:
+                del self.models[name]
+            elif name in memory:
+                self.models[name] = item.model_copy(update={"memory_mb": memory[name]})
+        return list(self.models.values())
+
+
+class _Reply:
+    """Builds a command's result with its timings."""
+
+    def __init__(self, command: LoadCommand | UnloadCommand, kind: str, started: float) -> None:
+        self.command = command
+        self.kind = kind
+        self.started = started
+
+    def ok(self, state: ModelState | None, already: bool = False,
+           **timings: float) -> CommandResult:
+        return CommandResult(command_id=self.command.command_id, ok=True, command=self.kind,
+                             model_name=self.command.model_name, state=state, already=already,
+                             timings={**timings, "total_s": time.perf_counter() - self.started})
+
+    def fail(self, error: ErrorInfo) -> CommandResult:
+        return CommandResult(command_id=self.command.command_id, ok=False, command=self.kind,
+                             model_name=self.command.model_name, state=ModelState.FAILED,
+                             error=error,
+                             timings={"total_s": time.perf_counter() - self.started})
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

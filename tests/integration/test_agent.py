@@ -1,0 +1,210 @@
+"""The agent against a real Triton, driven through a test websocket peer (no controller yet)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.daemon import Agent, AgentConfig
+from tests.integration.agent_peer import AgentPeer, LoopThread
+from understudy.protocol import CommandResult, Heartbeat, Hello, TritonDown, TritonUp
+
+pytestmark = pytest.mark.timeout(240)
+TOKEN = "test-token"
+
+
+@dataclass
+class Harness:
+    loop: LoopThread
+    peer: AgentPeer
+    agent: Agent
+    task: object
+
+    def call(self, coroutine, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+        return self.loop.call(coroutine, timeout)
+
+    def hello(self) -> Hello:
+        return self.call(self.peer.wait_for(lambda frames: next(
+            (f.message for f in frames if isinstance(f.message, Hello)), None), 90))
+
+
+def _start(tmp: Path, store: Path, **overrides: object) -> Harness:
+    loop = LoopThread()
+    peer = AgentPeer(token=TOKEN)
+    loop.call(peer.start())
+    settings: dict[str, object] = {
+        "server_id": "s1", "site_id": "site-a", "controller_url": peer.url,
+        "capacity": {"memory_mb": 4000.0, "compute": 100.0}, "artifacts": str(store),
+        "run_dir": tmp, "token": TOKEN, "heartbeat_interval_ms": 20.0,
+        "restart_backoff_s": 0.0}
+    settings.update(overrides)
+    agent = Agent(AgentConfig(**settings))  # type: ignore[arg-type]
+    task = loop.submit(agent.run())
+    harness = Harness(loop, peer, agent, task)
+    harness.hello()
+    return harness
+
+
+def _stop(h: Harness) -> None:
+    h.loop.loop.call_soon_threadsafe(h.agent.stop)
+    h.task.result(60)  # type: ignore[attr-defined]
+    h.call(h.peer.close())
+    h.loop.close()
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory, artifact_store: Path) -> Iterator[Harness]:
+    h = _start(tmp_path_factory.mktemp("agent"), artifact_store)
+    yield h
+    _stop(h)
+
+
+def _infer(hello: Hello, model: str) -> np.ndarray:
+    import tritonclient.http as httpclient
+
+    assert hello.endpoints is not None
+    client = httpclient.InferenceServerClient(hello.endpoints.http)
+    try:
+        image = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
+        tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+        tensor.set_data_from_numpy(image)
+        return client.infer(model, [tensor]).as_numpy("logits")
+    finally:
+        client.close()
+
+
+def test_hello_carries_identity_capacity_and_endpoints(harness: Harness) -> None:
+    hello = harness.hello()
+    assert (hello.server_id, hello.site_id) == ("s1", "site-a")
+    assert hello.capacity == {"memory_mb": 4000.0, "compute": 100.0}
+    assert hello.triton_alive and hello.endpoints is not None
+    assert hello.inventory == []
+    assert hello.heartbeat_interval_ms == 20.0
+
+
+def test_load_infer_unload(harness: Harness) -> None:
+    result = harness.call(harness.peer.command("load", app_id="app1",
+                                               variant="mobilenet_v3_small"))
+    assert result.ok, result.error
+    assert result.model_name == "app1__mobilenet_v3_small" and not result.already
+    assert result.timings["load_s"] > 0 and result.timings["total_s"] >= result.timings["load_s"]
+    logits = _infer(harness.hello(), "app1__mobilenet_v3_small")
+    assert logits.shape == (2, 1000) and np.isfinite(logits).all()
+    inventory = harness.call(harness.peer.command("inventory")).inventory
+    assert [i.model_name for i in inventory] == ["app1__mobilenet_v3_small"]
+    assert inventory[0].memory_mb is not None and inventory[0].memory_mb > 0.5
+    unloaded = harness.call(harness.peer.command("unload", app_id="app1",
+                                                 variant="mobilenet_v3_small"))
+    assert unloaded.ok and not unloaded.already
+    assert harness.call(harness.peer.command("inventory")).inventory == []
+    again = harness.call(harness.peer.command("unload", app_id="app1",
+                                              variant="mobilenet_v3_small"))
+    assert again.ok and again.already
+
+
+def test_double_load_is_idempotent_and_never_concurrent(harness: Harness) -> None:
+    async def two_loads() -> tuple[CommandResult, CommandResult]:
+        first = asyncio.ensure_future(harness.peer.command("load", app_id="app2",
+                                                           variant="mobilenet_v3_large"))
+        second = asyncio.ensure_future(harness.peer.command("load", app_id="app2",
+                                                            variant="mobilenet_v3_large"))
+        return await first, await second
+
+    first, second = harness.call(two_loads())
+    assert first.ok and second.ok
+    # Exactly one of the two did the work; the other waited for it and found the model ready.
+    assert sorted([first.already, second.already]) == [False, True]
+    repeat = harness.call(harness.peer.command("load", app_id="app2",
+                                               variant="mobilenet_v3_large"))
+    assert repeat.ok and repeat.already
+    assert repeat.timings["total_s"] < first.timings["total_s"] + second.timings["total_s"]
+    harness.call(harness.peer.command("unload", app_id="app2", variant="mobilenet_v3_large"))
+
+
+def test_bad_commands_get_error_replies_and_the_agent_stays_up(harness: Harness) -> None:
+    unknown = harness.call(harness.peer.command("load", app_id="app3", variant="no_such_net"))
+    assert not unknown.ok and unknown.error is not None
+    assert unknown.error.code == "unknown_variant" and not unknown.error.retryable
+    harness.call(harness.peer.send_raw('{"v": 1, "type": "explode", "command_id": "x1"}'))
+    bad = harness.call(harness.peer.result("x1", 10))
+    assert not bad.ok and bad.error is not None and bad.error.code == "bad_command"
+    harness.call(harness.peer.send_raw("not json at all"))
+    harness.call(harness.peer.send_raw('{"v": 99, "type": "inventory", "command_id": "x2"}'))
+    version = harness.call(harness.peer.result("x2", 10))
+    assert not version.ok and "version" in version.error.message  # type: ignore[union-attr]
+    harness.call(harness.peer.send_raw(
+        '{"v": 1, "type": "load", "command_id": "x3", "app_id": "a__b", "variant": "v"}'))
+    assert harness.call(harness.peer.result("x3", 10)).error.code == "bad_command"  # type: ignore[union-attr]
+    # Still alive and serving commands.
+    ok = harness.call(harness.peer.command("load", app_id="app3", variant="shufflenet_v2_x0_5"))
+    assert ok.ok
+    harness.call(harness.peer.command("unload", app_id="app3", variant="shufflenet_v2_x0_5"))
+
+
+def test_heartbeats_arrive_at_the_configured_interval(harness: Harness) -> None:
+    start = len(harness.peer.of_type("heartbeat"))
+    harness.call(harness.peer.wait_for(
+        lambda frames: sum(isinstance(f.message, Heartbeat) for f in frames) >= start + 100, 30))
+    beats = harness.peer.of_type("heartbeat")[start:start + 100]
+    gaps_ms = [(b.at - a.at) * 1000 for a, b in zip(beats, beats[1:], strict=False)]
+    median = statistics.median(gaps_ms)
+    p99 = sorted(gaps_ms)[int(0.99 * len(gaps_ms)) - 1]
+    jitter = statistics.pstdev(gaps_ms)
+    print(f"heartbeat gap median {median:.2f} ms, p99 {p99:.2f} ms, jitter (sd) {jitter:.2f} ms")
+    assert 17.0 <= median <= 23.0
+    seqs = [b.message.seq for b in beats]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+def test_unauthorised_agent_is_refused(tmp_path: Path, artifact_store: Path) -> None:
+    loop = LoopThread()
+    peer = AgentPeer(token=TOKEN)
+    loop.call(peer.start())
+    agent = Agent(AgentConfig(
+        server_id="s9", site_id="x", controller_url=peer.url, capacity={"memory_mb": 1.0},
+        artifacts=str(artifact_store), run_dir=tmp_path, token="wrong", use_runtime=False,
+        reconnect_initial_s=0.05, reconnect_max_s=0.1))
+    task = loop.submit(agent.run())
+    try:
+        time.sleep(1.5)
+        assert peer.connections == 0 and peer.frames == []
+        assert not task.done()  # keeps retrying rather than exiting
+    finally:
+        loop.loop.call_soon_threadsafe(agent.stop)
+        task.result(60)
+        loop.call(peer.close())
+        loop.close()
+
+
+def test_killed_triton_is_reported_at_once_and_restarted(tmp_path: Path,
+                                                          artifact_store: Path) -> None:
+    h = _start(tmp_path, artifact_store)
+    try:
+        assert h.call(h.peer.command("load", app_id="k", variant="mobilenet_v3_small")).ok
+        pid = h.agent.triton.pid
+        assert pid is not None
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        down = h.call(h.peer.wait_for(lambda frames: next(
+            (f for f in frames if isinstance(f.message, TritonDown)), None), 10))
+        delay_ms = (down.at - killed_at) * 1000
+        print(f"Triton death reported {delay_ms:.1f} ms after SIGKILL")
+        assert delay_ms < 50
+        assert down.message.lost_models == ["k__mobilenet_v3_small"]
+        assert down.message.exit_code == -signal.SIGKILL and down.message.restarting
+        up = h.call(h.peer.wait_for(lambda frames: next(
+            (f.message for f in frames if isinstance(f.message, TritonUp)), None), 90))
+        assert up.restarts == 1
+        reload = h.call(h.peer.command("load", app_id="k", variant="mobilenet_v3_small"))
+        assert reload.ok and not reload.already
+    finally:
+        _stop(h)

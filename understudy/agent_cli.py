@@ -1,0 +1,93 @@
+"""``understudy agent``: run one server's agent (and its Triton) in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+logger = logging.getLogger(__name__)
+
+COMMAND = "agent"
+TOKEN_ENV = "UNDERSTUDY_TOKEN"
+
+
+def parse_capacity(text: str) -> dict[str, float]:
+    """``memory_mb=8000,compute=100`` -> ``{"memory_mb": 8000.0, "compute": 100.0}``."""
+    capacity: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"capacity entry {part!r} is not NAME=NUMBER")
+        try:
+            number = float(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"capacity {key}={value!r} is not a number") \
+                from exc
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"capacity {key} must not be negative")
+        capacity[key] = number
+    if "memory_mb" not in capacity:
+        raise argparse.ArgumentTypeError("capacity needs at least memory_mb=...")
+    return capacity
+
+
+def register(commands: Any) -> None:
+    """Add the ``agent`` sub-parser."""
+    parser = commands.add_parser("agent", help="run a server's agent and its Triton")
+    parser.add_argument("--server-id", required=True)
+    parser.add_argument("--site", required=True, dest="site_id")
+    parser.add_argument("--controller-url", required=True,
+                        help="controller base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--capacity", required=True, type=parse_capacity,
+                        help="resources, e.g. memory_mb=8000,compute=100")
+    parser.add_argument("--artifacts", required=True,
+                        help="artifact store directory or HTTP base URL")
+    parser.add_argument("--run-dir", type=Path, required=True,
+                        help="where Triton's repository, logs and caches live")
+    parser.add_argument("--token", default=None,
+                        help=f"bearer token for the controller (default ${TOKEN_ENV})")
+    parser.add_argument("--heartbeat-ms", type=float, default=20.0)
+    parser.add_argument("--triton-restart", choices=["always", "never"], default="always")
+    parser.add_argument("--max-restarts", type=int, default=5)
+    parser.add_argument("--http-port", type=int, default=0)
+    parser.add_argument("--grpc-port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--model-load-threads", type=int, default=2)
+    parser.add_argument("--server-type", default="testbed")
+
+
+def run(options: argparse.Namespace) -> int:
+    """Run the agent until SIGINT/SIGTERM."""
+    from agent.daemon import Agent, AgentConfig
+
+    try:
+        config = AgentConfig(
+            server_id=options.server_id, site_id=options.site_id,
+            controller_url=options.controller_url, capacity=options.capacity,
+            artifacts=options.artifacts, run_dir=options.run_dir,
+            token=options.token or os.environ.get(TOKEN_ENV),
+            heartbeat_interval_ms=options.heartbeat_ms, triton_restart=options.triton_restart,
+            max_restarts=options.max_restarts, http_port=options.http_port,
+            grpc_port=options.grpc_port, metrics_port=options.metrics_port,
+            model_load_threads=options.model_load_threads, server_type=options.server_type)
+    except ValidationError as exc:
+        logger.error("invalid agent settings: %s", exc)
+        return 2
+    agent = Agent(config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, agent.stop)
+        await agent.run()
+
+    asyncio.run(main())
+    return 0
