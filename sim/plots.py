@@ -43,9 +43,15 @@ def _series(name: str, all_rows: Sequence[Row]) -> dict[str, list[Row]]:
     return by_policy
 
 
-def _finish(fig: plt.Figure, title: str, path: Path) -> None:
+def _finish(fig: plt.Figure, title: str, path: Path, legend_from: plt.Axes | None = None) -> None:
     fig.suptitle(title)
-    fig.tight_layout()
+    if legend_from is not None:
+        handles, labels = legend_from.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+                   frameon=False)
+        fig.tight_layout(rect=(0.0, 0.07, 1.0, 1.0))
+    else:
+        fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
@@ -53,7 +59,7 @@ def _finish(fig: plt.Figure, title: str, path: Path) -> None:
 
 def _lines(name: str, all_rows: Sequence[Row], path: Path) -> None:
     experiment = EXPERIMENTS[name]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     for policy, series in _series(name, all_rows).items():
         xs = [float(r.value) * (100 if name == "fig8" else 1) for r in series]
         for ax, (key, label) in zip(axes, PANELS, strict=True):
@@ -63,15 +69,14 @@ def _lines(name: str, all_rows: Sequence[Row], path: Path) -> None:
             ax.set_ylabel(label)
             ax.set_xlabel("Headroom (%)" if name == "fig8" else "Failed sites (of 10)")
             ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    _finish(fig, f"{experiment.source}: {experiment.title}", path)
+    _finish(fig, f"{experiment.source}: {experiment.title}", path, legend_from=axes[0])
 
 
 def _bars(name: str, all_rows: Sequence[Row], path: Path) -> None:
     experiment = EXPERIMENTS[name]
     series = _series(name, all_rows)
     values = list(dict.fromkeys(r.value for rows in series.values() for r in rows))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     width = 0.8 / max(1, len(series))
     for i, (policy, rows) in enumerate(series.items()):
         by_value = {r.value: r for r in rows}
@@ -83,8 +88,7 @@ def _bars(name: str, all_rows: Sequence[Row], path: Path) -> None:
             ax.set_xticks([k + 0.4 - width / 2 for k in range(len(values))],
                           [str(v) for v in values])
             ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7)
-    _finish(fig, f"{experiment.source}: {experiment.title}", path)
+    _finish(fig, f"{experiment.source}: {experiment.title}", path, legend_from=axes[0])
 
 
 def _criticality(all_rows: Sequence[Row], path: Path) -> None:
