@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import threading
 import time
 import uuid
 from collections import deque
@@ -120,6 +119,7 @@ class Agent:
             metrics_port=config.metrics_port or ports[2],
             model_load_threads=config.model_load_threads, use_runtime=config.use_runtime)
         self.triton = triton_factory(triton_config)
+        self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / "artifact-cache", token=config.token)
         self.models: dict[str, InventoryItem] = {}
@@ -177,19 +177,12 @@ class Agent:
             return False
         self._triton_alive = True
         self._expected_exit = False
-        self._watch(self.triton.process)
         return True
 
-    def _watch(self, process: Any) -> None:
-        """Block a thread in waitpid so Triton's death is seen the instant it happens."""
-        loop = self._loop
-        assert loop is not None  # noqa: S101 - set in run()
-
-        def wait() -> None:
-            code = process.wait()
-            loop.call_soon_threadsafe(self._on_triton_exit, process, code)
-
-        threading.Thread(target=wait, name="triton-watch", daemon=True).start()
+    def _on_exit_threadsafe(self, process: Any, code: int) -> None:
+        """Triton's watcher thread calls this the moment Triton exits."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_triton_exit, process, code)
 
     def _on_triton_exit(self, process: Any, code: int) -> None:
         if process is not self.triton.process or self._expected_exit:

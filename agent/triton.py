@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,12 @@ def _python_paths() -> list[str]:
 class TritonServer:
     """One ``tritonserver`` process (and its torch runtime), owned by the caller."""
 
-    def __init__(self, config: TritonConfig, install: TritonInstall | None = None) -> None:
+    def __init__(self, config: TritonConfig, install: TritonInstall | None = None,
+                 on_exit: Callable[[subprocess.Popen[bytes], int], None] | None = None) -> None:
         self.config = config
+        self.on_exit = on_exit
+        """Called (from a watcher thread) the moment Triton exits on its own."""
+        self._stopping = False
         self.install = install or TritonInstall.locate()
         self.process: subprocess.Popen[bytes] | None = None
         self.runtime: subprocess.Popen[bytes] | None = None
@@ -207,9 +212,26 @@ class TritonServer:
         finally:
             log.close()
         self._close_client()
+        self._stopping = False
+        self._watch(self.process)
         self._wait_ready()
         logger.info("tritonserver pid %d ready on http %s grpc %s", self.process.pid,
                     self.config.http_url, self.config.grpc_url)
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        """Block a thread in waitpid, so a death is handled the instant it happens."""
+
+        def wait() -> None:
+            code = process.wait()
+            if self._stopping or process is not self.process:
+                return
+            orphans = self.kill_orphans()
+            logger.error("tritonserver pid %d exited with code %s (killed %d orphaned stubs)",
+                         process.pid, code, orphans)
+            if self.on_exit is not None:
+                self.on_exit(process, code)
+
+        threading.Thread(target=wait, name=f"triton-watch-{process.pid}", daemon=True).start()
 
     def _start_runtime(self) -> None:
         if self.runtime is not None and self.runtime.poll() is None:
@@ -266,6 +288,7 @@ class TritonServer:
 
     def stop(self) -> None:
         """SIGINT (graceful: unloads models), then SIGKILL after the stop timeout."""
+        self._stopping = True
         for proc in (self.process, self.runtime):
             if proc is None or proc.poll() is not None:
                 continue
@@ -281,11 +304,35 @@ class TritonServer:
 
     def kill(self) -> None:
         """SIGKILL Triton and the runtime at once (failure injection, emergency stop)."""
+        self._stopping = True
         for proc in (self.process, self.runtime):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        self.kill_orphans()
         self._close_client()
+
+    def kill_orphans(self) -> int:
+        """SIGKILL Python-backend stubs left behind by a dead Triton; returns how many.
+
+        A stub inherits Triton's listening sockets, so an orphaned stub keeps client
+        connections open without ever answering them: clients would hang instead of failing
+        over. Our stubs are recognised by the backend directory in their command line.
+        """
+        marker = str(self.config.work_dir / "backends" / "python").encode()
+        killed = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmdline and b"triton_python_backend_stub" in cmdline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+        return killed
 
     # --- client ----------------------------------------------------------------------------
 

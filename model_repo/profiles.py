@@ -93,6 +93,38 @@ class SourceFields(_Strict):
     acc5: float = Field(gt=0, le=100)
 
 
+class Measurement(_Strict):
+    """What ``understudy models profile`` measured for one variant on real Triton."""
+
+    host: str
+    server_type: str
+    artifact_scale: float = Field(gt=0)
+    weights_mb: float = Field(gt=0)
+    repeats: int = Field(ge=1)
+    load_s: float = Field(ge=0)
+    """Median wall time of Triton's load call."""
+    load_s_runs: list[float]
+    unload_s: float = Field(ge=0)
+    """Median time from the unload call until the instance and its memory are gone."""
+    latency_p50_ms: float = Field(ge=0)
+    latency_p99_ms: float = Field(ge=0)
+    latency_requests: int = Field(ge=1)
+    resident_mb: float | None = Field(None, ge=0)
+    """Private resident memory of the loaded model instance."""
+    measured_on: str
+
+
+class LoadTimeFit(_Strict):
+    """Least-squares fit ``load_s = intercept_s + slope_s_per_mb * weights_mb`` over a run."""
+
+    intercept_s: float
+    slope_s_per_mb: float
+    r2: float
+    variants: int = Field(ge=2)
+    artifact_scale: float = Field(gt=0)
+    server_type: str
+
+
 class VariantProfile(_Strict):
     """One variant's profile as stored in a family document."""
 
@@ -106,6 +138,7 @@ class VariantProfile(_Strict):
     load_time_s: float | None = Field(None, ge=0)
     size_mb: float | None = Field(None, ge=0)
     source: SourceFields | None = None
+    measured: Measurement | None = None
 
 
 class FamilyDocument(_Strict):
@@ -116,6 +149,7 @@ class FamilyDocument(_Strict):
     source: dict[str, str] = Field(default_factory=dict)
     reference_gpu: dict[str, float | str] = Field(default_factory=dict)
     variants: list[VariantProfile] = Field(min_length=1)
+    load_time_fit: LoadTimeFit | None = None
 
 
 # --- build ---------------------------------------------------------------------------------
@@ -275,6 +309,69 @@ def write_profiles(docs: Mapping[str, Mapping[str, Any]], out_dir: str | Path) -
         written.append(path)
     logger.info("wrote %d profile documents to %s", len(written), out)
     return written
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+MEASURED_KEYS = ("measured",)
+FAMILY_MEASURED_KEYS = ("load_time_fit",)
+
+
+def apply_measurement(doc: dict[str, Any], variant: str, measurement: Measurement) -> None:
+    """Record a measurement in a family document (in place).
+
+    Besides the ``measured`` block, the variant's ``load_time_s`` becomes the measured median
+    and ``latency_ms[<server type>]`` the measured p50, so policies on servers of that type use
+    real figures; the reference-GPU estimate stays beside them.
+    """
+    entry = next((v for v in doc["variants"] if v["name"] == variant), None)
+    if entry is None:
+        raise ProfileError(f"family {doc['family']!r} has no variant {variant!r}")
+    entry["measured"] = measurement.model_dump()
+    entry["load_time_s"] = round(measurement.load_s, 4)
+    entry["latency_ms"] = {**entry["latency_ms"],
+                           measurement.server_type: round(measurement.latency_p50_ms, 3)}
+
+
+def strip_measurements(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``doc`` as ``build_profiles`` makes it, i.e. without measured figures."""
+    stripped = {k: v for k, v in doc.items() if k not in FAMILY_MEASURED_KEYS}
+    variants = []
+    for variant in doc["variants"]:
+        measured = variant.get("measured")
+        clean = {k: v for k, v in variant.items() if k not in MEASURED_KEYS}
+        if measured is not None:
+            clean["load_time_s"] = None
+            clean["latency_ms"] = {k: v for k, v in variant["latency_ms"].items()
+                                   if k != measured["server_type"]}
+        variants.append(clean)
+    stripped["variants"] = variants
+    return stripped
+
+
+def merge_measurements(fresh: Mapping[str, dict[str, Any]],
+                       existing_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Carry measured figures from documents in ``existing_dir`` into freshly built ones.
+
+    Rebuilding from the CSV must not throw away a profiling run; a variant that no longer
+    exists simply loses its measurement.
+    """
+    merged = {family: json.loads(json.dumps(doc)) for family, doc in fresh.items()}
+    directory = Path(existing_dir)
+    for family, doc in merged.items():
+        path = directory / f"{family}.json"
+        if not path.exists():
+            continue
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for key in FAMILY_MEASURED_KEYS:
+            if old.get(key) is not None:
+                doc[key] = old[key]
+        for variant in old.get("variants", []):
+            if variant.get("measured") and any(v["name"] == variant["name"]
+                                               for v in doc["variants"]):
+                apply_measurement(doc, variant["name"],
+                                  Measurement.model_validate(variant["measured"]))
+    return merged
 
 
 # --- load ----------------------------------------------------------------------------------

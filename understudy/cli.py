@@ -115,9 +115,9 @@ def _run_demo(argv: list[str]) -> int:
 
 
 def _profiles_build(csv_path: Path, out_dir: Path) -> int:
-    from model_repo.profiles import build_profiles, write_profiles
+    from model_repo.profiles import build_profiles, merge_measurements, write_profiles
 
-    docs = build_profiles(csv_path)
+    docs = merge_measurements(build_profiles(csv_path), out_dir)
     paths = write_profiles(docs, out_dir)
     variants = sum(len(doc["variants"]) for doc in docs.values())
     print(f"wrote {len(paths)} families, {variants} variants to {out_dir}")

@@ -61,9 +61,9 @@ class AgentPeer:
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     port: int = 0
 
-    async def start(self) -> None:
+    async def start(self, port: int = 0) -> None:
         self._changed = asyncio.Condition()
-        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None,
+        self._server = await serve(self._handle, "127.0.0.1", port, compression=None,
                                    process_request=self._check, ping_interval=None)
         self.port = self._server.sockets[0].getsockname()[1]  # type: ignore[index]
 
@@ -130,5 +130,5 @@ class AgentPeer:
         return [f for f in self.frames if getattr(f.message, "type", None) == kind]
 
     async def close(self) -> None:
-        self._server.close()
+        self._server.close(close_connections=True)
         await self._server.wait_closed()

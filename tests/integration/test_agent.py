@@ -208,3 +208,24 @@ def test_killed_triton_is_reported_at_once_and_restarted(tmp_path: Path,
         assert reload.ok and not reload.already
     finally:
         _stop(h)
+
+
+def test_agent_keeps_serving_without_controller_and_reconnects(tmp_path: Path,
+                                                                artifact_store: Path) -> None:
+    h = _start(tmp_path, artifact_store, reconnect_max_s=0.2)
+    try:
+        assert h.call(h.peer.command("load", app_id="p", variant="mobilenet_v3_small")).ok
+        hello = h.hello()
+        port = h.peer.port
+        h.call(h.peer.close())  # the controller goes away
+        for _ in range(3):  # Triton keeps answering clients meanwhile
+            assert _infer(hello, "p__mobilenet_v3_small").shape == (2, 1000)
+        replacement = AgentPeer(token=TOKEN)
+        h.call(replacement.start(port))
+        again = h.call(replacement.wait_for(lambda frames: next(
+            (f.message for f in frames if isinstance(f.message, Hello)), None), 30))
+        assert again.boot_id == hello.boot_id  # same agent, reconnected
+        assert [i.model_name for i in again.inventory] == ["p__mobilenet_v3_small"]
+        h.peer = replacement
+    finally:
+        _stop(h)

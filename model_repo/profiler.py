@@ -1,0 +1,156 @@
+"""Measure variants on a real Triton: load/unload time, batch-1 latency, resident memory.
+
+This replaces Triton's Model Analyzer in our stack. For each variant of the artifact store it
+loads the model ``repeats`` times (median reported), measures p50/p99 latency of batch-1
+requests on one of the loads, reads the model instance's private resident memory from the torch
+runtime, and unloads it (timed until the instance is gone). A least-squares line
+``load_s = a + b * weights_mb`` is fitted over all measured variants.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+from agent.triton import TritonConfig, TritonError, TritonServer
+from model_repo.artifacts import WEIGHTS_FILE, StoreEntry, list_store, render_config
+from model_repo.profiles import LoadTimeFit, Measurement
+from understudy.ports import free_ports
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SERVER_TYPE = "testbed"
+"""Server type the agents on this machine declare; measured latencies are keyed by it."""
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How much to measure."""
+
+    repeats: int = 5
+    latency_requests: int = 50
+    warmup_requests: int = 3
+    server_type: str = DEFAULT_SERVER_TYPE
+
+
+def fit_load_time(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least squares ``y = a + b x`` over (x, y) points; returns (a, b, r2)."""
+    if len(points) < 2:
+        raise ValueError("a load-time fit needs at least two variants")
+    xs = np.array([p[0] for p in points], dtype=float)
+    ys = np.array([p[1] for p in points], dtype=float)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    predicted = intercept + slope * xs
+    total = float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - float(((ys - predicted) ** 2).sum()) / total if total > 0 else 1.0
+    return float(intercept), float(slope), r2
+
+
+def _link_model(repository: Path, entry: StoreEntry) -> str:
+    name = entry.variant
+    directory = repository / name
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
+    (directory / "config.pbtxt").write_text(render_config(
+        name, entry.manifest.network, str((entry.directory / WEIGHTS_FILE).resolve()),
+        entry.manifest.max_batch_size), encoding="utf-8")
+    return name
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def measure_variant(server: TritonServer, model: str, entry: StoreEntry,
+                    settings: ProfileSettings) -> Measurement:
+    """Measure one variant already present in ``server``'s repository."""
+    side = entry.manifest.network.image_side
+    image = np.random.default_rng(0).random((1, 3, side, side), dtype=np.float32)
+    loads: list[float] = []
+    unloads: list[float] = []
+    latencies_ms: list[float] = []
+    resident: float | None = None
+    for repeat in range(settings.repeats):
+        loads.append(server.load(model))
+        server.infer(model, image)  # serving, not just "loaded", before it is unloaded again
+        if repeat == 0:
+            for _ in range(settings.warmup_requests):
+                server.infer(model, image)
+            for _ in range(settings.latency_requests):
+                started = time.perf_counter()
+                server.infer(model, image)
+                latencies_ms.append((time.perf_counter() - started) * 1000.0)
+            resident = server.model_memory_mb().get(model)
+        unloads.append(server.unload(model))
+    return Measurement(
+        host=platform.node(), server_type=settings.server_type,
+        artifact_scale=entry.manifest.scale, weights_mb=entry.manifest.weights_mb,
+        repeats=settings.repeats, load_s=statistics.median(loads),
+        load_s_runs=[round(x, 4) for x in loads], unload_s=statistics.median(unloads),
+        latency_p50_ms=_percentile(latencies_ms, 50), latency_p99_ms=_percentile(latencies_ms, 99),
+        latency_requests=settings.latency_requests,
+        resident_mb=round(resident, 2) if resident is not None else None,
+        measured_on=date.today().isoformat())
+
+
+def _measure_with_retry(server: TritonServer, model: str, entry: StoreEntry,
+                        settings: ProfileSettings, attempts: int = 2) -> Measurement:
+    """Measure; if Triton itself dies meanwhile, restart it and measure the variant again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return measure_variant(server, model, entry, settings)
+        except TritonError:
+            if server.alive() or attempt == attempts:
+                raise
+            logger.warning("Triton died while profiling %s (exit %s); restarting it",
+                           model, server.process.returncode if server.process else None)
+            server.kill()
+            server.start()
+    raise AssertionError("unreachable")
+
+
+def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = None,
+                  settings: ProfileSettings | None = None,
+                  progress: Callable[[StoreEntry, Measurement], None] | None = None,
+                  ) -> tuple[dict[str, tuple[StoreEntry, Measurement]], LoadTimeFit | None]:
+    """Profile the store's variants (all, or ``variants``) on a fresh Triton.
+
+    Returns the measurements by variant and the load-time fit (None with fewer than two).
+    """
+    settings = settings or ProfileSettings()
+    entries = [e for e in list_store(store) if variants is None or e.variant in variants]
+    missing = sorted(set(variants or ()) - {e.variant for e in entries})
+    if missing:
+        raise ValueError(f"not in the artifact store {store}: {', '.join(missing)}")
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(TritonConfig(model_repository=work_dir / "repository",
+                                       work_dir=work_dir / "triton", http_port=http,
+                                       grpc_port=grpc, metrics_port=metrics))
+    results: dict[str, tuple[StoreEntry, Measurement]] = {}
+    server.start()
+    try:
+        for entry in entries:
+            model = _link_model(server.config.model_repository, entry)
+            measurement = _measure_with_retry(server, model, entry, settings)
+            results[entry.variant] = (entry, measurement)
+            if progress is not None:
+                progress(entry, measurement)
+    finally:
+        server.stop()
+    fit = None
+    if len(results) >= 2:
+        intercept, slope, r2 = fit_load_time(
+            [(m.weights_mb, m.load_s) for _, m in results.values()])
+        scales = {m.artifact_scale for _, m in results.values()}
+        fit = LoadTimeFit(intercept_s=intercept, slope_s_per_mb=slope, r2=r2,
+                          variants=len(results), artifact_scale=min(scales),
+                          server_type=settings.server_type)
+    return results, fit
