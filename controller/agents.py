@@ -1,0 +1,191 @@
+"""The only module that talks to agents: one websocket each, commands with futures by id.
+
+``serve`` runs for the life of one agent connection: it waits for the ``hello``, hands it to
+the orchestrator, then routes heartbeats to the detector, results to the waiting command, and
+Triton death reports to the detector. ``command`` sends one command and awaits its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controller.detector import FailureDetector
+from controller.errors import AgentCommandError, AgentUnavailableError
+from understudy.protocol import (
+    CommandResult,
+    Configure,
+    Heartbeat,
+    Hello,
+    InventoryCommand,
+    InventoryItem,
+    LoadCommand,
+    ProtocolError,
+    TritonDown,
+    TritonUp,
+    UnloadCommand,
+    encode,
+    parse_agent_message,
+)
+
+logger = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+
+
+class AgentHub:
+    """Connected agents by server id."""
+
+    def __init__(self, detector: FailureDetector,
+                 on_hello: Callable[[Hello], Awaitable[None]],
+                 on_triton_up: Callable[[str, TritonUp], Awaitable[None]],
+                 on_revived: Callable[[str], Awaitable[None]]) -> None:
+        self.detector = detector
+        self.on_hello = on_hello
+        self.on_triton_up = on_triton_up
+        self.on_revived = on_revived
+        self._sockets: dict[str, Any] = {}
+        self._pending: dict[str, asyncio.Future[CommandResult]] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.heartbeats = 0
+
+    def connected(self, server_id: str) -> bool:
+        """Whether the server's agent is connected now."""
+        return server_id in self._sockets
+
+    async def serve(self, websocket: Any) -> None:
+        """Handle one agent connection until it closes (FastAPI websocket)."""
+        try:
+            raw = await asyncio.wait_for(websocket.receive_text(), HELLO_TIMEOUT_S)
+            hello = parse_agent_message(raw)
+        except (TimeoutError, ProtocolError) as exc:
+            logger.warning("agent connection without a valid hello: %s", exc)
+            await websocket.close(code=4400, reason="expected a hello frame")
+            return
+        if not isinstance(hello, Hello):
+            await websocket.close(code=4400, reason="expected a hello frame")
+            return
+        server_id = hello.server_id
+        previous = self._sockets.get(server_id)
+        if previous is not None:
+            logger.warning("server %s connected again; dropping the older connection",
+                           server_id)
+            await _close_quietly(previous)
+        self._sockets[server_id] = websocket
+        try:
+            await self.on_hello(hello)
+            await self._receive(server_id, websocket)
+        finally:
+            if self._sockets.get(server_id) is websocket:
+                del self._sockets[server_id]
+                self.detector.connection_closed(server_id)
+                logger.info("agent %s disconnected", server_id)
+
+    async def _receive(self, server_id: str, websocket: Any) -> None:
+        from starlette.websockets import WebSocketDisconnect
+
+        while True:
+            try:
+                raw = await websocket.receive_text()
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            try:
+                message = parse_agent_message(raw)
+            except ProtocolError as exc:
+                logger.warning("bad frame from %s: %s", server_id, exc)
+                continue
+            if isinstance(message, Heartbeat):
+                self.heartbeats += 1
+                if self.detector.watching(server_id):
+                    self.detector.beat(server_id)
+                elif message.triton_alive:
+                    # Declared failed (e.g. heartbeats stalled) but alive after all: it
+                    # returns like a restarted server, without a new hello.
+                    self.detector.watch(server_id)
+                    self._spawn(self.on_revived(server_id))
+            elif isinstance(message, CommandResult):
+                future = self._pending.pop(message.command_id, None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif isinstance(message, TritonDown):
+                self.detector.declare(server_id, "triton died")
+            elif isinstance(message, TritonUp):
+                self._spawn(self.on_triton_up(server_id, message))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def command(self, server_id: str, command: LoadCommand | UnloadCommand |
+                      InventoryCommand, timeout_s: float = 300.0) -> CommandResult:
+        """Send a command and wait for its result; raises on error or no answer."""
+        websocket = self._sockets.get(server_id)
+        if websocket is None:
+            raise AgentUnavailableError(f"agent of server {server_id} is not connected")
+        future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
+        self._pending[command.command_id] = future
+        try:
+            await websocket.send_text(encode(command))
+            result = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError as exc:
+            raise AgentUnavailableError(
+                f"agent of {server_id} did not answer {command.type} in {timeout_s} s") from exc
+        except Exception as exc:  # noqa: BLE001 - a send on a dead socket
+            if isinstance(exc, AgentUnavailableError):
+                raise
+            raise AgentUnavailableError(f"agent of {server_id}: {exc}") from exc
+        finally:
+            self._pending.pop(command.command_id, None)
+        if not result.ok:
+            error = result.error
+            raise AgentCommandError(
+                f"{server_id}: {command.type} failed: {error.message if error else 'unknown'}",
+                code=error.code if error else "", retryable=error.retryable if error else False)
+        return result
+
+    def next_id(self) -> str:
+        """A fresh command id."""
+        return f"cmd-{next(self._ids)}"
+
+    async def load(self, server_id: str, app_id: str, variant: str) -> CommandResult:
+        """Load ``<app>__<variant>`` on a server."""
+        return await self.command(server_id, LoadCommand(command_id=self.next_id(),
+                                                         app_id=app_id, variant=variant))
+
+    async def unload(self, server_id: str, app_id: str, variant: str) -> CommandResult:
+        """Unload ``<app>__<variant>`` from a server."""
+        return await self.command(server_id, UnloadCommand(command_id=self.next_id(),
+                                                           app_id=app_id, variant=variant))
+
+    async def inventory(self, server_id: str) -> list[InventoryItem]:
+        """What the server's Triton holds now."""
+        result = await self.command(server_id, InventoryCommand(command_id=self.next_id()),
+                                    timeout_s=30.0)
+        return list(result.inventory or [])
+
+    async def configure(self, heartbeat_interval_ms: float) -> None:
+        """Push a new heartbeat interval to every connected agent."""
+        text = encode(Configure(heartbeat_interval_ms=heartbeat_interval_ms))
+        for websocket in list(self._sockets.values()):
+            try:
+                await websocket.send_text(text)
+            except Exception:  # noqa: BLE001, S112 - a closing socket; its agent re-hellos
+                continue
+
+    async def close_all(self) -> None:
+        """Close every agent connection (shutdown)."""
+        for websocket in list(self._sockets.values()):
+            await _close_quietly(websocket)
+        self._sockets.clear()
+
+
+async def _close_quietly(websocket: Any) -> None:
+    try:
+        await websocket.close(code=1001, reason="controller shutting down or replaced")
+    except Exception:  # noqa: BLE001 - already closed
+        return

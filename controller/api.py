@@ -1,0 +1,251 @@
+"""The REST and websocket API: decode, call the core, encode. Nothing else lives here.
+
+Reads are open; everything that changes state, and agent connections, need the bearer token
+(when the controller has one). Errors map to HTTP statuses in one place
+(:func:`_install_error_handlers`); bad bodies are 422 with pydantic's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel
+from starlette.websockets import WebSocketDisconnect
+
+from controller.errors import ControllerError, NotFoundError, UnauthorizedError
+from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
+from controller.service import Controller
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_FILES = ("manifest.json", "weights.pt")
+
+
+class ServingView(BaseModel):
+    """Where an app is served now."""
+
+    server_id: str
+    variant: str
+    role: str
+    accuracy: float
+    model_name: str
+    endpoint: dict[str, str] | None
+
+
+class AppView(BaseModel):
+    """An app as the API shows it."""
+
+    app_id: str
+    spec: AppSpec
+    status: str
+    reason: str
+    serving: ServingView | None
+    backups: list[dict[str, Any]]
+    replicas: list[dict[str, Any]]
+    home: list[str] | None
+
+
+def _bearer(request_headers: Any, expected: str | None) -> bool:
+    if not expected:
+        return True
+    header = request_headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), expected)
+
+
+def create_app(controller: Controller) -> FastAPI:
+    """The FastAPI application over ``controller`` (started by the lifespan)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await controller.start()
+        try:
+            yield
+        finally:
+            await controller.stop()
+
+    app = FastAPI(title="Understudy controller", version="1", lifespan=lifespan,
+                  description="Failover control plane for ML model serving at the edge.")
+    _install_error_handlers(app)
+
+    _routes(app, controller)
+    return app
+
+
+def _routes(app: FastAPI, controller: Controller) -> None:
+    def authorised(request: Request) -> None:
+        if not _bearer(request.headers, controller.settings.token):
+            raise UnauthorizedError("missing or wrong bearer token")
+
+    mutating = [Depends(authorised)]
+    _health_routes(app, controller, mutating)
+    _apps_routes(app, controller, mutating)
+    _servers_routes(app, controller, mutating)
+    _config_and_plan_routes(app, controller, mutating)
+    _events_routes(app, controller, mutating)
+    _agents_and_artifacts_routes(app, controller, mutating)
+
+
+def _viewer(controller: Controller) -> Any:
+    async def view(record: AppRecord) -> AppView:
+        servers = await controller.store.servers()  # type: ignore[union-attr]
+        serving = None
+        current = record.serving_replica()
+        if current is not None:
+            server = servers.get(current.server_id)
+            endpoint = {"http": server.http or "", "grpc": server.grpc or ""} if server else None
+            serving = ServingView(server_id=current.server_id, variant=current.variant,
+                                  role=current.role.value, accuracy=current.accuracy,
+                                  model_name=f"{record.app_id}__{current.variant}",
+                                  endpoint=endpoint)
+        return AppView(
+            app_id=record.app_id, spec=record.spec, status=record.status.value,
+            reason=record.reason, serving=serving,
+            backups=[r.model_dump(mode="json") for r in record.replicas
+                     if r.role.value == "warm"],
+            replicas=[r.model_dump(mode="json") for r in record.replicas],
+            home=list(record.home) if record.home else None)
+
+    return view
+
+
+def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        ok = controller.ready and controller.store is not None and await controller.store.ping()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics() -> Response:
+        await controller.refresh_gauges()
+        return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+    view = _viewer(controller)
+
+    @app.post("/v1/apps", status_code=201, dependencies=mutating, tags=["apps"])
+    async def register(spec: AppSpec, wait: bool = False) -> AppView:
+        return await view(await controller.orchestrator.register(spec, wait=wait))
+
+    @app.get("/v1/apps", tags=["apps"])
+    async def list_apps() -> list[AppView]:
+        return [await view(r) for r in (await controller.store.apps()).values()]  # type: ignore[union-attr]
+
+    @app.get("/v1/apps/{app_id}", tags=["apps"])
+    async def get_app(app_id: str) -> AppView:
+        return await view(await controller.orchestrator.get(app_id))
+
+    @app.delete("/v1/apps/{app_id}", status_code=204, dependencies=mutating, tags=["apps"])
+    async def delete_app(app_id: str) -> Response:
+        await controller.orchestrator.delete(app_id)
+        return Response(status_code=204)
+
+
+def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+
+    @app.get("/v1/servers", tags=["servers"])
+    async def list_servers() -> list[ServerRecord]:
+        return list((await controller.store.servers()).values())  # type: ignore[union-attr]
+
+    @app.get("/v1/servers/{server_id}", tags=["servers"])
+    async def get_server(server_id: str) -> ServerRecord:
+        server = (await controller.store.servers()).get(server_id)  # type: ignore[union-attr]
+        if server is None:
+            raise NotFoundError(f"server {server_id!r} is unknown")
+        return server
+
+    @app.post("/v1/servers/{server_id}/drain", status_code=202, dependencies=mutating,
+              tags=["servers"])
+    async def drain(server_id: str) -> ServerRecord:
+        return await controller.lifecycle.drain(server_id)
+
+
+def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+
+    @app.get("/v1/config", tags=["config"])
+    async def get_config() -> RuntimeConfig:
+        return controller.orchestrator.config
+
+    @app.patch("/v1/config", dependencies=mutating, tags=["config"])
+    async def patch_config(patch: ConfigPatch) -> RuntimeConfig:
+        return await controller.update_config(patch)
+
+    @app.get("/v1/plan", tags=["plan"])
+    async def get_plan() -> dict[str, Any]:
+        plan = await controller.store.plan()  # type: ignore[union-attr]
+        if plan is None:
+            raise NotFoundError("no warm plan solved yet")
+        return plan
+
+    @app.post("/v1/plan/solve", dependencies=mutating, tags=["plan"])
+    async def solve() -> dict[str, Any]:
+        return await controller.orchestrator.replan_warm()
+
+
+def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+
+    @app.get("/v1/events", tags=["events"])
+    async def events(since: Annotated[int, Query(ge=0)] = 0, app_id: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[Event]:
+        return await controller.store.events(since, app_id, limit)  # type: ignore[union-attr]
+
+    @app.websocket("/v1/events/ws")
+    async def event_stream(websocket: WebSocket, since: int | None = None,
+                           app_id: str | None = None) -> None:
+        await websocket.accept()
+        try:
+            async for event in controller.events.subscribe(app_id, since):
+                await websocket.send_text(event.model_dump_json())
+        except (WebSocketDisconnect, RuntimeError):
+            return
+
+
+def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+
+    @app.websocket("/v1/agents/connect")
+    async def agent_socket(websocket: WebSocket) -> None:
+        if not _bearer(websocket.headers, controller.settings.token):
+            await websocket.send_denial_response(
+                JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401))
+            return
+        await websocket.accept()
+        await controller.agents.serve(websocket)
+
+    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"])
+    async def artifact(variant: str, name: str) -> FileResponse:
+        from model_repo.artifacts import ArtifactError, find_variant
+
+        store = controller.settings.artifacts
+        if store is None or name not in ARTIFACT_FILES:
+            raise NotFoundError(f"no artifact {variant}/{name}")
+        try:
+            entry = find_variant(store, variant)
+        except ArtifactError as exc:
+            raise NotFoundError(str(exc)) from exc
+        return FileResponse(entry.directory / name)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ControllerError)
+    async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")}
+                   for e in exc.errors()]
+        return JSONResponse({"detail": "invalid request", "errors": details}, status_code=422)

@@ -1,0 +1,97 @@
+"""Failure detector: one deadline per server, reset by each heartbeat (an event-driven timer).
+
+A server is declared failed when no heartbeat arrived for ``misses`` intervals plus half an
+interval of slack (so one late-but-arriving heartbeat is not a failure), when its agent's
+connection closes (after one more interval, in case it was a blip and the agent is already
+back), or at once when the agent reports its Triton dead. Each declaration fires once; a new
+``watch`` (the agent's next hello) re-arms the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+FailureCallback = Callable[[str, str, float, float], None]
+"""(server_id, reason, detected_at wall time, last sign of life wall time)."""
+
+
+@dataclass
+class _Watch:
+    handle: asyncio.TimerHandle | None
+    last_seen: float
+    """Wall time of the last heartbeat (or of the watch start)."""
+
+
+class FailureDetector:
+    """Deadlines per server on the running event loop."""
+
+    def __init__(self, interval_s: float, misses: int, on_failure: FailureCallback) -> None:
+        self.interval_s = interval_s
+        self.misses = misses
+        self.on_failure = on_failure
+        self._watches: dict[str, _Watch] = {}
+
+    @property
+    def timeout_s(self) -> float:
+        """Silence after which a server is declared failed."""
+        return (self.misses + 0.5) * self.interval_s
+
+    def configure(self, interval_s: float, misses: int) -> None:
+        """New T and k; applied at each server's next heartbeat."""
+        self.interval_s, self.misses = interval_s, misses
+
+    def watch(self, server_id: str, grace_s: float | None = None) -> None:
+        """Start (or restart) watching a server; the first deadline is ``grace_s`` away."""
+        self._arm(server_id, grace_s if grace_s is not None else self.timeout_s, time.time())
+
+    def beat(self, server_id: str) -> None:
+        """A heartbeat arrived: push the deadline out."""
+        if server_id in self._watches:
+            self._arm(server_id, self.timeout_s, time.time())
+
+    def connection_closed(self, server_id: str) -> None:
+        """The agent's websocket closed: fail it one interval from now unless it is back."""
+        watch = self._watches.get(server_id)
+        if watch is not None:
+            self._arm(server_id, self.interval_s, watch.last_seen, why="connection closed")
+
+    def declare(self, server_id: str, reason: str) -> None:
+        """Declare the server failed now (e.g. its Triton died)."""
+        watch = self._watches.pop(server_id, None)
+        if watch is None:
+            return
+        if watch.handle is not None:
+            watch.handle.cancel()
+        self.on_failure(server_id, reason, time.time(), watch.last_seen)
+
+    def forget(self, server_id: str) -> None:
+        """Stop watching (drained or deleted server)."""
+        watch = self._watches.pop(server_id, None)
+        if watch is not None and watch.handle is not None:
+            watch.handle.cancel()
+
+    def watching(self, server_id: str) -> bool:
+        """Whether a deadline is armed for the server."""
+        return server_id in self._watches
+
+    def _arm(self, server_id: str, delay_s: float, last_seen: float,
+             why: str = "missed heartbeats") -> None:
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(server_id)
+        if watch is not None and watch.handle is not None:
+            watch.handle.cancel()
+        handle = loop.call_later(delay_s, self.declare, server_id, why)
+        self._watches[server_id] = _Watch(handle, last_seen)
+
+    def stop(self) -> None:
+        """Cancel every deadline."""
+        for watch in self._watches.values():
+            if watch.handle is not None:
+                watch.handle.cancel()
+        self._watches.clear()

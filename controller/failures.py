@@ -1,0 +1,371 @@
+"""Server life cycle: failure (the two-step failover), return (reconcile, fail-back), drain.
+
+On a failure the order is what FailLite §3 prescribes and what clients feel: first every app
+with a live warm backup is switched and notified (no agent command needed: the backup is
+loaded), then the progressive recoveries start (interim, then target; :meth:`advance` does the
+switching), then warm backups are re-planned for what was consumed or lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from controller.errors import (
+    AgentCommandError,
+    AgentUnavailableError,
+    ConflictError,
+    NotFoundError,
+)
+from controller.orchestrator import Orchestrator, Recovery
+from controller.records import (
+    AppRecord,
+    AppStatus,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServerRecord,
+    ServerState,
+)
+from policies.actions import FailoverPlan
+from understudy.protocol import Hello, InventoryItem
+
+logger = logging.getLogger(__name__)
+
+FIRST_HEARTBEAT_GRACE_S = 1.0
+
+
+class ServerLifecycle:
+    """Failure, return and drain of servers, on top of the orchestrator."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.o = orchestrator
+
+    # --- failure ---------------------------------------------------------------------------
+
+    def on_failure(self, server_id: str, reason: str, detected_at: float,
+                   last_seen: float) -> None:
+        """Detector callback (synchronous, on the loop): start the failover task."""
+        self.o.metrics.detection.observe(max(0.0, detected_at - last_seen))
+        self.o.metrics.server_failures.labels(reason).inc()
+        logger.error("server %s declared failed (%s, %.1f ms after its last sign of life)",
+                     server_id, reason, (detected_at - last_seen) * 1000)
+        self.o.spawn(self.fail_server(server_id, reason, detected_at), f"failover of {server_id}")
+
+    async def fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
+        """Mark the server failed and recover every app that served or was backed up there."""
+        o = self.o
+        async with o.plan_lock:
+            servers = await o.store.servers()
+            server = servers.get(server_id)
+            if server is None or server.state is ServerState.FAILED:
+                return
+            intent = await o.store.add_intent("failover", server_id=server_id, reason=reason)
+            server.state, server.failed_at, server.failure_reason = (
+                ServerState.FAILED, detected_at, reason)
+            server.connected = o.agents.connected(server_id)
+            await o.store.put_server(server)
+            snapshot, apps, _ = await o.snapshot()
+            # The server is failed in the snapshot already; the policy only needs its id.
+            plan = o.policy().plan_failover(snapshot, [server_id])
+            switched = await self._switch_to_warm(plan, apps, server_id, detected_at)
+            recoveries = await self._start_recoveries(plan, apps, server_id, detected_at)
+            await self._mark_unrecoverable(plan, apps, server_id, detected_at)
+            await self._forget_replicas_on(server_id, apps)
+        logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable (%s)",
+                    server_id, len(switched), len(recoveries), len(plan.unrecoverable),
+                    "; ".join(plan.notes))
+        await asyncio.gather(*(o.load_replica(app_id, s, v) for app_id, s, v in recoveries))
+        for app_id in switched:
+            o.spawn(o.advance(app_id), f"advance {app_id}")
+        await o.replan_warm()
+        await o.store.done_intent(intent)
+
+    async def _switch_to_warm(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+                              server_id: str, detected_at: float) -> list[str]:
+        o = self.o
+        switched = []
+        for switch in plan.warm_switches:
+            record = apps[switch.app_id]
+            replica = record.replica(switch.server_id, switch.variant)
+            if replica is None:
+                continue
+            replica.role = ReplicaRole.PRIMARY
+            record.serving = replica.key
+            record.status = (AppStatus.SERVING if record.home and replica.variant ==
+                             record.home[1] else AppStatus.DEGRADED)
+            await o.store.put_app(record)
+            o.recoveries[record.app_id] = Recovery(detected_at, server_id, notified=True)
+            await o.notify(record, "warm_switch", replica, f"server {server_id} failed")
+            o.metrics.failovers.labels("warm").inc()
+            o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
+            switched.append(record.app_id)
+        return switched
+
+    async def _start_recoveries(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+                                server_id: str, detected_at: float
+                                ) -> list[tuple[str, str, str]]:
+        o = self.o
+        loads = []
+        for recovery in plan.recoveries:
+            record = apps[recovery.app_id]
+            record.serving = None
+            record.status = AppStatus.RECOVERING
+            family = record.spec.family
+            interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
+                              role=ReplicaRole.INTERIM,
+                              accuracy=o.accuracy(family, recovery.interim_variant))
+            record.replicas.append(interim)
+            loads.append((record.app_id, interim.server_id, interim.variant))
+            if recovery.target_variant != recovery.interim_variant:
+                target = Replica(server_id=recovery.server_id, variant=recovery.target_variant,
+                                 role=ReplicaRole.UPGRADE,
+                                 accuracy=o.accuracy(family, recovery.target_variant))
+                record.replicas.append(target)
+                loads.append((record.app_id, target.server_id, target.variant))
+            else:
+                interim.role = ReplicaRole.UPGRADE  # one load that serves as the final target
+            await o.store.put_app(record)
+            o.recoveries[record.app_id] = Recovery(detected_at, server_id)
+            o.metrics.failovers.labels("progressive").inc()
+        return loads
+
+    async def _mark_unrecoverable(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+                                  server_id: str, detected_at: float) -> None:
+        o = self.o
+        for lost in plan.unrecoverable:
+            record = apps[lost.app_id]
+            record.serving = None
+            record.status = AppStatus.UNAVAILABLE
+            record.reason = lost.reason
+            await o.store.put_app(record)
+            o.recoveries[record.app_id] = Recovery(detected_at, server_id)
+            await o.notify(record, "unrecoverable", None, lost.reason)
+            o.metrics.failovers.labels("unrecoverable").inc()
+
+    async def _forget_replicas_on(self, server_id: str, apps: dict[str, AppRecord]) -> None:
+        """Drop the replicas a failed server held (their home is kept for fail-back)."""
+        for record in apps.values():
+            before = len(record.replicas)
+            record.replicas = [r for r in record.replicas if r.server_id != server_id]
+            if record.serving and record.serving[0] == server_id:
+                record.serving = None
+            if len(record.replicas) != before:
+                await self.o.store.put_app(record)
+
+    # --- return ------------------------------------------------------------------------------
+
+    async def on_hello(self, hello: Hello) -> None:
+        """An agent connected: register or update its server, reconcile, fail back."""
+        o = self.o
+        servers = await o.store.servers()
+        record = servers.get(hello.server_id)
+        was_failed = record is not None and record.state is ServerState.FAILED
+        state = record.state if record is not None and not was_failed else ServerState.UP
+        if record is not None and record.state is ServerState.DRAINED:
+            state = ServerState.DRAINED
+        endpoints = hello.endpoints
+        updated = ServerRecord(
+            server_id=hello.server_id, site_id=hello.site_id, capacity=hello.capacity,
+            server_type=hello.server_type, http=endpoints.http if endpoints else None,
+            grpc=endpoints.grpc if endpoints else None, state=state, connected=True,
+            boot_id=hello.boot_id)
+        await o.store.put_server(updated)
+        if state is ServerState.UP:
+            # The first heartbeat follows the hello; give it a generous first deadline.
+            o.agents.detector.watch(hello.server_id, grace_s=max(
+                FIRST_HEARTBEAT_GRACE_S, o.agents.detector.timeout_s))
+        logger.info("server %s (%s) %s with %d models", hello.server_id, hello.site_id,
+                    "returned" if was_failed else "connected", len(hello.inventory))
+        o.spawn(self.reconcile_server(hello.server_id, hello.inventory),
+                f"reconcile {hello.server_id}")
+        if was_failed or record is None:
+            o.spawn(self._after_join(hello.server_id, was_failed), f"join {hello.server_id}")
+
+    async def _after_join(self, server_id: str, failed_before: bool) -> None:
+        o = self.o
+        apps = await o.store.apps()
+        for record in apps.values():
+            if record.serving is None and not any(
+                    r.state in (ReplicaState.LOADING, ReplicaState.READY)
+                    for r in record.replicas):
+                placed = await o.place(record.app_id)  # apps that found no room before
+                if placed is not None:
+                    o.spawn(placed, f"placing {record.app_id}")
+        if failed_before and o.config.failback:
+            for record in apps.values():
+                if record.home and record.home[0] == server_id and record.serving != record.home:
+                    await self._fail_back(record.app_id)
+        o.request_warm_replan()
+
+    async def _fail_back(self, app_id: str) -> None:
+        """Load the app's home primary again; :meth:`advance` switches to it when ready."""
+        o = self.o
+        async with o.plan_lock:
+            snapshot, apps, _ = await o.snapshot()
+            record = apps.get(app_id)
+            if record is None or record.home is None:
+                return
+            server_id, variant = record.home
+            app = snapshot.app_by_id[app_id]
+            demand = snapshot.families[app.family].variant(variant).demand(app.max_rate_rps)
+            if record.replica(server_id, variant) is not None or not demand.fits_within(
+                    snapshot.free.get(server_id, demand - demand)):
+                return
+            record.replicas.append(Replica(server_id=server_id, variant=variant,
+                                           role=ReplicaRole.UPGRADE,
+                                           accuracy=o.accuracy(app.family, variant)))
+            await o.store.put_app(record)
+        o.spawn(o.load_replica(app_id, server_id, variant), f"fail-back of {app_id}")
+
+    async def reconcile_server(self, server_id: str, inventory: list[InventoryItem]) -> None:
+        """Converge one agent to the records: re-issue loads/unloads, remove strays."""
+        o = self.o
+        loaded = {(i.app_id, i.variant) for i in inventory}
+        apps = await o.store.apps()
+        wanted: set[tuple[str, str]] = set()
+        for record in apps.values():
+            for replica in record.replicas:
+                if replica.server_id != server_id:
+                    continue
+                key = (record.app_id, replica.variant)
+                if replica.state is ReplicaState.UNLOADING:
+                    o.spawn(o.unload_replica(record.app_id, server_id, replica.variant),
+                            f"unload {key}")
+                    continue
+                wanted.add(key)
+                if replica.state is ReplicaState.LOADING or key not in loaded:
+                    await self._reload(record, replica)
+        for app_id, variant in loaded - wanted:
+            logger.info("server %s holds stray model %s__%s; unloading it", server_id, app_id,
+                        variant)
+            o.spawn(self._unload_stray(server_id, app_id, variant), "unload stray")
+
+    async def _reload(self, record: AppRecord, replica: Replica) -> None:
+        o = self.o
+        async with o.app_lock(record.app_id):
+            current = await o.store.get_app(record.app_id)
+            found = current.replica(replica.server_id, replica.variant) if current else None
+            if current is None or found is None:
+                return
+            found.state = ReplicaState.LOADING
+            await o.store.put_app(current)
+        o.spawn(o.load_replica(record.app_id, replica.server_id, replica.variant),
+                f"reload {record.app_id}/{replica.variant}")
+
+    async def _unload_stray(self, server_id: str, app_id: str, variant: str) -> None:
+        try:
+            await self.o.agents.unload(server_id, app_id, variant)
+        except (AgentUnavailableError, AgentCommandError) as exc:
+            logger.warning("stray %s__%s on %s: %s", app_id, variant, server_id, exc)
+
+    async def revive(self, server_id: str) -> None:
+        """A server declared failed is heard from again on its open connection."""
+        o = self.o
+        servers = await o.store.servers()
+        record = servers.get(server_id)
+        if record is None or record.state is not ServerState.FAILED:
+            return
+        record.state = ServerState.UP
+        await o.store.put_server(record)
+        logger.warning("server %s declared failed earlier is alive; taking it back", server_id)
+        try:
+            inventory = await o.agents.inventory(server_id)
+        except (AgentUnavailableError, AgentCommandError) as exc:
+            logger.warning("inventory of revived %s: %s", server_id, exc)
+            inventory = []
+        await self.reconcile_server(server_id, inventory)
+        await self._after_join(server_id, True)
+
+    async def on_triton_up(self, server_id: str, _message: object) -> None:
+        """The agent restarted its Triton: treat it as the server's return."""
+        o = self.o
+        servers = await o.store.servers()
+        record = servers.get(server_id)
+        if record is None:
+            return
+        if record.state is ServerState.FAILED:
+            record.state = ServerState.UP
+            await o.store.put_server(record)
+            o.agents.detector.watch(server_id)
+            o.spawn(self._after_join(server_id, True), f"return of {server_id}")
+
+    async def startup_reconcile(self, grace_s: float) -> None:
+        """After a controller (re)start: every known UP server must say hello within grace."""
+        for server in (await self.o.store.servers()).values():
+            if server.state in (ServerState.UP, ServerState.DRAINING) and \
+                    not self.o.agents.connected(server.server_id):
+                self.o.agents.detector.watch(server.server_id, grace_s=grace_s)
+        for intent_id, intent in (await self.o.store.intents()).items():
+            logger.info("resuming after restart: unfinished %s (%s)", intent.get("kind"),
+                        intent)
+            if intent.get("kind") == "failover":
+                self.o.request_warm_replan()
+            await self.o.store.done_intent(intent_id)
+
+    # --- drain -------------------------------------------------------------------------------
+
+    async def drain(self, server_id: str) -> ServerRecord:
+        """Move every app off a server without interrupting it, then mark it drained."""
+        o = self.o
+        servers = await o.store.servers()
+        record = servers.get(server_id)
+        if record is None:
+            raise NotFoundError(f"server {server_id!r} is unknown")
+        if record.state is not ServerState.UP:
+            raise ConflictError(f"server {server_id!r} is {record.state.value}, not up")
+        record.state = ServerState.DRAINING
+        await o.store.put_server(record)
+        o.spawn(self._drain(server_id), f"drain of {server_id}")
+        return record
+
+    async def _drain(self, server_id: str) -> None:
+        o = self.o
+        async with o.plan_lock:
+            snapshot, apps, _ = await o.snapshot()
+            plan = o.policy().plan_failover(snapshot, [server_id])
+            loads = []
+            for recovery in plan.recoveries:
+                record = apps[recovery.app_id]
+                record.replicas.append(Replica(
+                    server_id=recovery.server_id, variant=recovery.target_variant,
+                    role=ReplicaRole.UPGRADE,
+                    accuracy=o.accuracy(record.spec.family, recovery.target_variant)))
+                record.home = (recovery.server_id, recovery.target_variant)
+                await o.store.put_app(record)
+                loads.append((record.app_id, recovery.server_id, recovery.target_variant))
+            for switch in plan.warm_switches:
+                record = apps[switch.app_id]
+                replica = record.replica(switch.server_id, switch.variant)
+                if replica is not None:
+                    replica.role = ReplicaRole.UPGRADE  # advance() makes it serve at once
+                    record.home = replica.key
+                    await o.store.put_app(record)
+        await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v in loads))
+        for switch in plan.warm_switches:
+            await o.advance(switch.app_id)
+        # Whatever is left on the server (backups, apps that found no room) goes now.
+        for record in (await o.store.apps()).values():
+            for replica in list(record.replicas):
+                if replica.server_id == server_id:
+                    async with o.app_lock(record.app_id):
+                        fresh = await o.store.get_app(record.app_id)
+                        found = fresh.replica(server_id, replica.variant) if fresh else None
+                        if fresh is None or found is None:
+                            continue
+                        found.state = ReplicaState.UNLOADING
+                        if fresh.serving == found.key:
+                            fresh.serving = None
+                        if fresh.home and fresh.home[0] == server_id:
+                            fresh.home = None
+                        await o.store.put_app(fresh)
+                    await o.unload_replica(record.app_id, server_id, replica.variant)
+                    await o.advance(record.app_id)
+        servers = await o.store.servers()
+        server = servers[server_id]
+        server.state = ServerState.DRAINED
+        await o.store.put_server(server)
+        o.agents.detector.forget(server_id)
+        o.request_warm_replan()
+        logger.info("server %s drained", server_id)

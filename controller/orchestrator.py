@@ -1,0 +1,438 @@
+"""The orchestrator core: decisions on snapshots, written to Redis, then executed by agents.
+
+Every decision follows one pattern (desired state, then action): under the planning lock, build
+a snapshot from the records, ask a policy, write the resulting replicas to Redis as LOADING or
+UNLOADING; then, outside the lock, send the agent commands, and record each result. An app's
+progress is a small state machine driven by replica readiness (:meth:`advance`): a ready
+UPGRADE replica takes over from whatever serves; a ready INTERIM serves an app that has nothing
+serving. Because it depends only on stored replica states, a controller restarted mid-failover
+resumes by re-issuing the loads still marked LOADING (idempotent on the agent) and advancing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.agents import AgentHub
+from controller.errors import (
+    AgentCommandError,
+    AgentUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from controller.events import EventHub
+from controller.metrics import Metrics
+from controller.records import (
+    AppRecord,
+    AppSpec,
+    AppStatus,
+    Event,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    RuntimeConfig,
+    ServerRecord,
+    ServerState,
+)
+from controller.snapshot import build_snapshot
+from controller.store import Store
+from policies.baselines import FullSizeWarmK
+from policies.config import WarmPlanConfig
+from policies.errors import PolicyError
+from policies.failover import UnderstudyPolicy
+from policies.model import ClusterSnapshot, Family, Role
+from policies.primary import place_primaries
+from understudy.protocol import model_name
+
+logger = logging.getLogger(__name__)
+
+WARM_REPLAN_DEBOUNCE_S = 0.05
+
+
+@dataclass
+class Recovery:
+    """An app recovering from a server failure."""
+
+    detected_at: float
+    failed_server: str
+    notified: bool = False
+
+
+class Orchestrator:
+    """Apps, replicas and their life cycle."""
+
+    def __init__(self, store: Store, events: EventHub, agents: AgentHub,
+                 families: Mapping[str, Family], metrics: Metrics,
+                 config: RuntimeConfig) -> None:
+        self.store = store
+        self.events = events
+        self.agents = agents
+        self.families = families
+        self.metrics = metrics
+        self.config = config
+        self.plan_lock = asyncio.Lock()
+        self._app_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._replan_pending = False
+        self._replan_task: asyncio.Task[Any] | None = None
+        self.recoveries: dict[str, Recovery] = {}
+        """Apps recovering from a failure, for the events' failure fields and MTTR."""
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def spawn(self, coroutine: Any, what: str) -> asyncio.Task[Any]:
+        """Run in the background; log (never propagate) a failure: one app never blocks all."""
+        async def guarded() -> None:
+            try:
+                await coroutine
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                logger.exception("%s failed", what)
+
+        task = asyncio.ensure_future(guarded())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def app_lock(self, app_id: str) -> asyncio.Lock:
+        """Serialises record updates of one app."""
+        return self._app_locks.setdefault(app_id, asyncio.Lock())
+
+    def policy(self) -> UnderstudyPolicy | FullSizeWarmK:
+        """The configured failover policy."""
+        c = self.config
+        warm = WarmPlanConfig(alpha=c.alpha, replicas=c.warm_replicas,
+                              site_independent=c.site_independent, solver=c.solver,
+                              time_limit_s=c.time_limit_s, mip_rel_gap=c.mip_rel_gap)
+        if c.policy == "full-size-warm-k":
+            return FullSizeWarmK(warm=warm)
+        return UnderstudyPolicy(warm=warm)
+
+    async def snapshot(self, failed: tuple[str, ...] = ()) -> tuple[
+            ClusterSnapshot, dict[str, AppRecord], dict[str, ServerRecord]]:
+        """Current records and the snapshot built from them."""
+        apps = await self.store.apps()
+        servers = await self.store.servers()
+        return build_snapshot(self.families, servers, apps, failed), apps, servers
+
+    def accuracy(self, family: str, variant: str) -> float:
+        """Normalised accuracy of a variant (0 when unknown)."""
+        try:
+            return self.families[family].variant(variant).accuracy
+        except (KeyError, PolicyError):
+            return 0.0
+
+    async def notify(self, record: AppRecord, kind: str, replica: Replica | None,
+                     reason: str = "") -> Event:
+        """Publish a placement event for an app (endpoint from the server record)."""
+        endpoint = None
+        if replica is not None:
+            server = (await self.store.servers()).get(replica.server_id)
+            if server is not None and server.http:
+                endpoint = {"http": server.http, "grpc": server.grpc or ""}
+        recovery = self.recoveries.get(record.app_id)
+        event = Event(
+            app_id=record.app_id, kind=kind,
+            server_id=replica.server_id if replica else None, endpoint=endpoint,
+            model_name=model_name(record.app_id, replica.variant) if replica else None,
+            variant=replica.variant if replica else None,
+            role=replica.role.value if replica else None,
+            accuracy=replica.accuracy if replica else None, reason=reason,
+            failed_server=recovery.failed_server if recovery else None,
+            failure_at=recovery.detected_at if recovery else None)
+        self.metrics.events.labels(kind).inc()
+        return await self.events.publish(event)
+
+    # --- apps ------------------------------------------------------------------------------
+
+    def validate_spec(self, spec: AppSpec, servers: Mapping[str, ServerRecord]) -> None:
+        """Reject what no snapshot could accept, with a message naming the problem."""
+        family = self.families.get(spec.family)
+        if family is None:
+            raise InvalidRequestError(f"unknown family {spec.family!r}; known: "
+                                      f"{', '.join(sorted(self.families))}")
+        if spec.variant is not None and spec.variant not in {v.name for v in family.variants}:
+            raise InvalidRequestError(f"family {spec.family!r} has no variant {spec.variant!r}")
+        if spec.pinned_server is not None and spec.pinned_server not in servers:
+            raise InvalidRequestError(f"pinned server {spec.pinned_server!r} is unknown")
+        sites = {s.site_id for s in servers.values()}
+        if spec.pinned_site is not None and spec.pinned_site not in sites:
+            raise InvalidRequestError(f"pinned site {spec.pinned_site!r} is unknown")
+
+    async def register(self, spec: AppSpec, wait: bool = False) -> AppRecord:
+        """Register an app: record it, place its primary, load it; then plan warm backups."""
+        servers = await self.store.servers()
+        self.validate_spec(spec, servers)
+        record = AppRecord(spec=spec)
+        if not await self.store.add_app(record):
+            raise ConflictError(f"app {spec.app_id!r} is already registered")
+        placed = await self.place(spec.app_id)
+        if placed is not None and wait:
+            await placed
+        elif placed is not None:
+            self.spawn(placed, f"placing {spec.app_id}")
+        return await self.get(spec.app_id)
+
+    async def place(self, app_id: str) -> Any:
+        """Choose the primary's server (worst-fit or pinned); returns the load to run, if any."""
+        async with self.plan_lock:
+            snapshot, apps, _ = await self.snapshot()
+            record = apps.get(app_id)
+            if record is None or record.serving is not None or any(
+                    r.state in (ReplicaState.LOADING, ReplicaState.READY)
+                    for r in record.replicas):
+                return None
+            try:
+                result = place_primaries(snapshot, [app_id], largest_first=False)
+            except PolicyError as exc:
+                result = None
+                reason = str(exc)
+            if result is None or not result.placements:
+                record.status = AppStatus.UNAVAILABLE
+                record.reason = (result.unplaced[0].reason if result and result.unplaced
+                                 else reason)
+                await self.store.put_app(record)
+                await self.notify(record, "unplaced", None, record.reason)
+                return None
+            placement = result.placements[0]
+            replica = Replica(server_id=placement.server_id, variant=placement.variant,
+                              role=ReplicaRole.PRIMARY,
+                              accuracy=self.accuracy(record.spec.family, placement.variant))
+            record.replicas.append(replica)
+            record.home = replica.key
+            record.status = AppStatus.PENDING
+            record.reason = ""
+            await self.store.put_app(record)
+        logger.info("app %s: primary %s on %s", app_id, replica.variant, replica.server_id)
+        return self.load_replica(app_id, replica.server_id, replica.variant)
+
+    async def get(self, app_id: str) -> AppRecord:
+        """One app record; NotFoundError when unknown."""
+        record = await self.store.get_app(app_id)
+        if record is None:
+            raise NotFoundError(f"app {app_id!r} is not registered")
+        return record
+
+    async def delete(self, app_id: str) -> None:
+        """Unload every replica of the app and forget it."""
+        record = await self.get(app_id)
+        async with self.app_lock(app_id):
+            for replica in record.replicas:
+                replica.state = ReplicaState.UNLOADING
+            await self.store.put_app(record)
+        await asyncio.gather(*(self.unload_replica(app_id, r.server_id, r.variant, forget=True)
+                               for r in record.replicas))
+        await self.store.delete_app(app_id)
+        self.recoveries.pop(app_id, None)
+        await self.notify(record, "deleted", None, "deleted by request")
+        self.request_warm_replan()
+
+    # --- replicas ----------------------------------------------------------------------------
+
+    async def load_replica(self, app_id: str, server_id: str, variant: str) -> bool:
+        """Load one desired replica; record READY (then advance) or drop it on a final error."""
+        started = time.perf_counter()
+        try:
+            result = await self.agents.load(server_id, app_id, variant)
+        except AgentUnavailableError as exc:
+            # Left LOADING: the agent's next hello (reconcile) re-issues it.
+            logger.warning("load %s/%s on %s deferred: %s", app_id, variant, server_id, exc)
+            self.metrics.loads.labels("deferred").inc()
+            return False
+        except AgentCommandError as exc:
+            logger.error("load %s/%s on %s failed: %s", app_id, variant, server_id, exc)
+            self.metrics.loads.labels("failed").inc()
+            await self._drop_replica(app_id, server_id, variant, f"load failed: {exc}")
+            return False
+        self.metrics.loads.labels("ok").inc()
+        self.metrics.load_seconds.observe(result.timings.get("load_s",
+                                                             time.perf_counter() - started))
+        keep = False
+        async with self.app_lock(app_id):
+            record = await self.store.get_app(app_id)
+            replica = record.replica(server_id, variant) if record else None
+            if record is not None and replica is not None and \
+                    replica.state is ReplicaState.LOADING:
+                replica.state = ReplicaState.READY
+                replica.since = time.time()
+                await self.store.put_app(record)
+                keep = True
+        if not keep:  # no longer wanted (deleted, re-planned) while it loaded
+            await self.unload_replica(app_id, server_id, variant, forget=True)
+            return False
+        await self.advance(app_id)
+        return True
+
+    async def _drop_replica(self, app_id: str, server_id: str, variant: str,
+                            reason: str) -> None:
+        async with self.app_lock(app_id):
+            record = await self.store.get_app(app_id)
+            if record is None:
+                return
+            record.replicas = [r for r in record.replicas if r.key != (server_id, variant)]
+            if record.serving == (server_id, variant):
+                record.serving = None
+            record.reason = reason
+            await self.store.put_app(record)
+        await self.advance(app_id)
+
+    async def unload_replica(self, app_id: str, server_id: str, variant: str,
+                             forget: bool = True) -> None:
+        """Unload one replica (best effort on an unreachable server) and drop it."""
+        servers = await self.store.servers()
+        server = servers.get(server_id)
+        if server is not None and server.state is not ServerState.FAILED:
+            try:
+                await self.agents.unload(server_id, app_id, variant)
+            except (AgentUnavailableError, AgentCommandError) as exc:
+                logger.warning("unload %s/%s on %s: %s (reconcile will retry)", app_id,
+                               variant, server_id, exc)
+                if not forget:
+                    return
+        async with self.app_lock(app_id):
+            record = await self.store.get_app(app_id)
+            if record is None:
+                return
+            replica = record.replica(server_id, variant)
+            if replica is not None and replica.state is ReplicaState.UNLOADING:
+                record.replicas.remove(replica)
+                await self.store.put_app(record)
+
+    async def advance(self, app_id: str) -> None:
+        """Move an app forward from its replicas' states (see the module docstring)."""
+        async with self.app_lock(app_id):
+            record = await self.store.get_app(app_id)
+            if record is None:
+                return
+            servers = await self.store.servers()
+            live = {s for s, r in servers.items() if r.state is not ServerState.FAILED}
+            ready = [r for r in record.replicas
+                     if r.state is ReplicaState.READY and r.server_id in live]
+            current = record.serving_replica()
+            if current is not None and (current.server_id not in live
+                                        or current.state is not ReplicaState.READY):
+                current = None
+            upgrade = next((r for r in ready if r.role in (ReplicaRole.UPGRADE,
+                                                           ReplicaRole.PRIMARY)
+                            and r.key != (current.key if current else None)), None)
+            interim = next((r for r in ready if r.role is ReplicaRole.INTERIM), None)
+            retired: list[Replica] = []
+            kind = ""
+            if upgrade is not None and (current is None or current.role is not
+                                        ReplicaRole.PRIMARY or upgrade.role is
+                                        ReplicaRole.UPGRADE):
+                if current is not None and current.role is not ReplicaRole.WARM:
+                    retired.append(current)
+                if interim is not None and interim is not current:
+                    retired.append(interim)
+                kind = "failback" if upgrade.key == record.home and current else (
+                    "upgraded" if current is not None else "serving")
+                upgrade.role = ReplicaRole.PRIMARY
+                record.serving, current = upgrade.key, upgrade
+            elif current is None and interim is not None:
+                record.serving, current = interim.key, interim
+                kind = "interim_serving"
+            for old in retired:
+                old.state = ReplicaState.UNLOADING
+            record.status = self._status(record, current)
+            if record.status is AppStatus.SERVING:
+                record.reason = ""
+            await self.store.put_app(record)
+        if kind:
+            await self._announce(record, kind, current)
+        for old in retired:
+            self.spawn(self.unload_replica(app_id, old.server_id, old.variant),
+                       f"unloading {app_id}/{old.variant}")
+
+    def _status(self, record: AppRecord, serving: Replica | None) -> AppStatus:
+        if serving is None:
+            loading = any(r.state is ReplicaState.LOADING for r in record.replicas)
+            return AppStatus.RECOVERING if loading else AppStatus.UNAVAILABLE
+        if record.home is not None and serving.variant != record.home[1]:
+            return AppStatus.DEGRADED
+        if serving.role is ReplicaRole.INTERIM:
+            return AppStatus.DEGRADED
+        return AppStatus.SERVING
+
+    async def _announce(self, record: AppRecord, kind: str, replica: Replica | None) -> None:
+        await self.notify(record, kind, replica)
+        recovery = self.recoveries.get(record.app_id)
+        if recovery is None:
+            return
+        if not recovery.notified:
+            recovery.notified = True
+            self.metrics.mttr.labels("progressive").observe(time.time() - recovery.detected_at)
+        if record.status is AppStatus.SERVING:
+            self.recoveries.pop(record.app_id, None)
+
+    # --- warm backups ------------------------------------------------------------------------
+
+    def request_warm_replan(self) -> None:
+        """Re-plan warm backups soon; bursts of requests (registrations) coalesce into one."""
+        self._replan_pending = True
+        if self._replan_task is None or self._replan_task.done():
+            self._replan_task = self.spawn(self._replan_loop(), "warm re-plan")
+
+    async def _replan_loop(self) -> None:
+        while self._replan_pending:
+            await asyncio.sleep(WARM_REPLAN_DEBOUNCE_S)
+            self._replan_pending = False
+            await self.replan_warm()
+
+    async def replan_warm(self) -> dict[str, Any]:
+        """Solve the warm-backup plan and converge the warm replicas to it."""
+        async with self.plan_lock:
+            snapshot, apps, _ = await self.snapshot()
+            started = time.perf_counter()
+            plan = await asyncio.to_thread(self.policy().plan_warm, snapshot)
+            self.metrics.solve.observe(time.perf_counter() - started)
+            desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
+            current = {(p.app_id, p.server_id, p.variant) for p in snapshot.placements
+                       if p.role is Role.WARM}
+            to_load = sorted(desired - current)
+            to_unload = sorted(current - desired)
+            for app_id, server_id, variant in to_load:
+                record = apps[app_id]
+                record.replicas.append(Replica(server_id=server_id, variant=variant,
+                                               role=ReplicaRole.WARM, accuracy=self.accuracy(
+                                                   record.spec.family, variant)))
+            for app_id, server_id, variant in to_unload:
+                replica = apps[app_id].replica(server_id, variant)
+                if replica is not None:
+                    replica.state = ReplicaState.UNLOADING
+            for app_id in {a for a, _, _ in to_load + to_unload}:
+                await self.store.put_app(apps[app_id])
+            summary = {
+                "solved_at": time.time(), "policy": self.config.policy,
+                "assignments": [{"app_id": a.app_id, "server_id": a.server_id,
+                                 "variant": a.variant, "accuracy": a.accuracy}
+                                for a in plan.assignments],
+                "uncovered": [{"app_id": u.app_id, "reason": u.reason} for u in plan.uncovered],
+                "stats": {"method": plan.stats.method, "solver": plan.stats.solver,
+                          "status": plan.stats.status, "objective": plan.stats.objective,
+                          "bound": plan.stats.bound, "gap": plan.stats.gap,
+                          "build_s": plan.stats.build_s, "solve_s": plan.stats.solve_s,
+                          "total_s": plan.stats.total_s, "notes": list(plan.stats.notes)},
+                "loads": len(to_load), "unloads": len(to_unload)}
+            await self.store.put_plan(summary)
+        logger.info("warm plan: %d backups (%d new, %d removed), %d uncovered, %s in %.3f s",
+                    len(desired), len(to_load), len(to_unload), len(plan.uncovered),
+                    plan.stats.status, plan.stats.total_s)
+        await asyncio.gather(
+            *(self._load_warm(a, s, v) for a, s, v in to_load),
+            *(self.unload_replica(a, s, v) for a, s, v in to_unload))
+        return summary
+
+    async def _load_warm(self, app_id: str, server_id: str, variant: str) -> None:
+        if await self.load_replica(app_id, server_id, variant):
+            record = await self.store.get_app(app_id)
+            replica = record.replica(server_id, variant) if record else None
+            if record is not None and replica is not None:
+                await self.notify(record, "backup_ready", replica)

@@ -1,0 +1,211 @@
+"""What the controller stores in Redis: apps, their replicas, servers, config, events.
+
+Plain pydantic documents (JSON in Redis, never pickle). New fields always get defaults, so a
+newer controller reads an older store. The API's request bodies are the ``*Spec`` / ``*Patch``
+models with ``extra="forbid"``: unknown fields are a 422, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch (what records and events carry)."""
+    return time.time()
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AppSpec(BaseModel):
+    """An application registration (the body of ``POST /v1/apps``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    app_id: str = Field(pattern=ID_PATTERN, description="unique id; letters, digits, _ . -")
+    family: str = Field(min_length=1, description="model family, e.g. efficientnet")
+    critical: bool = Field(False, description="member of K: must have a warm backup")
+    latency_slo_ms: float | None = Field(None, gt=0)
+    max_rate_rps: float = Field(10.0, gt=0, le=100_000)
+    variant: str | None = Field(None, description="primary variant (default: most accurate)")
+    pinned_server: str | None = None
+    pinned_site: str | None = None
+    excluded_servers: list[str] = Field(default_factory=list, max_length=1000)
+    excluded_sites: list[str] = Field(default_factory=list, max_length=1000)
+    warm_replicas: int | None = Field(None, ge=1, le=4)
+
+    @field_validator("app_id")
+    @classmethod
+    def _no_separator(cls, value: str) -> str:
+        if "__" in value:
+            raise ValueError("app_id must not contain '__' (it separates app and variant)")
+        return value
+
+
+class ReplicaRole(StrEnum):
+    """What a replica of an app is for."""
+
+    PRIMARY = "primary"
+    WARM = "warm"
+    INTERIM = "interim"
+    UPGRADE = "upgrade"
+
+
+class ReplicaState(StrEnum):
+    """Where a replica is in its life."""
+
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+class Replica(_Doc):
+    """One variant of an app on one server (desired, then observed)."""
+
+    server_id: str
+    variant: str
+    role: ReplicaRole
+    state: ReplicaState = ReplicaState.LOADING
+    accuracy: float = 0.0
+    since: float = Field(default_factory=now)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(server, variant): at most one replica per key per app."""
+        return (self.server_id, self.variant)
+
+
+class AppStatus(StrEnum):
+    """Overall state of an app, as the API reports it."""
+
+    PENDING = "pending"
+    SERVING = "serving"
+    RECOVERING = "recovering"
+    DEGRADED = "degraded"
+    """Serving, but on an interim or smaller variant than its primary."""
+    UNAVAILABLE = "unavailable"
+    """No live replica (unrecoverable for now, or not placed)."""
+
+
+class AppRecord(_Doc):
+    """An app with everything the controller decided and observed for it."""
+
+    spec: AppSpec
+    status: AppStatus = AppStatus.PENDING
+    replicas: list[Replica] = Field(default_factory=list)
+    serving: tuple[str, str] | None = None
+    """(server, variant) of the replica clients are sent to."""
+    home: tuple[str, str] | None = None
+    """Where the primary belongs when healthy (for fail-back)."""
+    reason: str = ""
+    registered_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+
+    @property
+    def app_id(self) -> str:
+        """The app's id."""
+        return self.spec.app_id
+
+    def replica(self, server_id: str, variant: str) -> Replica | None:
+        """The replica at (server, variant), if any."""
+        return next((r for r in self.replicas if r.key == (server_id, variant)), None)
+
+    def serving_replica(self) -> Replica | None:
+        """The replica clients use now."""
+        return self.replica(*self.serving) if self.serving else None
+
+
+class ServerState(StrEnum):
+    """A server as the controller sees it."""
+
+    UP = "up"
+    FAILED = "failed"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class ServerRecord(_Doc):
+    """A server known from its agent's hello."""
+
+    server_id: str
+    site_id: str
+    capacity: dict[str, float]
+    server_type: str = "testbed"
+    http: str | None = None
+    grpc: str | None = None
+    state: ServerState = ServerState.UP
+    connected: bool = False
+    boot_id: str = ""
+    failed_at: float | None = None
+    failure_reason: str = ""
+    last_hello: float = Field(default_factory=now)
+
+
+class RuntimeConfig(BaseModel):
+    """Settings changeable at run time through ``PUT /v1/config`` (all optional there)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: float = Field(0.1, ge=0, lt=1, description="share of free capacity kept for cold")
+    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+    heartbeat_misses: int = Field(2, ge=1, le=100)
+    solver: Literal["highs", "cbc", "gurobi"] = "highs"
+    time_limit_s: float = Field(10.0, gt=0, le=3600)
+    mip_rel_gap: float = Field(0.01, ge=0, lt=1)
+    site_independent: bool = False
+    warm_replicas: int = Field(1, ge=1, le=4)
+    policy: Literal["understudy", "full-size-warm-k"] = "understudy"
+    failback: bool = True
+
+
+class ConfigPatch(BaseModel):
+    """Body of ``PATCH /v1/config``: any subset of :class:`RuntimeConfig`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: float | None = Field(None, ge=0, lt=1)
+    heartbeat_interval_ms: float | None = Field(None, gt=0, le=60_000)
+    heartbeat_misses: int | None = Field(None, ge=1, le=100)
+    solver: Literal["highs", "cbc", "gurobi"] | None = None
+    time_limit_s: float | None = Field(None, gt=0, le=3600)
+    mip_rel_gap: float | None = Field(None, ge=0, lt=1)
+    site_independent: bool | None = None
+    warm_replicas: int | None = Field(None, ge=1, le=4)
+    policy: Literal["understudy", "full-size-warm-k"] | None = None
+    failback: bool | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ConfigPatch:
+        if not self.model_dump(exclude_none=True):
+            raise ValueError("the patch changes nothing")
+        return self
+
+
+class Event(_Doc):
+    """A placement change, pushed to clients and kept in the event stream."""
+
+    seq: int = 0
+    app_id: str
+    kind: str
+    """registered, warm_switch, interim_serving, upgraded, failback, unrecoverable, deleted,
+    backup_loaded, backup_removed, drained ..."""
+    server_id: str | None = None
+    endpoint: dict[str, str] | None = None
+    model_name: str | None = None
+    variant: str | None = None
+    role: str | None = None
+    accuracy: float | None = None
+    reason: str = ""
+    failed_server: str | None = None
+    failure_at: float | None = None
+    """When the failure this event answers was detected (for notification-delay figures)."""
+    time: float = Field(default_factory=now)

@@ -1,0 +1,139 @@
+"""Wiring: settings, the embedded Redis, store, detector, agent hub, orchestrator, lifecycle.
+
+Configuration precedence: the runtime config stored in Redis (what an operator set through the
+API) > explicit command-line options (applied as a patch at start) > defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.agents import AgentHub
+from controller.detector import FailureDetector
+from controller.events import EventHub
+from controller.failures import ServerLifecycle
+from controller.metrics import Metrics
+from controller.orchestrator import Orchestrator
+from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
+from controller.redis_server import RedisServer
+from controller.store import Store
+from model_repo.profiles import load_families
+
+logger = logging.getLogger(__name__)
+
+
+class ControllerSettings(BaseModel):
+    """Start-up settings of one controller process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, lt=65536)
+    run_dir: Path = Path("runs/controller")
+    redis_url: str | None = None
+    """None: start a private redis-server under ``run_dir/redis`` (the embedded default)."""
+    token: str | None = None
+    artifacts: Path | None = None
+    """Artifact store served to agents at /v1/artifacts."""
+    profiles_dir: Path | None = None
+    startup_grace_s: float = Field(3.0, gt=0)
+    """After a restart, how long a known server has to reconnect before it is failed."""
+    config: ConfigPatch | None = None
+    """Explicit runtime settings from the command line."""
+
+
+class Controller:
+    """One controller: ``await start()``, serve the API, ``await stop()``."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.redis_server: RedisServer | None = None
+        self.store: Store | None = None
+        self.metrics = Metrics()
+        self.families = load_families(settings.profiles_dir)
+        self.ready = False
+
+    async def start(self) -> None:
+        """Start Redis (if embedded) and the core; reconcile with what Redis remembers."""
+        url = self.settings.redis_url
+        if url is None:
+            self.redis_server = RedisServer(self.settings.run_dir / "redis")
+            await asyncio.to_thread(self.redis_server.start)
+            url = self.redis_server.url
+        self.store = Store(url)
+        config = await self.store.config() or RuntimeConfig()
+        if self.settings.config is not None:
+            config = config.model_copy(update=self.settings.config.model_dump(exclude_none=True))
+        await self.store.put_config(config)
+        self.events = EventHub(self.store)
+        self.detector = FailureDetector(config.heartbeat_interval_ms / 1000.0,
+                                        config.heartbeat_misses, self._on_failure)
+        self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
+                               self._on_revived)
+        self.orchestrator = Orchestrator(self.store, self.events, self.agents, self.families,
+                                         self.metrics, config)
+        self.lifecycle = ServerLifecycle(self.orchestrator)
+        await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
+        self.ready = True
+        logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
+                    config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
+
+    def _on_failure(self, server_id: str, reason: str, detected_at: float,
+                    last_seen: float) -> None:
+        self.lifecycle.on_failure(server_id, reason, detected_at, last_seen)
+
+    async def _on_hello(self, hello: Any) -> None:
+        await self.lifecycle.on_hello(hello)
+
+    async def _on_revived(self, server_id: str) -> None:
+        await self.lifecycle.revive(server_id)
+
+    async def _on_triton_up(self, server_id: str, message: Any) -> None:
+        await self.lifecycle.on_triton_up(server_id, message)
+
+    async def stop(self) -> None:
+        """Close connections and stop the embedded Redis."""
+        self.ready = False
+        if hasattr(self, "detector"):
+            self.detector.stop()
+            self.events.close_all()
+            await self.agents.close_all()
+        if self.store is not None:
+            await self.store.close()
+        if self.redis_server is not None:
+            await asyncio.to_thread(self.redis_server.stop)
+
+    async def update_config(self, patch: ConfigPatch) -> RuntimeConfig:
+        """Apply a config patch: persist, push heartbeat settings, re-plan if it matters."""
+        assert self.store is not None  # noqa: S101 - started
+        o = self.orchestrator
+        changes = patch.model_dump(exclude_none=True)
+        config = o.config.model_copy(update=changes)
+        RuntimeConfig.model_validate(config.model_dump())
+        await self.store.put_config(config)
+        o.config = config
+        if {"heartbeat_interval_ms", "heartbeat_misses"} & changes.keys():
+            self.detector.configure(config.heartbeat_interval_ms / 1000.0,
+                                    config.heartbeat_misses)
+            await self.agents.configure(config.heartbeat_interval_ms)
+        if {"alpha", "solver", "time_limit_s", "mip_rel_gap", "site_independent",
+                "warm_replicas", "policy"} & changes.keys():
+            o.request_warm_replan()
+        return config
+
+    async def refresh_gauges(self) -> None:
+        """Set the apps-by-status and servers-by-state gauges from the records."""
+        assert self.store is not None  # noqa: S101
+        apps = await self.store.apps()
+        for status in AppStatus:
+            self.metrics.apps.labels(status.value).set(
+                sum(1 for a in apps.values() if a.status is status))
+        servers = await self.store.servers()
+        for state in ServerState:
+            self.metrics.servers.labels(state.value).set(
+                sum(1 for s in servers.values() if s.state is state))

@@ -1,0 +1,61 @@
+"""Records -> ``ClusterSnapshot``: the immutable view every policy decision is made on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from controller.records import AppRecord, ReplicaRole, ReplicaState, ServerRecord, ServerState
+from policies.model import (
+    Application,
+    ClusterSnapshot,
+    Family,
+    Placement,
+    Role,
+    Server,
+    Site,
+)
+from policies.resources import Resources
+
+_ACTIVE = (ReplicaState.LOADING, ReplicaState.READY)
+_ROLE = {ReplicaRole.PRIMARY: Role.PRIMARY, ReplicaRole.WARM: Role.WARM,
+         ReplicaRole.INTERIM: Role.INTERIM, ReplicaRole.UPGRADE: Role.UPGRADE}
+
+
+def application(record: AppRecord) -> Application:
+    """The policy view of one registered app."""
+    spec = record.spec
+    return Application(
+        app_id=spec.app_id, family=spec.family, critical=spec.critical,
+        max_rate_rps=spec.max_rate_rps, latency_slo_ms=spec.latency_slo_ms,
+        primary_variant=spec.variant, pinned_server=spec.pinned_server,
+        pinned_site=spec.pinned_site, excluded_servers=frozenset(spec.excluded_servers),
+        excluded_sites=frozenset(spec.excluded_sites), warm_replicas=spec.warm_replicas)
+
+
+def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerRecord],
+                   apps: Mapping[str, AppRecord], failed: Iterable[str] = ()) -> ClusterSnapshot:
+    """The cluster as the controller believes it is.
+
+    The replica clients use is the app's PRIMARY placement (whatever role it was loaded as),
+    so an app whose interim is on a server that fails is "affected" like any other. Servers
+    that are failed, draining or drained, plus ``failed``, are failed in the snapshot: no new
+    replica goes there. Replicas being loaded count as placed (their memory is reserved).
+    """
+    down = {s.server_id for s in servers.values() if s.state is not ServerState.UP}
+    down |= set(failed)
+    placements: list[Placement] = []
+    for record in apps.values():
+        for replica in record.replicas:
+            if replica.state not in _ACTIVE or replica.server_id not in servers:
+                continue
+            role = Role.PRIMARY if record.serving == replica.key else _ROLE[replica.role]
+            if role is Role.PRIMARY and record.serving != replica.key:
+                role = Role.UPGRADE  # a primary-to-be that does not serve yet
+            placements.append(Placement(record.app_id, replica.server_id, replica.variant, role))
+    site_ids = sorted({s.site_id for s in servers.values()})
+    return ClusterSnapshot(
+        families=families, sites=tuple(Site(s) for s in site_ids),
+        servers=tuple(Server(s.server_id, s.site_id, Resources(s.capacity), s.server_type)
+                      for s in servers.values()),
+        apps=tuple(application(r) for r in apps.values() if r.spec.family in families),
+        placements=tuple(placements), failed_servers=frozenset(down & servers.keys()))

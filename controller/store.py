@@ -1,0 +1,168 @@
+"""The only module that talks to Redis: apps, servers, config, warm plan, events, intents.
+
+Keys (all under a prefix, default ``us:``):
+
+* ``apps`` hash: app id -> :class:`AppRecord` JSON (the desired and observed replicas);
+* ``servers`` hash: server id -> :class:`ServerRecord` JSON;
+* ``config`` string: :class:`RuntimeConfig` JSON;  ``plan`` string: last warm plan summary;
+* ``events`` stream with ids ``<seq>-0`` and ``event_seq`` counter: the notification history;
+* ``intents`` hash: intent id -> what the controller is about to do (write-ahead).
+
+The client retries on connection errors with back-off, so a Redis restart stalls writes for
+a moment instead of failing them; with append-only persistence nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
+
+logger = logging.getLogger(__name__)
+
+EVENT_STREAM_MAXLEN = 100_000
+
+
+class Store:
+    """Async Redis store of the controller's state."""
+
+    def __init__(self, url: str, prefix: str = "us:") -> None:
+        self.url = url
+        self.prefix = prefix
+        self.redis = aioredis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            health_check_interval=5)
+        self._event_lock = asyncio.Lock()
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    async def ping(self) -> bool:
+        """Whether Redis answers (one try, no retries)."""
+        try:
+            return bool(await asyncio.wait_for(self.redis.ping(), 1.0))
+        except Exception:  # noqa: BLE001 - any failure means "not ready"
+            return False
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.redis.aclose()
+
+    # --- apps --------------------------------------------------------------------------------
+
+    async def put_app(self, record: AppRecord) -> None:
+        """Write an app record (stamps ``updated_at``)."""
+        record.updated_at = now()
+        await self.redis.hset(self._key("apps"), record.app_id, record.model_dump_json())
+
+    async def add_app(self, record: AppRecord) -> bool:
+        """Write a new app record; False when the id is taken."""
+        return bool(await self.redis.hsetnx(self._key("apps"), record.app_id,
+                                            record.model_dump_json()))
+
+    async def get_app(self, app_id: str) -> AppRecord | None:
+        """One app record."""
+        raw = await self.redis.hget(self._key("apps"), app_id)
+        return AppRecord.model_validate_json(raw) if raw else None
+
+    async def apps(self) -> dict[str, AppRecord]:
+        """Every app record by id."""
+        raw = await self.redis.hgetall(self._key("apps"))
+        return {k: AppRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+
+    async def delete_app(self, app_id: str) -> None:
+        """Forget an app."""
+        await self.redis.hdel(self._key("apps"), app_id)
+
+    # --- servers -----------------------------------------------------------------------------
+
+    async def put_server(self, record: ServerRecord) -> None:
+        """Write a server record."""
+        await self.redis.hset(self._key("servers"), record.server_id, record.model_dump_json())
+
+    async def servers(self) -> dict[str, ServerRecord]:
+        """Every server record by id."""
+        raw = await self.redis.hgetall(self._key("servers"))
+        return {k: ServerRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+
+    # --- config and plan ---------------------------------------------------------------------
+
+    async def config(self) -> RuntimeConfig | None:
+        """The stored runtime config (None before the first start)."""
+        raw = await self.redis.get(self._key("config"))
+        return RuntimeConfig.model_validate_json(raw) if raw else None
+
+    async def put_config(self, config: RuntimeConfig) -> None:
+        """Store the runtime config."""
+        await self.redis.set(self._key("config"), config.model_dump_json())
+
+    async def plan(self) -> dict[str, Any] | None:
+        """The last warm plan summary."""
+        raw = await self.redis.get(self._key("plan"))
+        return json.loads(raw) if raw else None
+
+    async def put_plan(self, plan: dict[str, Any]) -> None:
+        """Store the warm plan summary."""
+        await self.redis.set(self._key("plan"), json.dumps(plan))
+
+    # --- events ------------------------------------------------------------------------------
+
+    async def append_event(self, event: Event) -> Event:
+        """Give the event the next sequence number and append it to the stream."""
+        async with self._event_lock:  # seq order == stream order
+            seq = int(await self.redis.incr(self._key("event_seq")))
+            stored = event.model_copy(update={"seq": seq})
+            await self.redis.xadd(self._key("events"), {"data": stored.model_dump_json()},
+                                  id=f"{seq}-0", maxlen=EVENT_STREAM_MAXLEN, approximate=True)
+        return stored
+
+    async def events(self, since: int = 0, app_id: str | None = None,
+                     limit: int = 1000) -> list[Event]:
+        """Events with ``seq > since`` (oldest first), optionally of one app."""
+        found: list[Event] = []
+        start = f"({since}-0" if since > 0 else "-"
+        while len(found) < limit:
+            batch = await self.redis.xrange(self._key("events"), min=start, max="+", count=500)
+            if not batch:
+                break
+            for entry_id, fields in batch:
+                event = Event.model_validate_json(fields["data"])
+                if app_id is None or event.app_id == app_id:
+                    found.append(event)
+                start = f"({entry_id}"
+        return found[:limit]
+
+    async def last_seq(self) -> int:
+        """Sequence number of the newest event (0 when none)."""
+        value = await self.redis.get(self._key("event_seq"))
+        return int(value) if value else 0
+
+    # --- intents (write-ahead) ---------------------------------------------------------------
+
+    async def add_intent(self, kind: str, **details: Any) -> str:
+        """Record what we are about to do; returns its id (remove it when done)."""
+        intent_id = uuid.uuid4().hex[:12]
+        await self.redis.hset(self._key("intents"), intent_id,
+                              json.dumps({"kind": kind, "at": now(), **details}))
+        return intent_id
+
+    async def done_intent(self, intent_id: str) -> None:
+        """The intent completed (or was superseded)."""
+        await self.redis.hdel(self._key("intents"), intent_id)
+
+    async def intents(self) -> dict[str, dict[str, Any]]:
+        """Unfinished intents (after a crash: what to resume)."""
+        raw = await self.redis.hgetall(self._key("intents"))
+        return {k: json.loads(v) for k, v in raw.items()}

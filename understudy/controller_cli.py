@@ -1,0 +1,63 @@
+"""``understudy controller``: the control plane's REST API, detector and orchestrator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+logger = logging.getLogger(__name__)
+
+COMMAND = "controller"
+TOKEN_ENV = "UNDERSTUDY_TOKEN"
+
+
+def register(commands: Any) -> None:
+    """Add the ``controller`` sub-parser."""
+    parser = commands.add_parser("controller", help="run the controller (FastAPI + Redis)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/controller"))
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis (default: start a private redis-server)")
+    parser.add_argument("--token", default=None,
+                        help=f"bearer token for mutating calls and agents (default ${TOKEN_ENV})")
+    parser.add_argument("--artifacts", type=Path, default=None,
+                        help="artifact store served to agents at /v1/artifacts")
+    parser.add_argument("--heartbeat-ms", type=float, default=None)
+    parser.add_argument("--heartbeat-misses", type=int, default=None)
+    parser.add_argument("--alpha", type=float, default=None)
+    parser.add_argument("--solver", choices=["highs", "cbc", "gurobi"], default=None)
+    parser.add_argument("--policy", choices=["understudy", "full-size-warm-k"], default=None)
+    parser.add_argument("--startup-grace-s", type=float, default=3.0)
+
+
+def run(options: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from controller.api import create_app
+    from controller.records import ConfigPatch
+    from controller.service import Controller, ControllerSettings
+
+    overrides = {"heartbeat_interval_ms": options.heartbeat_ms,
+                 "heartbeat_misses": options.heartbeat_misses, "alpha": options.alpha,
+                 "solver": options.solver, "policy": options.policy}
+    try:
+        patch = (ConfigPatch(**{k: v for k, v in overrides.items() if v is not None})
+                 if any(v is not None for v in overrides.values()) else None)
+        settings = ControllerSettings(
+            host=options.host, port=options.port, run_dir=options.run_dir,
+            redis_url=options.redis_url, token=options.token or os.environ.get(TOKEN_ENV),
+            artifacts=options.artifacts, startup_grace_s=options.startup_grace_s, config=patch)
+    except ValidationError as exc:
+        logger.error("invalid controller settings: %s", exc)
+        return 2
+    app = create_app(Controller(settings))
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                ws="websockets-sansio", ws_ping_interval=None, lifespan="on")
+    return 0
