@@ -5,6 +5,13 @@ interval of slack (so one late-but-arriving heartbeat is not a failure), when it
 connection closes (after one more interval, in case it was a blip and the agent is already
 back), or at once when the agent reports its Triton dead. Each declaration fires once; a new
 ``watch`` (the agent's next hello) re-arms the server.
+
+A deadline that fires is confirmed before it counts, because the controller itself can be the
+slow one: a heartbeat may already sit in the socket while the event loop was busy (a warm-plan
+solve, a burst of events). If the timer ran late by more than one interval, the loop was
+stalled and the server gets one more interval; otherwise the declaration waits two loop turns
+(``CONFIRM_S``) so frames already received are processed first. Both add at most a few
+milliseconds to a real detection.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
+CONFIRM_S = 0.002
+
 FailureCallback = Callable[[str, str, float, float], None]
 """(server_id, reason, detected_at wall time, last sign of life wall time)."""
 
@@ -26,6 +35,9 @@ class _Watch:
     handle: asyncio.TimerHandle | None
     last_seen: float
     """Wall time of the last heartbeat (or of the watch start)."""
+    due: float = 0.0
+    """Loop time the current deadline was set for."""
+    stalls: int = 0
 
 
 class FailureDetector:
@@ -86,8 +98,28 @@ class FailureDetector:
         watch = self._watches.get(server_id)
         if watch is not None and watch.handle is not None:
             watch.handle.cancel()
-        handle = loop.call_later(delay_s, self.declare, server_id, why)
-        self._watches[server_id] = _Watch(handle, last_seen)
+        due = loop.time() + delay_s
+        watch = _Watch(None, last_seen, due)
+        watch.handle = loop.call_at(due, self._expired, server_id, watch, why)
+        self._watches[server_id] = watch
+
+    def _expired(self, server_id: str, watch: _Watch, why: str) -> None:
+        loop = asyncio.get_running_loop()
+        if self._watches.get(server_id) is not watch:
+            return  # re-armed meanwhile
+        late = loop.time() - watch.due
+        if late > self.interval_s and watch.stalls < 3:
+            watch.stalls += 1
+            logger.warning("detector for %s ran %.0f ms late (controller stalled); "
+                           "extending its deadline", server_id, late * 1000)
+            watch.due = loop.time() + self.interval_s
+            watch.handle = loop.call_at(watch.due, self._expired, server_id, watch, why)
+            return
+        watch.handle = loop.call_later(CONFIRM_S, self._confirm, server_id, watch, why)
+
+    def _confirm(self, server_id: str, watch: _Watch, why: str) -> None:
+        if self._watches.get(server_id) is watch:
+            self.declare(server_id, why)
 
     def stop(self) -> None:
         """Cancel every deadline."""

@@ -347,6 +347,9 @@ class Orchestrator:
             await self.store.put_app(record)
         if kind:
             await self._announce(record, kind, current)
+            # Serving moved (new app, upgrade, fail-back): backups planned against the old
+            # primary may now share its server or site, and freed memory may cover others.
+            self.request_warm_replan()
         for old in retired:
             self.spawn(self.unload_replica(app_id, old.server_id, old.variant),
                        f"unloading {app_id}/{old.variant}")
