@@ -1,0 +1,180 @@
+"""NSPB end to end on the deterministic simulator: real cores and torch operators on a virtual
+clock, a lossy reordering network, crashes injected at protocol steps (HAMS §IV-E, §IV-F)."""
+
+from __future__ import annotations
+
+import statistics
+from functools import partial
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stateful.core.backup import BackupRole
+from stateful.messages import Mode, NoiseSpec, RuntimeOptions
+from stateful.services import ol_graph, request_maker, service_graph
+from stateful.sim import NetParams, SimCluster
+
+
+def finished(c: SimCluster, requests: int) -> bool:
+    return len(c.replies) == requests and c.idle()
+
+
+Kill = tuple[int, str, str]
+"""(step, operator, role) with role "primary", "backup" or "stateless"."""
+
+
+def cluster(service: str, mode: Mode, *, seed: int = 0, batch: int = 4, drop: float = 0.0,
+            max_delay_s: float = 0.002, noise: bool = True, wire: bool = False) -> SimCluster:
+    options = RuntimeOptions(mode=mode, observe=True,
+                             noise=NoiseSpec(seed=seed) if noise else None)
+    net = NetParams(drop=drop, delay_s=(0.0001, max_delay_s), wire=wire)
+    return SimCluster(service_graph(service, batch), options, seed=seed, net=net)
+
+
+def drive(c: SimCluster, service: str, requests: int, kills: list[Kill] = (),  # type: ignore[assignment]
+          seed: int = 0) -> bool:
+    plan = sorted(kills)
+
+    def inject(step: int) -> None:
+        while plan and plan[0][0] <= step:
+            _, op, role = plan.pop(0)
+            node = c.node_of(op, "primary" if role == "stateless" else role)
+            if node is not None and c.can_fail(node):
+                c.kill(node)
+
+    c.on_step = inject
+    make = request_maker(service, seed=seed)
+    for i in range(requests):
+        c.submit(make(i))
+    return c.run(lambda: len(c.replies) == requests and c.idle(), timeout_s=30.0)
+
+
+@pytest.mark.parametrize("service", ["sp", "ol"])
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_mode_serves_every_request_without_failures(service: str, mode: Mode) -> None:
+    c = cluster(service, mode, drop=0.1)
+    assert drive(c, service, 30)
+    report = c.report()
+    assert report.ok, report.summary()
+    assert report.replied == 30
+
+
+def test_remus_adds_latency_nspb_hides_it() -> None:
+    def mean_latency(mode: Mode) -> float:
+        c = cluster("sp", mode, noise=False)
+        assert drive(c, "sp", 40)
+        return statistics.mean(c.reply_times[r] - c.submit_times[r] for r in c.replies)
+
+    bare, nspb, remus = (mean_latency(m) for m in (Mode.BARE, Mode.NSPB, Mode.REMUS))
+    assert remus > nspb * 1.1
+    assert nspb < bare * 1.1
+
+
+def test_messages_survive_the_json_wire_format() -> None:
+    c = cluster("ol", Mode.NSPB, wire=True)
+    assert drive(c, "ol", 12, [(150, "tracker", "primary")])
+    assert c.report().ok and c.recoveries
+
+
+def test_figure_6_strawman_is_inconsistent_and_nspb_is_not() -> None:
+    """HAMS Fig. 6: a's state is slow to reach its backup, b's backup applies a state built on
+    a's speculative output, then a's primary fails and re-executes non-deterministically."""
+    results = {}
+    for mode in (Mode.NSPB, Mode.STRAWMAN):
+        c = SimCluster(ol_graph(4), RuntimeOptions(mode=mode, observe=True,
+                                                   noise=NoiseSpec(seed=3)), seed=3)
+        c.slow[("tracker.p0", "tracker.b0")] = 0.05
+        make = request_maker("ol")
+        for i in range(24):
+            c.submit(make(i))
+        c.run(timeout_s=0.065)
+        backup = c.nodes["classifier.b0"].core.role
+        assert isinstance(backup, BackupRole)
+        results[mode] = backup.applied_seq
+        c.kill("tracker.p0")
+        c.run(partial(finished, c, 24), timeout_s=5.0)
+        report = c.report()
+        if mode is Mode.NSPB:
+            assert report.ok, report.summary()
+        else:
+            kinds = {i.kind for i in report.inconsistencies}
+            assert kinds == {"conflicting_output"}, report.summary()
+    assert results[Mode.STRAWMAN] > results[Mode.NSPB], "NSPB's classifier backup waited"
+
+
+def test_correlated_failure_rolls_the_downstream_primary_back() -> None:
+    """An upstream primary and a downstream backup fail together (§IV-C)."""
+    c = cluster("ol", Mode.NSPB, seed=5, max_delay_s=0.004)
+    c.slow[("tracker.p0", "tracker.b0")] = 0.03
+    make = request_maker("ol", seed=5)
+    for i in range(30):
+        c.submit(make(i))
+    c.run(timeout_s=0.04)
+    c.kill("tracker.p0")
+    c.kill("classifier.b0")
+    assert c.run(lambda: len(c.replies) == 30 and c.idle(), timeout_s=10.0)
+    assert c.report().ok, c.report().summary()
+    done = c.recoveries[0]
+    assert "tracker" in done.promoted
+    assert "classifier" in done.rolled_back
+
+
+def test_old_primary_rejoins_as_backup_by_overwrite() -> None:
+    c = cluster("ol", Mode.NSPB, seed=2)
+    c.slow[("tracker.p0", "tracker.b0")] = 0.03
+    make = request_maker("ol", seed=2)
+    for i in range(30):
+        c.submit(make(i))
+    c.run(timeout_s=0.05)
+    c.kill("tracker.p0")
+    assert c.run(lambda: len(c.replies) == 30 and c.idle(), timeout_s=10.0)
+    assert c.report().ok
+    assert "classifier" in c.recoveries[0].promoted
+    where = c.coordinator.config.placements["classifier"]  # type: ignore[union-attr]
+    assert (where.primary, where.backup) == ("classifier.b0", "classifier.p0")
+    rejoined = c.nodes["classifier.p0"].core.role
+    assert isinstance(rejoined, BackupRole) and rejoined.applied_batch > 0
+
+
+def test_stateless_failure_restarts_from_a_warm_standby() -> None:
+    c = cluster("sp", Mode.NSPB, seed=4)
+    assert drive(c, "sp", 30, [(120, "embed", "stateless"), (400, "predict", "stateless")])
+    assert c.report().ok
+    assert [r.restarted for r in c.recoveries] == [("embed",), ("predict",)]
+
+
+ROLES = st.sampled_from(["primary", "primary", "backup", "stateless"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), service=st.sampled_from(["sp", "ol"]),
+       mode=st.sampled_from([Mode.NSPB, Mode.REMUS]), batch=st.sampled_from([1, 4, 16]),
+       drop=st.sampled_from([0.0, 0.05, 0.2]), max_delay=st.sampled_from([0.001, 0.01]),
+       kills=st.lists(st.tuples(st.integers(0, 1500), st.integers(0, 9), ROLES), max_size=3))
+def test_random_failures_keep_every_reply_and_global_consistency(
+        seed: int, service: str, mode: Mode, batch: int, drop: float, max_delay: float,
+        kills: list[tuple[int, int, str]]) -> None:
+    c = cluster(service, mode, seed=seed, batch=batch, drop=drop, max_delay_s=max_delay)
+    topo = c.graph.topology
+    stateful = sorted(topo.stateful)
+    stateless = sorted(set(topo.order) - topo.stateful)
+    plan = [(step, (stateless if role == "stateless" else stateful)[k % 2], role)
+            for step, k, role in kills]
+    assert drive(c, service, 24, plan, seed=seed), c.report().summary()
+    report = c.report()
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize(("op", "role"), [("tracker", "primary"), ("classifier", "primary"),
+                                          ("tracker", "backup"), ("camera", "stateless")])
+def test_a_failure_at_every_protocol_step_is_recovered_consistently(op: str, role: str) -> None:
+    """Crash one replica of OL after each event of a run (delivery, completion, timer), one run
+    per step, with non-determinism on: every reply arrives and the checker finds nothing."""
+    reference = cluster("ol", Mode.NSPB, batch=2)
+    assert drive(reference, "ol", 5)
+    for step in range(1, reference.steps + 1):
+        c = cluster("ol", Mode.NSPB, batch=2)
+        assert drive(c, "ol", 5, [(step, op, role)]), step
+        report = c.report()
+        assert report.ok, f"crash of {op} {role} after step {step}: {report.summary()}"
