@@ -89,6 +89,7 @@ class AgentConfig(BaseModel):
     metrics_port: int = Field(0, ge=0, lt=65536)
     model_load_threads: int = Field(2, ge=1)
     use_runtime: bool = True
+    triton_nice: int = Field(0, ge=0, le=19)
 
     def websocket_url(self) -> str:
         """The controller's agent endpoint as a ws:// URL."""
@@ -117,7 +118,8 @@ class Agent:
             model_repository=config.run_dir / "repository", work_dir=config.run_dir / "triton",
             http_port=config.http_port or ports[0], grpc_port=config.grpc_port or ports[1],
             metrics_port=config.metrics_port or ports[2],
-            model_load_threads=config.model_load_threads, use_runtime=config.use_runtime)
+            model_load_threads=config.model_load_threads, use_runtime=config.use_runtime,
+            nice=config.triton_nice)
         self.triton = triton_factory(triton_config)
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,

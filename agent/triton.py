@@ -107,6 +107,9 @@ class TritonConfig(BaseModel):
     start_timeout_s: float = Field(60.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
     log_verbose: int = Field(0, ge=0)
+    nice: int = Field(0, ge=0, le=19)
+    """Scheduling niceness of Triton and the runtime: >0 keeps the control plane (agent
+    heartbeats) responsive on a CPU that inference saturates."""
 
     @property
     def http_url(self) -> str:
@@ -124,6 +127,15 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child_setup(nice: int) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if nice:
+            os.nice(nice)
+
+    return setup
 
 
 def _python_paths() -> list[str]:
@@ -208,7 +220,7 @@ class TritonServer:
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-                preexec_fn=_die_with_parent)
+                preexec_fn=_child_setup(self.config.nice))
         finally:
             log.close()
         self._close_client()
@@ -245,7 +257,7 @@ class TritonServer:
                  str(self.runtime_socket)],
                 stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_paths())},
-                preexec_fn=_die_with_parent)
+                preexec_fn=_child_setup(self.config.nice))
         finally:
             log.close()
         deadline = time.monotonic() + self.config.start_timeout_s

@@ -62,6 +62,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--model-load-threads", type=int, default=2)
     parser.add_argument("--server-type", default="testbed")
+    parser.add_argument("--triton-nice", type=int, default=0,
+                        help="niceness of Triton and its runtime (0-19; >0 favours heartbeats)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -77,7 +79,8 @@ def run(options: argparse.Namespace) -> int:
             heartbeat_interval_ms=options.heartbeat_ms, triton_restart=options.triton_restart,
             max_restarts=options.max_restarts, http_port=options.http_port,
             grpc_port=options.grpc_port, metrics_port=options.metrics_port,
-            model_load_threads=options.model_load_threads, server_type=options.server_type)
+            model_load_threads=options.model_load_threads, server_type=options.server_type,
+            triton_nice=options.triton_nice)
     except ValidationError as exc:
         logger.error("invalid agent settings: %s", exc)
         return 2

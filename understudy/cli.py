@@ -100,6 +100,9 @@ def _configure_logging(level: str) -> None:
     if not root.handlers:
         logging.basicConfig(level=level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # Per-request chatter of the HTTP client libraries drowns the decisions we log.
+        for noisy in ("httpx", "httpcore", "websockets"):
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def _run_demo(argv: list[str]) -> int:

@@ -1,0 +1,201 @@
+"""Testbed report: per injected failure and affected app, what clients and the controller saw.
+
+Definitions (FailLite §5.1 and DESIGN.md): detection = failure declared - failure injected;
+notification = first placement event with a serving location - failure injected; MTTR =
+notification - detection (from detection to the client being told where to go, the paper's
+definition); first response = first successful client response from the new location -
+failure injected (end to end); accuracy reduction = 1 - accuracy(final variant) /
+accuracy(variant before the failure). Recovery rate = affected apps that got a serving
+location / affected apps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SERVING_KINDS = ("warm_switch", "interim_serving", "serving", "upgraded", "failback")
+
+
+@dataclass
+class AppOutcome:
+    """One affected app of one failure."""
+
+    failure: int
+    app_id: str
+    how: str
+    """warm, progressive or unrecoverable."""
+    detection_ms: float | None
+    notification_ms: float | None
+    mttr_ms: float | None
+    first_response_ms: float | None
+    upgrade_done_ms: float | None
+    variant_before: str | None
+    variant_after: str | None
+    accuracy_before: float | None
+    accuracy_after: float | None
+
+    @property
+    def recovered(self) -> bool:
+        """Whether clients were given a serving location."""
+        return self.notification_ms is not None
+
+    @property
+    def accuracy_reduction_pct(self) -> float | None:
+        """Relative accuracy lost, percent."""
+        if not self.accuracy_before or self.accuracy_after is None:
+            return None
+        return 100.0 * (1.0 - self.accuracy_after / self.accuracy_before)
+
+
+def load_requests(directory: Path) -> list[dict[str, Any]]:
+    """Every client request record under ``directory``."""
+    records = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                records.append(json.loads(line))
+    return records
+
+
+def _before(events: list[dict[str, Any]], app_id: str, at: float) -> dict[str, Any] | None:
+    earlier = [e for e in events if e["app_id"] == app_id and e["time"] < at
+               and e["kind"] in SERVING_KINDS]
+    return earlier[-1] if earlier else None
+
+
+def analyse(failures: list[dict[str, Any]], events: list[dict[str, Any]],
+            requests: list[dict[str, Any]]) -> list[AppOutcome]:
+    """Outcomes per failure and affected app."""
+    outcomes = []
+    for index, failure in enumerate(failures):
+        at = failure["at"]
+        until = failures[index + 1]["at"] if index + 1 < len(failures) else float("inf")
+        servers = set(failure["servers"])
+        window = [e for e in events if at <= e["time"] < until]
+        affected = sorted({e["app_id"] for e in window if e.get("failed_server") in servers})
+        for app_id in affected:
+            mine = [e for e in window if e["app_id"] == app_id]
+            caused = [e for e in mine if e.get("failed_server") in servers]
+            detected = min((e["failure_at"] for e in caused if e.get("failure_at")), default=None)
+            serving = [e for e in caused if e["kind"] in SERVING_KINDS]
+            first = serving[0] if serving else None
+            final = serving[-1] if serving else None
+            before = _before(events, app_id, at)
+            upgraded = next((e for e in serving if e["kind"] in ("upgraded", "serving")), None)
+            how = "unrecoverable" if first is None else (
+                "warm" if first["kind"] == "warm_switch" else "progressive")
+            ok_after = [r for r in requests if r["app_id"] == app_id and r["ok"]
+                        and r["done_at"] > at and r["server_id"] not in servers
+                        and r["done_at"] < until]
+            outcomes.append(AppOutcome(
+                failure=index, app_id=app_id, how=how,
+                detection_ms=_ms(detected, at),
+                notification_ms=_ms(first["time"] if first else None, at),
+                mttr_ms=_ms(first["time"] if first else None, detected),
+                first_response_ms=_ms(min((r["done_at"] for r in ok_after), default=None), at),
+                upgrade_done_ms=_ms(upgraded["time"] if upgraded else None, at),
+                variant_before=before["variant"] if before else None,
+                variant_after=final["variant"] if final else None,
+                accuracy_before=before["accuracy"] if before else None,
+                accuracy_after=final["accuracy"] if final else None))
+    return outcomes
+
+
+def _ms(value: float | None, origin: float | None) -> float | None:
+    if value is None or origin is None:
+        return None
+    return round((value - origin) * 1000.0, 2)
+
+
+def summary(outcomes: list[AppOutcome]) -> dict[str, Any]:
+    """Aggregate figures over all outcomes."""
+    def pct(values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+    warm = [o.notification_ms for o in outcomes if o.how == "warm" and o.notification_ms]
+    interim = [o.notification_ms for o in outcomes if o.how == "progressive"
+               and o.notification_ms is not None]
+    upgrades = [o.upgrade_done_ms for o in outcomes if o.how == "progressive"
+                and o.upgrade_done_ms is not None]
+    mttr = [o.mttr_ms for o in outcomes if o.mttr_ms is not None]
+    reductions = [o.accuracy_reduction_pct for o in outcomes
+                  if o.accuracy_reduction_pct is not None]
+    return {
+        "failures": len({o.failure for o in outcomes}),
+        "affected": len(outcomes),
+        "recovery_rate": (sum(o.recovered for o in outcomes) / len(outcomes)) if outcomes
+        else None,
+        "warm_notify_p50_ms": pct(warm, 50), "warm_notify_p99_ms": pct(warm, 99),
+        "interim_first_serving_p50_ms": pct(interim, 50),
+        "upgrade_done_p50_ms": pct(upgrades, 50),
+        "mttr_mean_ms": statistics.fmean(mttr) if mttr else None,
+        "accuracy_reduction_pct": statistics.fmean(reductions) if reductions else None,
+    }
+
+
+def print_table(outcomes: list[AppOutcome], write: Any) -> None:
+    """A person-readable table."""
+    header = (f"{'#':>2} {'app':10} {'how':13} {'detect':>8} {'notify':>8} {'MTTR':>8} "
+              f"{'1st resp':>9} {'upgrade':>9}  {'before -> after':42} {'acc -%':>7}")
+    write(header + "\n" + "-" * len(header) + "\n")
+    for o in outcomes:
+        def f(v: float | None) -> str:
+            return f"{v:.0f}" if v is not None else "-"
+        change = f"{o.variant_before or '-'} -> {o.variant_after or '-'}"
+        reduction = o.accuracy_reduction_pct
+        lost = f"{reduction:7.2f}" if reduction is not None else f"{'-':>7}"
+        write(f"{o.failure:>2} {o.app_id:10} {o.how:13} {f(o.detection_ms):>8} "
+              f"{f(o.notification_ms):>8} {f(o.mttr_ms):>8} {f(o.first_response_ms):>9} "
+              f"{f(o.upgrade_done_ms):>9}  {change:42} {lost}\n")
+    write("(times in ms after the injected failure; MTTR from detection to notification)\n")
+
+
+def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
+         requests: list[dict[str, Any]], path: Path, window_s: tuple[float, float] = (-3, 12),
+         ) -> Path | None:
+    """Client response time around the last failure, one line per affected app (PNG)."""
+    if not failures:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    index = len(failures) - 1
+    at = failures[index]["at"]
+    apps = [o for o in outcomes if o.failure == index]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for outcome in apps:
+        points = sorted((r["sent_at"] - at, (r["done_at"] - r["sent_at"]) * 1000.0)
+                        for r in requests if r["app_id"] == outcome.app_id
+                        and window_s[0] <= r["sent_at"] - at <= window_s[1])
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1,
+                    label=f"{outcome.app_id} ({outcome.how})")
+        if outcome.notification_ms is not None:
+            ax.axvline(outcome.notification_ms / 1000.0, color="grey", linestyle=":",
+                       linewidth=0.8)
+    failed = ",".join(failures[index]["servers"])
+    ax.axvline(0.0, color="red", linewidth=1.5, label=f"failure of {failed}")
+    ax.set_xlabel("request sent, seconds after the injected failure")
+    ax.set_ylabel("response time (ms, retries included)")
+    ax.set_yscale("log")
+    ax.set_title("Client response time around a server failure (dotted: client notified)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def outcomes_json(outcomes: list[AppOutcome]) -> list[dict[str, Any]]:
+    """Outcomes as plain dicts (with the derived fields)."""
+    return [{**asdict(o), "recovered": o.recovered,
+             "accuracy_reduction_pct": o.accuracy_reduction_pct} for o in outcomes]

@@ -1,0 +1,324 @@
+"""The local testbed: Redis, the controller, one agent (with its Triton) per server, clients.
+
+Every process runs in its own session (process group), logs to ``<run_dir>/logs`` and is
+recorded in ``<run_dir>/testbed.json``, so ``fail``/``report``/``down`` work from another
+command. ``fail`` SIGKILLs a server's whole process group (agent, Triton, torch runtime and
+stubs) at an instant it records first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from deploy.topology import Topology
+from model_repo.artifacts import DEFAULT_SCALE, build_store
+from model_repo.profiles import load_families
+from sim.generator import generate_cluster
+from understudy.ports import free_port
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "testbed.json"
+DATA_PLANE_NICE = 5
+"""Triton and the load generators run at this niceness: on a small shared CPU the control
+plane (heartbeats every 20 ms) must not queue behind inference."""
+REPO = Path(__file__).resolve().parents[1]
+
+
+class TestbedError(RuntimeError):
+    """A testbed step failed (a process did not start, the cluster did not converge)."""
+
+
+@dataclass
+class ProcessInfo:
+    """One testbed process."""
+
+    name: str
+    pid: int
+    log: str
+    args: list[str]
+
+
+@dataclass
+class TestbedState:
+    """What ``up`` started, persisted for the other commands."""
+
+    run_dir: str
+    controller_url: str
+    redis_port: int
+    token: str
+    artifacts: str
+    processes: dict[str, ProcessInfo] = field(default_factory=dict)
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    apps: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    policy: str = "understudy"
+
+    def save(self) -> None:
+        """Write atomically to ``<run_dir>/testbed.json``."""
+        path = Path(self.run_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> TestbedState:
+        """Read the state of a testbed started in ``run_dir``."""
+        path = run_dir / STATE_FILE
+        if not path.exists():
+            raise TestbedError(f"no testbed in {run_dir} (run 'understudy testbed up' first)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["processes"] = {k: ProcessInfo(**v) for k, v in data["processes"].items()}
+        return cls(**data)
+
+
+def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> ProcessInfo:
+    log_dir = Path(state.run_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(  # noqa: S603 - our own CLI
+            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    info = ProcessInfo(name, process.pid, str(log_path), args)
+    state.processes[name] = info
+    state.save()
+    return info
+
+
+def _understudy(*args: str) -> list[str]:
+    return [sys.executable, "-m", "understudy.cli", "--log-level", "INFO", *args]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+def wait_until(what: str, check: Any, timeout_s: float, interval_s: float = 0.1) -> Any:
+    """Poll ``check()`` until it returns a truthy value; TestbedError after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TestbedError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class Testbed:
+    """Drive one testbed: ``up``, ``fail``, ``revive``, ``down`` (report: ``deploy.report``)."""
+
+    def __init__(self, state: TestbedState) -> None:
+        self.state = state
+        self.http = httpx.Client(base_url=state.controller_url, timeout=10.0,
+                                 headers={"Authorization": f"Bearer {state.token}"})
+
+    # --- start ----------------------------------------------------------------------------
+
+    @classmethod
+    def up(cls, run_dir: Path, topology: Topology, *, seed: int = 0, scale: float = DEFAULT_SCALE,
+           artifacts: Path | None = None, token: str = "testbed-token", policy: str = "understudy",
+           heartbeat_ms: float = 20.0, rate_rps: tuple[float, float] = (1.0, 5.0),
+           clients: bool = True, client_rate: float = 5.0, timeout_s: float = 300.0) -> Testbed:
+        """Start everything, register the apps, wait until all serve with their backups."""
+        run_dir = run_dir.resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        families = load_families()
+        store = (artifacts or run_dir / "artifacts").resolve()
+        build_store(store, [families[f] for f in topology.families], scale=scale)
+        cluster = generate_cluster(families, servers=len(topology.servers),
+                                   sites=len(topology.sites), apps=topology.apps,
+                                   headroom=topology.headroom,
+                                   critical_fraction=topology.critical_fraction, seed=seed,
+                                   family_names=topology.families, rate_rps=rate_rps)
+        capacity = dict(cluster.servers[0].capacity)
+        state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
+                             token=token, artifacts=str(store), policy=policy)
+        testbed = cls._start_processes(state, topology, capacity, heartbeat_ms, timeout_s)
+        testbed.register(cluster, timeout_s)
+        if clients:
+            testbed.start_clients(client_rate)
+        return testbed
+
+    @classmethod
+    def _start_processes(cls, state: TestbedState, topology: Topology,
+                         capacity: dict[str, float], heartbeat_ms: float,
+                         timeout_s: float) -> Testbed:
+        run_dir = Path(state.run_dir)
+        _spawn(state, "redis", ["redis-server", "--bind", "127.0.0.1", "--port",
+                                str(state.redis_port), "--dir", str(run_dir),
+                                "--appendonly", "yes", "--appendfsync", "everysec",
+                                "--save", ""])
+        port = free_port()
+        state.controller_url = f"http://127.0.0.1:{port}"
+        state.save()
+        testbed = cls(state)
+        testbed.start_controller(heartbeat_ms)
+        for spec in topology.servers:
+            server_capacity = {**capacity}
+            state.servers[spec.server_id] = {"site_id": spec.site_id,
+                                             "capacity": server_capacity}
+            testbed.start_agent(spec.server_id)
+        state.save()
+        wait_until("every agent to connect", lambda: testbed._servers_up(len(topology.servers)),
+                   timeout_s, 0.25)
+        return testbed
+
+    def start_controller(self, heartbeat_ms: float = 20.0) -> ProcessInfo:
+        """Start (or restart) the controller and wait until it is ready."""
+        port = self.state.controller_url.rsplit(":", 1)[1]
+        info = _spawn(self.state, "controller", _understudy(
+            "controller", "--port", port, "--run-dir", str(Path(self.state.run_dir) / "ctl"),
+            "--redis-url", f"redis://127.0.0.1:{self.state.redis_port}/0",
+            "--token", self.state.token, "--artifacts", self.state.artifacts,
+            "--heartbeat-ms", str(heartbeat_ms), "--policy", self.state.policy))
+        wait_until("the controller to be ready", self._ready, 60, 0.1)
+        return info
+
+    def start_agent(self, server_id: str) -> ProcessInfo:
+        """Start (or restart) one server's agent."""
+        server = self.state.servers[server_id]
+        capacity = ",".join(f"{k}={v:g}" for k, v in server["capacity"].items())
+        return _spawn(self.state, f"agent-{server_id}", _understudy(
+            "agent", "--server-id", server_id, "--site", server["site_id"],
+            "--controller-url", self.state.controller_url, "--capacity", capacity,
+            "--artifacts", self.state.artifacts,
+            "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
+            "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)))
+
+    def _ready(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return self.http.get("/readyz").status_code == 200
+        return False
+
+    def servers(self) -> list[dict[str, Any]]:
+        """The controller's server records."""
+        return list(self.http.get("/v1/servers").json())
+
+    def apps(self) -> list[dict[str, Any]]:
+        """The controller's app views."""
+        return list(self.http.get("/v1/apps").json())
+
+    def _servers_up(self, count: int) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            servers = self.servers()
+            return sum(1 for s in servers if s["state"] == "up" and s["connected"]) >= count
+        return False
+
+    def register(self, cluster: Any, timeout_s: float) -> None:
+        """Register the generated apps (largest first: better worst-fit packing)."""
+        apps = sorted(cluster.apps, key=lambda a: -cluster.primary_variant(a).memory_mb)
+        for app in apps:
+            spec = {"app_id": app.app_id, "family": app.family, "critical": app.critical,
+                    "max_rate_rps": round(app.max_rate_rps, 3),
+                    "latency_slo_ms": app.latency_slo_ms}
+            response = self.http.post("/v1/apps", json=spec, params={"wait": "true"},
+                                      timeout=300.0)
+            if response.status_code != 201:
+                raise TestbedError(f"registering {app.app_id}: {response.status_code} "
+                                   f"{response.text}")
+            self.state.apps.append(spec)
+        self.state.save()
+        self.wait_converged(timeout_s)
+
+    def wait_converged(self, timeout_s: float) -> None:
+        """Wait until every app serves its home variant and every planned backup is ready."""
+        def converged() -> bool:
+            try:
+                apps = self.apps()
+                plan = self.http.get("/v1/plan")
+            except httpx.HTTPError:
+                return False
+            if any(a["status"] not in ("serving", "unavailable") for a in apps):
+                return False
+            if any(r["state"] != "ready" for a in apps for r in a["replicas"]):
+                return False
+            if plan.status_code != 200:
+                return not any(a["spec"]["critical"] for a in apps)
+            planned = {(p["app_id"], p["server_id"], p["variant"])
+                       for p in plan.json()["assignments"]}
+            present = {(a["app_id"], b["server_id"], b["variant"]) for a in apps
+                       for b in a["backups"]}
+            return planned == present
+        wait_until("apps and warm backups to converge", converged, timeout_s, 0.25)
+
+    def start_clients(self, rate: float) -> ProcessInfo:
+        """One load-generating process with a client thread per app."""
+        app_ids = ",".join(a["app_id"] for a in self.state.apps)
+        return _spawn(self.state, "clients", _understudy(
+            "testbed", "client", "--controller-url", self.state.controller_url,
+            "--token", self.state.token, "--app", app_ids, "--rate", str(rate),
+            "--out", str(Path(self.state.run_dir) / "requests")), nice=DATA_PLANE_NICE)
+
+    # --- failures -------------------------------------------------------------------------
+
+    def fail(self, server_ids: list[str]) -> float:
+        """SIGKILL the servers' process groups; returns (and records) the instant."""
+        groups = []
+        for server_id in server_ids:
+            info = self.state.processes.get(f"agent-{server_id}")
+            if info is None:
+                raise TestbedError(f"unknown server {server_id!r}")
+            groups.append(info.pid)
+        at = time.time()
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.state.failures.append({"servers": server_ids, "at": at})
+        self.state.save()
+        logger.info("failed %s at %.3f", ",".join(server_ids), at)
+        return at
+
+    def servers_of_site(self, site_id: str) -> list[str]:
+        """Server ids in a site."""
+        found = [s for s, v in self.state.servers.items() if v["site_id"] == site_id]
+        if not found:
+            raise TestbedError(f"unknown site {site_id!r}")
+        return found
+
+    def kill_process(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal one recorded process group (controller, redis, clients ...)."""
+        info = self.state.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(info.pid, sig)
+        wait_until(f"{name} to exit", lambda: not _alive(info.pid), 30, 0.05)
+
+    def down(self) -> None:
+        """Stop everything (clients first, Redis last) and keep the logs."""
+        names = list(self.state.processes)
+        order = (["clients"] * ("clients" in names) + [n for n in names if n.startswith("agent-")]
+                 + [n for n in ("controller", "redis") if n in names])
+        for name in order:
+            info = self.state.processes[name]
+            if not _alive(info.pid):
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(info.pid, signal.SIGTERM)
+            try:
+                wait_until(f"{name} to stop", lambda pid=info.pid: not _alive(pid), 15, 0.05)
+            except TestbedError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(info.pid, signal.SIGKILL)
+        self.http.close()

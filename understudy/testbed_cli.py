@@ -1,0 +1,174 @@
+"""``understudy testbed up|fail|revive|report|status|down|client``: the local testbed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+COMMAND = "testbed"
+DEFAULT_RUN_DIR = Path("runs/testbed")
+
+
+def register(commands: Any) -> None:
+    """Add the ``testbed`` sub-parser."""
+    parser = commands.add_parser("testbed", help="local testbed: Redis, controller, agents")
+    actions = parser.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="start everything and register generated apps")
+    up.add_argument("--servers", type=int, default=6)
+    up.add_argument("--sites", type=int, default=3)
+    up.add_argument("--apps", type=int, default=12)
+    up.add_argument("--headroom", type=float, default=0.2)
+    up.add_argument("--critical", type=float, default=0.5)
+    up.add_argument("--seed", type=int, default=0)
+    up.add_argument("--scale", type=float, default=None, help="artifact scale")
+    up.add_argument("--artifacts", type=Path, default=Path("runs/artifacts"),
+                    help="artifact store (built if missing)")
+    up.add_argument("--policy", choices=["understudy", "full-size-warm-k"],
+                    default="understudy")
+    up.add_argument("--rate", type=float, default=5.0, help="client requests/s per app")
+    up.add_argument("--no-clients", action="store_true")
+    fail = actions.add_parser("fail", help="SIGKILL a server (agent + Triton) or a site")
+    fail.add_argument("server", nargs="?")
+    fail.add_argument("--site", default=None)
+    revive = actions.add_parser("revive", help="restart a failed server's agent")
+    revive.add_argument("server")
+    report = actions.add_parser("report", help="failure outcomes, recovery rate and a plot")
+    report.add_argument("--json", action="store_true", help="also print the JSON summary")
+    actions.add_parser("status", help="processes and their logs")
+    actions.add_parser("down", help="stop everything")
+    client = actions.add_parser("client", help="run load-generating clients (foreground)")
+    client.add_argument("--controller-url", required=True)
+    client.add_argument("--token", default=None)
+    client.add_argument("--app", required=True, help="app id(s), comma-separated")
+    client.add_argument("--rate", type=float, default=5.0)
+    client.add_argument("--out", type=Path, default=Path("runs/requests"))
+    for sub in (up, fail, revive, report, client):
+        sub.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    for name in ("status", "down"):
+        actions.choices[name].add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+
+
+def run(options: argparse.Namespace) -> int:
+    """Dispatch a testbed action."""
+    from deploy.testbed import TestbedError
+
+    try:
+        return int(_ACTIONS[options.testbed_command](options) or 0)
+    except TestbedError as exc:
+        logger.error("%s", exc)
+        return 1
+
+
+def _up(options: argparse.Namespace) -> int:
+    from deploy.testbed import Testbed
+    from deploy.topology import make_topology
+    from model_repo.artifacts import DEFAULT_SCALE
+
+    topology = make_topology(options.servers, options.sites, options.apps, options.critical,
+                             options.headroom)
+    testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
+                         scale=options.scale or DEFAULT_SCALE, policy=options.policy,
+                         artifacts=options.artifacts,
+                         clients=not options.no_clients, client_rate=options.rate)
+    _print_apps(testbed)
+    sys.stdout.write(f"testbed up in {options.run_dir}; controller {testbed.state.controller_url}"
+                     "\n")
+    return 0
+
+
+def _print_apps(testbed: Any) -> None:
+    for app in testbed.apps():
+        serving = app["serving"] or {}
+        backups = ", ".join(f"{b['variant']}@{b['server_id']}" for b in app["backups"]) or "-"
+        sys.stdout.write(f"  {app['app_id']:8} {'K' if app['spec']['critical'] else ' '} "
+                         f"{app['status']:11} {serving.get('variant', '-'):22} "
+                         f"@{serving.get('server_id', '-'):4} backups: {backups}\n")
+
+
+def _load(options: argparse.Namespace) -> Any:
+    from deploy.testbed import Testbed, TestbedState
+
+    return Testbed(TestbedState.load(options.run_dir))
+
+
+def _fail(options: argparse.Namespace) -> int:
+    testbed = _load(options)
+    if options.site:
+        servers = testbed.servers_of_site(options.site)
+    elif options.server:
+        servers = [options.server]
+    else:
+        sys.stderr.write("give a SERVER or --site SITE\n")
+        return 2
+    at = testbed.fail(servers)
+    sys.stdout.write(f"killed {', '.join(servers)} at {at:.3f}\n")
+    return 0
+
+
+def _revive(options: argparse.Namespace) -> int:
+    testbed = _load(options)
+    testbed.start_agent(options.server)
+    sys.stdout.write(f"restarted the agent of {options.server}\n")
+    return 0
+
+
+def _report(options: argparse.Namespace) -> int:
+    from deploy.report import analyse, load_requests, outcomes_json, plot, print_table, summary
+
+    testbed = _load(options)
+    events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
+    requests = load_requests(Path(testbed.state.run_dir) / "requests")
+    outcomes = analyse(testbed.state.failures, events, requests)
+    print_table(outcomes, sys.stdout.write)
+    figures = summary(outcomes)
+    rate = figures["recovery_rate"]
+    sys.stdout.write(f"recovery rate: {rate * 100:.1f} % of {figures['affected']} affected apps\n"
+                     if rate is not None else "no failure injected yet\n")
+    path = plot(testbed.state.failures, outcomes, requests,
+                Path(testbed.state.run_dir) / "report.png")
+    if path is not None:
+        sys.stdout.write(f"plot: {path}\n")
+    (Path(testbed.state.run_dir) / "report.json").write_text(json.dumps(
+        {"summary": figures, "outcomes": outcomes_json(outcomes)}, indent=2))
+    if options.json:
+        sys.stdout.write(json.dumps(figures) + "\n")
+    return 0
+
+
+def _status(options: argparse.Namespace) -> int:
+    from deploy.testbed import _alive
+
+    testbed = _load(options)
+    for name, info in testbed.state.processes.items():
+        sys.stdout.write(f"{name:12} pid {info.pid:7} {'up' if _alive(info.pid) else 'down':5}"
+                         f" {info.log}\n")
+    return 0
+
+
+def _down(options: argparse.Namespace) -> int:
+    _load(options).down()
+    sys.stdout.write("testbed down\n")
+    return 0
+
+
+def _client(options: argparse.Namespace) -> int:
+    from deploy.loadgen import run_clients
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_clients(options.controller_url, [a for a in options.app.split(",") if a],
+                options.token, options.rate, options.out, stop)
+    return 0
+
+
+_ACTIONS = {"up": _up, "fail": _fail, "revive": _revive, "report": _report, "status": _status,
+            "down": _down, "client": _client}
