@@ -195,11 +195,11 @@ class Orchestrator:
                 result = None
                 reason = str(exc)
             if result is None or not result.placements:
-                record.status = AppStatus.UNAVAILABLE
-                record.reason = (result.unplaced[0].reason if result and result.unplaced
-                                 else reason)
-                await self.store.put_app(record)
-                await self.notify(record, "unplaced", None, record.reason)
+                why = result.unplaced[0].reason if result and result.unplaced else reason
+                if record.status is not AppStatus.UNAVAILABLE or record.reason != why:
+                    record.status, record.reason = AppStatus.UNAVAILABLE, why
+                    await self.store.put_app(record)
+                    await self.notify(record, "unplaced", None, why)
                 return None
             placement = result.placements[0]
             replica = Replica(server_id=placement.server_id, variant=placement.variant,
@@ -374,6 +374,29 @@ class Orchestrator:
             self.metrics.mttr.labels("progressive").observe(time.time() - recovery.detected_at)
         if record.status is AppStatus.SERVING:
             self.recoveries.pop(record.app_id, None)
+
+    # --- anti-entropy ----------------------------------------------------------------------
+
+    async def converge_forever(self, interval_s: float = 1.0) -> None:
+        """Periodically place apps left with nothing serving and nothing loading.
+
+        Event-driven paths handle the normal cases; this catches the rest (an app whose
+        loading primary was on a server that failed, capacity freed by a deletion, an app
+        that found no room when it registered), so the cluster always converges.
+        """
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                apps = await self.store.apps()
+                for record in apps.values():
+                    if record.serving is None and not any(
+                            r.state in (ReplicaState.LOADING, ReplicaState.READY)
+                            for r in record.replicas):
+                        placed = await self.place(record.app_id)
+                        if placed is not None:
+                            self.spawn(placed, f"placing {record.app_id}")
+            except Exception:  # noqa: BLE001 - keep the loop alive (Redis restarting ...)
+                logger.exception("convergence pass failed")
 
     # --- warm backups ------------------------------------------------------------------------
 

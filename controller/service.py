@@ -79,6 +79,7 @@ class Controller:
                                          self.metrics, config)
         self.lifecycle = ServerLifecycle(self.orchestrator)
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
+        self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -99,6 +100,8 @@ class Controller:
     async def stop(self) -> None:
         """Close connections and stop the embedded Redis."""
         self.ready = False
+        if hasattr(self, "_converge"):
+            self._converge.cancel()
         if hasattr(self, "detector"):
             self.detector.stop()
             self.events.close_all()
