@@ -298,9 +298,17 @@ class ResumeAck(BaseModel):
     node: str
 
 
+class LinkAck(BaseModel):
+    """Transport: every frame of ``src`` -> ``dst`` up to link seq ``upto`` arrived."""
+
+    type: Literal["link_ack"] = "link_ack"
+    model_config = _FROZEN
+    upto: int
+
+
 Message = Annotated[
     Data | StateUpdate | StateAck | Durable | Collect | Configure | Freeze | FreezeAck | Fence
-    | FenceAck | Resume | ResumeAck,
+    | FenceAck | Resume | ResumeAck | LinkAck,
     Field(discriminator="type"),
 ]
 
@@ -311,12 +319,14 @@ class Envelope(BaseModel):
     v: Literal[1] = WIRE_VERSION
     src: str
     dst: str
+    link: int = 0
+    """Per (src, dst) frame number for retransmission after a reconnect (0: unnumbered)."""
     msg: Message
 
 
-def encode(src: str, dst: str, msg: BaseModel) -> bytes:
+def encode(src: str, dst: str, msg: BaseModel, link: int = 0) -> bytes:
     """One message as JSON bytes (an ``Envelope``)."""
-    return Envelope(src=src, dst=dst, msg=msg).model_dump_json().encode()
+    return Envelope(src=src, dst=dst, msg=msg, link=link).model_dump_json().encode()
 
 
 def decode(frame: bytes) -> Envelope:

@@ -1,0 +1,98 @@
+"""A replica process: ``python -m stateful.replica --node NAME [--observe-dir DIR]``.
+
+Starts blank (a warm standby: torch imported, nothing loaded), listens on a free port, prints
+``READY <host:port>`` on stdout and then serves whatever role the manager's configs give it
+(stateless operator, stateful primary or backup; HAMS's proxy and model in one process). The
+graph spec, mode and noise arrive with the first config, so the same process image serves any
+graph. SIGTERM or SIGINT stops it; the launcher (local subprocess or, later, the agent) watches
+it and reports its death to the manager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import IO
+
+from stateful.checker import observation_to_json
+from stateful.core.effects import Effect, Observe
+from stateful.core.replica import ReplicaNode
+from stateful.host import ModelHost
+from stateful.messages import Configure, GraphConfig, Resume
+from stateful.nodehost import NodeHost
+
+logger = logging.getLogger(__name__)
+
+READY = "READY"
+
+
+class ReplicaProcess(NodeHost):
+    """One ``ReplicaNode`` with its model executor, observation log and config hook."""
+
+    def __init__(self, node: str, *, host: str = "127.0.0.1",
+                 observe: IO[str] | None = None) -> None:
+        super().__init__(host, outcome=self._outcome)
+        self.node = node
+        self.observe = observe
+        self.add(node, ReplicaNode(node))
+
+    def _deliver(self, src: str, dst: str, msg: object) -> None:
+        if isinstance(msg, Configure | Resume):
+            self._on_config(msg.config)
+        super()._deliver(src, dst, msg)
+
+    def _on_config(self, config: GraphConfig) -> None:
+        self.learn(config.addresses)
+        if self.node not in self.executors:
+            self.attach_model(self.node, ModelHost(config.graph, self.node, config.options.noise))
+
+    def _outcome(self, node: str, effect: Effect) -> None:
+        if isinstance(effect, Observe) and self.observe is not None:
+            # One write per line: a SIGKILL never leaves a torn record behind a complete one.
+            self.observe.write(observation_to_json(effect.event) + "\n")
+            self.observe.flush()
+
+
+async def serve(node: str, host: str, observe_dir: Path | None) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # small models, shared cores: intra-op threads only add contention
+    observe = None
+    if observe_dir is not None:
+        observe_dir.mkdir(parents=True, exist_ok=True)
+        observe = (observe_dir / f"{node}.jsonl").open("a", encoding="utf-8")
+    process = ReplicaProcess(node, host=host, observe=observe)
+    address = await process.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sys.stdout.write(f"{READY} {address}\n")  # the launcher's handshake
+    sys.stdout.flush()
+    await stop.wait()
+    logger.info("%s: stopping", node)
+    await process.close()
+    if observe is not None:
+        observe.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stateful.replica")
+    parser.add_argument("--node", required=True, help="replica id (never reused)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--observe-dir", type=Path, default=None,
+                        help="write checker observations to DIR/<node>.jsonl")
+    parser.add_argument("--log-level", default="WARNING")
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=options.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s {options.node} %(name)s: %(message)s")
+    asyncio.run(serve(options.node, options.host, options.observe_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
