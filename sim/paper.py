@@ -39,9 +39,9 @@ class Claim:
         """'meets' / 'misses' for claims with a direction, '' otherwise."""
         if ours is None or self.higher_is_better is None:
             return ""
-        target = 0.0 if self.paper is None else self.paper
-        if self.paper is None:
-            return "meets" if ours > target else "misses"
+        if self.paper is None:  # a direction: it must show at the report's precision
+            return "meets" if round(ours, 2) > 0 else "misses"
+        target = self.paper
         slack = 1e-9 + 0.005 * abs(target)
         ok = ours >= target - slack if self.higher_is_better else ours <= target + slack
         return "meets" if ok else "misses"

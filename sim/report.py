@@ -35,7 +35,7 @@ def _fmt(value: float | int | str | None, digits: int = 3) -> str:
     return str(value)
 
 
-def param(value: object) -> str:
+def param_text(value: object) -> str:
     """A parameter value as text: floats without trailing zeros (0.1, not 0.100)."""
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -61,8 +61,8 @@ def summary_csv(all_rows: Sequence[Row], experiment: str) -> str:
         if row.experiment != experiment:
             continue
         s = row.summary
-        body.append([experiment, param(row.value), row.policy, str(row.seed), _fmt(row.apps, 1),
-                     _fmt(row.servers, 1), _fmt(row.critical, 1),
+        body.append([experiment, param_text(row.value), row.policy, str(row.seed),
+                     _fmt(row.apps, 1), _fmt(row.servers, 1), _fmt(row.critical, 1),
                      _fmt(100 * row.memory_utilisation, 2),
                      _fmt(100 * row.compute_utilisation, 2), row.warm_method,
                      _fmt(row.warm_backups, 1), _fmt(row.warm_uncovered, 1), str(s.scenarios),
@@ -87,7 +87,7 @@ def scenarios_csv(results: Sequence[UnitResult], experiment: str) -> str:
             for record in policy.scenarios:
                 s = summarize([record.outcomes])
                 mttr = [o.mttr_ms for o in record.outcomes if o.mttr_ms is not None]
-                body.append([experiment, param(unit.value), policy.policy, str(unit.seed),
+                body.append([experiment, param_text(unit.value), policy.policy, str(unit.seed),
                              record.name, str(record.failed_servers), str(s.affected),
                              str(s.warm), str(s.progressive), str(s.cold), str(s.lost),
                              _fmt(100 * s.recovery_rate, 4), _fmt(s.mttr_mean_ms),
@@ -115,7 +115,7 @@ def timings_csv(results: Sequence[UnitResult], experiment: str) -> str:
             continue
         for p in unit.policies:
             walls = [1000 * s.plan_wall_s for s in p.scenarios]
-            body.append([param(unit.value), p.policy, str(unit.seed), p.warm_method,
+            body.append([param_text(unit.value), p.policy, str(unit.seed), p.warm_method,
                          _fmt(p.warm_total_s), _fmt(sum(walls) / len(walls) if walls else None),
                          _fmt(max(walls, default=None))])
     return _csv(header, body)
@@ -134,7 +134,7 @@ def json_summary(all_rows: Sequence[Row], results: Sequence[UnitResult]) -> dict
             continue
         table: dict[str, dict[str, dict[str, float | None]]] = {}
         for (policy, value), row in pooled(all_rows, name).items():
-            table.setdefault(policy, {})[param(value)] = {
+            table.setdefault(policy, {})[param_text(value)] = {
                 "recovery_rate_pct": _round(metric(row, "recovery_rate")),
                 "mttr_mean_ms": _round(metric(row, "mttr_mean_ms")),
                 "accuracy_reduction_pct": _round(metric(row, "accuracy_reduction_pct"))}
@@ -232,7 +232,7 @@ def _ours_table(all_rows: Sequence[Row], name: str) -> list[str]:
     body = []
     for (policy, value), row in pooled(all_rows, name).items():
         s = row.summary
-        body.append([param(value), LABELS.get(policy, policy), row.warm_method,
+        body.append([param_text(value), LABELS.get(policy, policy), row.warm_method,
                      f"{100 * s.recovery_rate:.1f} ({100 * s.recovery_rate_min:.1f})",
                      f"{_fmt(s.mttr_mean_ms, 0)} / {_fmt(s.mttr_p50_ms, 0)} / "
                      f"{_fmt(s.mttr_p99_ms, 0)}", _fmt(s.e2e_mean_ms, 0),
@@ -266,7 +266,7 @@ def _cluster_line(all_rows: Sequence[Row], name: str) -> str:
         text = (f"{row.apps:.0f} apps ({row.critical:.0f} in K), {row.servers:.0f} servers, "
                 f"primaries use {100 * row.memory_utilisation:.1f} % of GPU memory and "
                 f"{100 * row.compute_utilisation:.1f} % of compute")
-        described.setdefault(text, []).append(param(row.value))
+        described.setdefault(text, []).append(param_text(row.value))
     if len(described) == 1:
         return next(iter(described))
     return "; ".join(f"{', '.join(values)}: {text}" for text, values in described.items())
@@ -282,8 +282,8 @@ def markdown(results: Sequence[UnitResult], all_rows: Sequence[Row], *, seeds: i
              f"missed, notification {timing.notification_ms:g} ms, command "
              f"{timing.command_ms:g} ms, {timing.load_threads} load threads per server; load "
              f"time = measured where profiled ({len(timing.measured)} variants), else "
-             f"{timing.fit.intercept_ms:.1f} ms + {timing.fit.ms_per_mb:.3f} ms/MB "
-             f"({timing.fit.source}).",
+             f"{timing.fit.intercept_ms:.1f} ms + {timing.fit.ms_per_mb:.3f} ms/MB of "
+             f"{timing.fit.basis}{_scaled(timing)} ({timing.fit.source}).",
              "MTTR is §5.1's: from failure detection to the client notification; 'end-to-end' "
              "adds the detection delay (from the failure itself).", "", "## Targets", ""]
     found = targets(results, all_rows, wall_s, names, seeds, quick)
@@ -299,6 +299,10 @@ def markdown(results: Sequence[UnitResult], all_rows: Sequence[Row], *, seeds: i
         lines += ["", "Paper vs ours:", ""] + _claims_table(results, all_rows, name)
         lines += ["", f"![{name}]({name}/{name}.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _scaled(timing: Timing) -> str:
+    return "" if timing.fit.scale == 1.0 else f" x {timing.fit.scale:g}"
 
 
 def write_all(out: Path, results: Sequence[UnitResult], *, seeds: int, quick: bool,

@@ -15,7 +15,7 @@ from model_repo.profiles import load_families
 from policies.model import Family
 from sim.experiments import ORDER, Unit, UnitResult, run_unit, ticks, units
 from sim.report import write_all
-from sim.timing import Timing, timing_for
+from sim.timing import Timing, profiler_fit, timing_for
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,17 @@ def expand(name: str) -> list[str]:
 _WORKER: tuple[Mapping[str, Family], Timing] | None = None
 
 
-def _init_worker(profile_dir: str | None) -> None:
+def make_timing(families: Mapping[str, Family], profile_dir: str | None,
+                load_times: str) -> Timing:
+    """The timing model with load times from ``load_times`` ("profiles" or "paper")."""
+    fit = profiler_fit(profile_dir) if load_times == "profiles" else None
+    return timing_for(families, load_times, fit)
+
+
+def _init_worker(profile_dir: str | None, load_times: str) -> None:
     global _WORKER
     families = load_families(profile_dir)
-    _WORKER = (families, timing_for(families))
+    _WORKER = (families, make_timing(families, profile_dir, load_times))
 
 
 def _run_in_worker(unit: Unit) -> UnitResult:
@@ -49,14 +56,15 @@ def _run_in_worker(unit: Unit) -> UnitResult:
 
 
 def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs: int = 1,
-              progress: bool = True, profile_dir: str | None = None) -> SuiteResult:
+              progress: bool = True, profile_dir: str | None = None,
+              load_times: str = "profiles") -> SuiteResult:
     """Run ``names``' units for seeds 0..seeds-1, write every output under ``out``.
 
     Results are identical for any ``jobs``: units are independent and kept in order.
     """
     started = time.perf_counter()
     families = load_families(profile_dir)
-    timing = timing_for(families)
+    timing = make_timing(families, profile_dir, load_times)
     todo = units(names, seeds, quick)
     total = sum(ticks(u) for u in todo)
     bar = tqdm(total=total, desc="sim", unit="run", disable=not progress, leave=False)
@@ -67,7 +75,7 @@ def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs:
             results.append(run_unit(unit, families, timing, tick=lambda: bar.update(1)))
     else:
         with ProcessPoolExecutor(jobs, initializer=_init_worker,
-                                 initargs=(profile_dir,)) as pool:
+                                 initargs=(profile_dir, load_times)) as pool:
             for unit, result in zip(todo, pool.map(_run_in_worker, todo), strict=True):
                 bar.update(ticks(unit))
                 results.append(result)

@@ -14,13 +14,16 @@ Every number is a documented default; ``Timing`` holds them so an experiment can
   was around 10ms": ``notification_ms = 10``.
 * **Commands**: a controller-to-agent command (promote, load) takes ``command_ms`` = 1 ms on
   an edge LAN before the agent acts on it.
-* **Loads**: a variant's load time is its measured ``Variant.load_time_s`` (the profiler's,
-  issue 3) when present; otherwise a line ``a + b x memory_mb`` fitted to the variants that
-  do have a measurement (at least two distinct sizes), otherwise ``PAPER_LOAD_FIT``: the line
-  through FailLite Fig. 5's two ConvNeXt points on the A2 testbed, 158 MB in 441 ms and
-  806 MB in 2105 ms (Fig. 2b shows the same linear growth with size), i.e.
-  a = 35.3 ms, b = 2.568 ms/MB. Each server loads at most ``load_threads`` = 10 models at
-  once (§5.1: "set the model loading thread to 10"); a warm backup needs no load.
+* **Loads** (``timing_for``, source "profiles", the default): a variant's load time is its
+  measured ``Variant.load_time_s`` (``understudy models profile``) when present; otherwise
+  the profiler's fitted line stored in the profile files (``load_time_fit``:
+  ``a + b x weights_mb``, the artifact's weights being ``size_mb x artifact_scale``); failing
+  that a least-squares line over the measured variants; failing that ``PAPER_LOAD_FIT``.
+  Source "paper" uses ``PAPER_LOAD_FIT`` for every variant: the line through FailLite
+  Fig. 5's two ConvNeXt points on the A2 testbed, 158 MB in 441 ms and 806 MB in 2105 ms
+  (Fig. 2b shows the same linear growth with size), i.e. a = 35.3 ms, b = 2.568 ms per MB of
+  GPU memory. Each server loads at most ``load_threads`` = 10 models at once (§5.1: "set the
+  model loading thread to 10"); a warm backup needs no load.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from policies.model import Family, Variant
@@ -42,15 +46,26 @@ PAPER_LARGE_MB, PAPER_LARGE_MS = 806.0, 2105.0
 
 @dataclass(frozen=True, slots=True)
 class LoadTimeFit:
-    """Load time as ``intercept_ms + ms_per_mb x memory_mb``, and where the line comes from."""
+    """Load time as ``intercept_ms + ms_per_mb x MB``, and where the line comes from.
+
+    The MB are the variant's GPU memory (``basis="memory_mb"``) or its weights file
+    (``basis="size_mb"``), times ``scale`` (the profiler's artifacts are scaled-down copies).
+    """
 
     intercept_ms: float
     ms_per_mb: float
     source: str
+    basis: str = "memory_mb"
+    scale: float = 1.0
 
-    def load_ms(self, memory_mb: float) -> float:
-        """Milliseconds to load (and warm up) a model of ``memory_mb``."""
-        return max(0.0, self.intercept_ms + self.ms_per_mb * memory_mb)
+    def load_ms(self, megabytes: float) -> float:
+        """Milliseconds to load (and warm up) a model of ``megabytes`` on this line's basis."""
+        return max(0.0, self.intercept_ms + self.ms_per_mb * megabytes * self.scale)
+
+    def variant_ms(self, variant: Variant) -> float:
+        """Milliseconds to load ``variant``."""
+        size = variant.size_mb if self.basis == "size_mb" else None
+        return self.load_ms(variant.memory_mb if size is None else size)
 
 
 def _paper_fit() -> LoadTimeFit:
@@ -107,7 +122,7 @@ class Timing:
         measured = self.measured.get((variant.family, variant.name))
         if measured is not None:
             return measured
-        return self.fit.load_ms(variant.memory_mb)
+        return self.fit.variant_ms(variant)
 
     def detection_ms(self, rng: random.Random) -> float:
         """Delay from a server's failure to the controller declaring it failed."""
@@ -125,9 +140,35 @@ class Timing:
         return "measured" if (variant.family, variant.name) in self.measured else "fit"
 
 
-def timing_for(families: Mapping[str, Family], **overrides: Any) -> Timing:
-    """``Timing`` using the families' measured load times and the best available fit."""
+LOAD_TIME_SOURCES = ("profiles", "paper")
+
+
+def profiler_fit(profile_dir: str | Path | None = None) -> LoadTimeFit | None:
+    """The profiler's load-time line stored in the profile files (the one over most variants)."""
+    from model_repo.profiles import load_family_documents
+
+    fits = [doc.load_time_fit for doc in load_family_documents(profile_dir).values()
+            if doc.load_time_fit is not None]
+    if not fits:
+        return None
+    best = max(fits, key=lambda f: (f.variants, f.r2))
+    return LoadTimeFit(1000.0 * best.intercept_s, 1000.0 * best.slope_s_per_mb,
+                       f"profiler fit over {best.variants} variants on {best.server_type!r} "
+                       f"(r2 {best.r2:.2f}; weights at scale {best.artifact_scale:g})",
+                       basis="size_mb", scale=best.artifact_scale)
+
+
+def timing_for(families: Mapping[str, Family], source: str = "profiles",
+               fit: LoadTimeFit | None = None, **overrides: Any) -> Timing:
+    """``Timing`` whose load times come from ``source`` (see the module docstring).
+
+    ``fit`` is the profiler's line (``profiler_fit``), used with source "profiles".
+    """
+    if source == "paper":
+        return Timing(fit=PAPER_LOAD_FIT, **overrides)
+    if source != "profiles":
+        raise ValueError(f"unknown load-time source {source!r}; choose {LOAD_TIME_SOURCES}")
     measured = {(v.family, v.name): v.load_time_s * 1000.0
                 for f in families.values() for v in f.variants if v.load_time_s is not None}
-    fit = fit_measured(families.values()) or PAPER_LOAD_FIT
-    return Timing(fit=fit, measured=measured, **overrides)
+    line = fit or fit_measured(families.values()) or PAPER_LOAD_FIT
+    return Timing(fit=line, measured=measured, **overrides)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from model_repo.profiles import PROFILE_DIR
 from policies.actions import FailoverPlan, ProgressiveRecovery, Unrecoverable, WarmSwitch
 from policies.baselines import FullSizeCold
 from policies.failover import UnderstudyPolicy
@@ -14,7 +17,14 @@ from policies.model import ClusterSnapshot, Family
 from sim.engine import COLD, LOST, PROGRESSIVE, WARM, AppOutcome, simulate_failover
 from sim.metrics import summarize
 from sim.runner import PolicySettings, Scenario, run_policy
-from sim.timing import PAPER_LOAD_FIT, LoadTimeFit, Timing, fit_measured, timing_for
+from sim.timing import (
+    PAPER_LOAD_FIT,
+    LoadTimeFit,
+    Timing,
+    fit_measured,
+    profiler_fit,
+    timing_for,
+)
 from tests.unit.builders import make_app, make_family, make_server, make_snapshot, placement
 
 FAM = make_family("fam", [("fam-s", 100, 0.7), ("fam-m", 200, 0.85), ("fam-l", 400, 1.0)])
@@ -107,6 +117,23 @@ def test_measured_load_times_win_and_fit_the_rest() -> None:
     assert timing.load_ms(measured.variants[2]) == pytest.approx(500.0)  # 100 + 400 x 1
     assert timing.load_source(measured.variants[2]) == "fit"
     assert timing_for({"fam": FAM}).fit == PAPER_LOAD_FIT
+
+
+def test_profiler_fit_applies_to_scaled_weights(tmp_path: Path) -> None:
+    doc = json.loads((PROFILE_DIR / "mobilenet_v3.json").read_text())
+    doc["load_time_fit"] = {"intercept_s": 0.4, "slope_s_per_mb": 0.005, "r2": 0.9,
+                            "variants": 2, "artifact_scale": 0.5, "server_type": "vm"}
+    (tmp_path / "mobilenet_v3.json").write_text(json.dumps(doc))
+    fit = profiler_fit(tmp_path)
+    assert fit is not None and fit.basis == "size_mb"
+    variant = replace(FAM.variants[0], size_mb=100.0)
+    assert fit.variant_ms(variant) == pytest.approx(400.0 + 5.0 * 100.0 * 0.5)
+    plain = replace(FAM.variants[0], size_mb=None)  # no weights size: falls back to memory
+    assert fit.variant_ms(plain) == pytest.approx(400.0 + 5.0 * 100.0 * 0.5)
+    assert timing_for({"fam": FAM}, "profiles", fit).fit is fit
+    assert timing_for({"fam": FAM}, "paper").fit == PAPER_LOAD_FIT
+    with pytest.raises(ValueError, match="unknown load-time source"):
+        timing_for({"fam": FAM}, "guess")
 
 
 def test_full_size_cold_mttr_is_the_full_size_load() -> None:
