@@ -226,6 +226,8 @@ class Agent:
                                    max_size=16 * 1024 * 1024) as ws:
                     delay = self.config.reconnect_initial_s
                     await self._serve(ws)
+                    logger.warning("controller closed the connection (code %s %s)",
+                                   ws.close_code, ws.close_reason)
             except InvalidStatus as exc:
                 logger.error("controller refused the connection: HTTP %s",
                              exc.response.status_code)

@@ -80,10 +80,11 @@ class AgentHub:
             await self.on_hello(hello)
             await self._receive(server_id, websocket)
         finally:
+            # Make sure the agent sees the end too (it then reconnects with a fresh hello).
+            await _close_quietly(websocket)
             if self._sockets.get(server_id) is websocket:
                 del self._sockets[server_id]
                 self.detector.connection_closed(server_id)
-                logger.info("agent %s disconnected", server_id)
 
     async def _receive(self, server_id: str, websocket: Any) -> None:
         from starlette.websockets import WebSocketDisconnect
@@ -91,7 +92,11 @@ class AgentHub:
         while True:
             try:
                 raw = await websocket.receive_text()
-            except (WebSocketDisconnect, RuntimeError):
+            except WebSocketDisconnect as exc:
+                logger.info("agent %s disconnected (code %s)", server_id, exc.code)
+                return
+            except (RuntimeError, KeyError) as exc:
+                logger.warning("agent %s connection broken: %r", server_id, exc)
                 return
             try:
                 message = parse_agent_message(raw)

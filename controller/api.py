@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketDisconnect
 from controller.errors import ControllerError, NotFoundError, UnauthorizedError
 from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
 from controller.service import Controller
+from policies.errors import PolicyError
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +244,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(PolicyError)
+    async def policy_error(_: Request, exc: PolicyError) -> JSONResponse:
+        # Input the policies reject (a variant too large for every server ...): the caller's.
+        return JSONResponse({"detail": str(exc)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -48,6 +48,7 @@ from policies.errors import PolicyError
 from policies.failover import UnderstudyPolicy
 from policies.model import ClusterSnapshot, Family, Role
 from policies.primary import place_primaries
+from policies.resources import Resources
 from understudy.protocol import model_name
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,13 @@ class Orchestrator:
         sites = {s.site_id for s in servers.values()}
         if spec.pinned_site is not None and spec.pinned_site not in sites:
             raise InvalidRequestError(f"pinned site {spec.pinned_site!r} is unknown")
+        variant = family.variant(spec.variant) if spec.variant else family.most_accurate
+        demand = variant.demand(spec.max_rate_rps)
+        if servers and not any(demand.fits_within(Resources(s.capacity))
+                               for s in servers.values()):
+            raise InvalidRequestError(
+                f"{variant.name} at {spec.max_rate_rps:g} req/s needs {demand}, more than any "
+                f"server's whole capacity; lower max_rate_rps or choose a smaller variant")
 
     async def register(self, spec: AppSpec, wait: bool = False) -> AppRecord:
         """Register an app: record it, place its primary, load it; then plan warm backups."""

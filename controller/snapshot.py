@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from controller.records import AppRecord, ReplicaRole, ReplicaState, ServerRecord, ServerState
-from policies.errors import CapacityExceededError
+from policies.errors import CapacityExceededError, PolicyError
 from policies.model import (
     Application,
     ClusterSnapshot,
@@ -39,6 +39,29 @@ def application(record: AppRecord) -> Application:
         excluded_sites=frozenset(spec.excluded_sites), warm_replicas=spec.warm_replicas)
 
 
+def _fits_somewhere(record: AppRecord, families: Mapping[str, Family],
+                    servers: Mapping[str, ServerRecord]) -> bool:
+    """Whether the app's primary fits some server whole; apps that cannot are left out.
+
+    Registration rejects them, but a server that shrinks (a new capacity in its hello) can
+    make an old app impossible; one such app must not make every snapshot invalid.
+    """
+    family = families.get(record.spec.family)
+    if family is None:
+        return False
+    try:
+        variant = family.variant(record.spec.variant) if record.spec.variant else \
+            family.most_accurate
+    except PolicyError:
+        return False
+    demand = variant.demand(record.spec.max_rate_rps)
+    if not servers or any(demand.fits_within(Resources(s.capacity)) for s in servers.values()):
+        return True
+    logger.warning("app %s: %s at %g req/s fits no server; left out of planning",
+                   record.app_id, variant.name, record.spec.max_rate_rps)
+    return False
+
+
 def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerRecord],
                    apps: Mapping[str, AppRecord], failed: Iterable[str] = ()) -> ClusterSnapshot:
     """The cluster as the controller believes it is.
@@ -48,6 +71,7 @@ def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerR
     that are failed, draining or drained, plus ``failed``, are failed in the snapshot: no new
     replica goes there. Replicas being loaded count as placed (their memory is reserved).
     """
+    apps = {a: r for a, r in apps.items() if _fits_somewhere(r, families, servers)}
     down = {s.server_id for s in servers.values() if s.state is not ServerState.UP}
     down |= set(failed)
     placements: list[Placement] = []

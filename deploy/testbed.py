@@ -130,6 +130,8 @@ def wait_until(what: str, check: Any, timeout_s: float, interval_s: float = 0.1)
 class Testbed:
     """Drive one testbed: ``up``, ``fail``, ``revive``, ``down`` (report: ``deploy.report``)."""
 
+    __test__ = False  # not a pytest test class despite the name
+
     def __init__(self, state: TestbedState) -> None:
         self.state = state
         self.http = httpx.Client(base_url=state.controller_url, timeout=10.0,
@@ -200,11 +202,12 @@ class Testbed:
     def start_agent(self, server_id: str) -> ProcessInfo:
         """Start (or restart) one server's agent."""
         server = self.state.servers[server_id]
-        capacity = ",".join(f"{k}={v:g}" for k, v in server["capacity"].items())
+        capacity = ",".join(f"{k}={v!r}" for k, v in server["capacity"].items())
         return _spawn(self.state, f"agent-{server_id}", _understudy(
             "agent", "--server-id", server_id, "--site", server["site_id"],
             "--controller-url", self.state.controller_url, "--capacity", capacity,
-            "--artifacts", self.state.artifacts,
+            # Over HTTP from the controller, as agents on other hosts would fetch them.
+            "--artifacts", f"{self.state.controller_url}/v1/artifacts",
             "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
             "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)))
 
@@ -232,8 +235,8 @@ class Testbed:
         apps = sorted(cluster.apps, key=lambda a: -cluster.primary_variant(a).memory_mb)
         for app in apps:
             spec = {"app_id": app.app_id, "family": app.family, "critical": app.critical,
-                    "max_rate_rps": round(app.max_rate_rps, 3),
-                    "latency_slo_ms": app.latency_slo_ms}
+                    "max_rate_rps": app.max_rate_rps, "latency_slo_ms": app.latency_slo_ms,
+                    "variant": cluster.primary_variant(app).name}
             response = self.http.post("/v1/apps", json=spec, params={"wait": "true"},
                                       timeout=300.0)
             if response.status_code != 201:

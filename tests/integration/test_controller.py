@@ -1,0 +1,219 @@
+"""The controller on real processes: Redis, controller, agents with real Triton, SDK clients."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from deploy.testbed import Testbed, wait_until
+from deploy.topology import make_topology
+from understudy.client import UnderstudyClient
+
+pytestmark = pytest.mark.timeout(600)
+FAMILIES = ("mobilenet_v3", "shufflenet_v2", "mnasnet", "efficientnet")
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    topology = make_topology(servers=4, sites=2, apps=8, critical_fraction=0.5, headroom=0.3)
+    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=8,
+                              critical_fraction=0.5, headroom=0.3, families=FAMILIES)
+    bed = Testbed.up(tmp_path_factory.mktemp("testbed"), topology, seed=3, scale=0.05,
+                     clients=False, timeout_s=300)
+    try:
+        yield bed
+    finally:
+        bed.down()
+
+
+def _apps(bed: Testbed) -> dict[str, dict[str, Any]]:
+    return {a["app_id"]: a for a in bed.apps()}
+
+
+def test_bad_and_unauthorised_requests_get_clear_4xx(testbed: Testbed) -> None:
+    url = testbed.state.controller_url
+    anonymous = httpx.Client(base_url=url, timeout=10)
+    spec = {"app_id": "x1", "family": "efficientnet"}
+    assert anonymous.post("/v1/apps", json=spec).status_code == 401
+    assert anonymous.patch("/v1/config", json={"alpha": 0.2}).status_code == 401
+    assert anonymous.post("/v1/servers/s1/drain").status_code == 401
+    wrong = httpx.Client(base_url=url, timeout=10, headers={"Authorization": "Bearer nope"})
+    assert wrong.post("/v1/apps", json=spec).status_code == 401
+    http = testbed.http
+    cases = [
+        ({"family": "efficientnet"}, 422, "app_id"),
+        ({"app_id": "x2", "family": "nosuchnet"}, 422, "unknown family"),
+        ({"app_id": "x3", "family": "efficientnet", "variant": "resnet50"}, 422, "no variant"),
+        ({"app_id": "bad__id", "family": "efficientnet"}, 422, "app_id"),
+        ({"app_id": "x4", "family": "efficientnet", "max_rate_rps": -1}, 422, "max_rate_rps"),
+        ({"app_id": "x5", "family": "efficientnet", "pinned_server": "s99"}, 422, "s99"),
+        ({"app_id": "x6", "family": "efficientnet", "surprise": 1}, 422, "surprise"),
+    ]
+    for body, status, fragment in cases:
+        response = http.post("/v1/apps", json=body)
+        assert response.status_code == status, (body, response.text)
+        assert fragment in response.text
+    existing = next(iter(_apps(testbed)))
+    duplicate = http.post("/v1/apps", json={"app_id": existing, "family": "mobilenet_v3",
+                                             "max_rate_rps": 1})
+    assert duplicate.status_code == 409 and "already registered" in duplicate.text
+    assert http.get("/v1/apps/none-such").status_code == 404
+    assert http.post("/v1/servers/s99/drain").status_code == 404
+    assert http.patch("/v1/config", json={}).status_code == 422
+    assert http.patch("/v1/config", json={"alpha": 2}).status_code == 422
+    assert http.get("/v1/events", params={"since": -1}).status_code == 422
+    huge = http.post("/v1/apps", json={"app_id": "x7", "family": "efficientnet",
+                                       "max_rate_rps": 10000})
+    assert huge.status_code == 422 and "more than any server" in huge.text
+    assert http.get("/openapi.json").status_code == 200
+
+
+def test_agent_without_token_is_refused(testbed: Testbed) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    ws_url = testbed.state.controller_url.replace("http", "ws") + "/v1/agents/connect"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url, open_timeout=5)
+    assert refused.value.response.status_code == 401
+
+
+def test_warm_backups_are_where_the_plan_says(testbed: Testbed) -> None:
+    plan = testbed.http.get("/v1/plan").json()
+    apps = _apps(testbed)
+    planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan["assignments"]}
+    loaded = {(a["app_id"], b["server_id"], b["variant"]) for a in apps.values()
+              for b in a["backups"] if b["state"] == "ready"}
+    assert planned == loaded and planned
+    for app_id, server_id, _ in planned:
+        assert apps[app_id]["spec"]["critical"]
+        assert apps[app_id]["serving"]["server_id"] != server_id  # primary independence
+    covered = {a for a, _, _ in planned} | {u["app_id"] for u in plan["uncovered"]}
+    assert covered == {a for a, v in apps.items() if v["spec"]["critical"]}
+
+
+def test_client_gets_the_serving_endpoint_and_the_variant_answering(testbed: Testbed) -> None:
+    app_id, app = next(iter(_apps(testbed).items()))
+    with UnderstudyClient(testbed.state.controller_url, app_id) as client:
+        result = client.infer(np.zeros((1, 3, 224, 224), dtype=np.float32))
+    assert result.logits.shape == (1, 1000)
+    assert result.record.variant == app["serving"]["variant"]
+    assert result.record.server_id == app["serving"]["server_id"]
+
+
+class _Load:
+    """SDK clients sending requests continuously for some apps."""
+
+    def __init__(self, bed: Testbed, app_ids: list[str]) -> None:
+        self.stop = threading.Event()
+        self.clients = [UnderstudyClient(bed.state.controller_url, a).start() for a in app_ids]
+        image = np.zeros((1, 3, 224, 224), dtype=np.float32)
+        self.threads = [threading.Thread(target=self._run, args=(c, image), daemon=True)
+                        for c in self.clients]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, client: UnderstudyClient, image: np.ndarray) -> None:
+        while not self.stop.is_set():
+            client.infer(image, timeout_s=90)
+            self.stop.wait(0.1)
+
+    def finish(self) -> list[Any]:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+        for client in self.clients:
+            client.close()
+        return [r for c in self.clients for r in c.records]
+
+
+def _recovered(bed: Testbed, failed: set[str], app_ids: list[str]) -> bool:
+    apps = _apps(bed)
+    return all(apps[a]["status"] in ("serving", "degraded") and apps[a]["serving"]
+               and apps[a]["serving"]["server_id"] not in failed
+               and all(r["state"] == "ready" for r in apps[a]["replicas"]) for a in app_ids)
+
+
+def test_killing_a_server_recovers_all_its_apps_without_losing_requests(
+        testbed: Testbed) -> None:
+    apps = _apps(testbed)
+    by_server: dict[str, list[str]] = {}
+    for app_id, app in apps.items():
+        by_server.setdefault(app["serving"]["server_id"], []).append(app_id)
+    backed = {a for a, v in apps.items() if v["backups"]}
+    victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
+    affected = by_server[victim]
+    load = _Load(testbed, affected)
+    time.sleep(1.0)
+    since = testbed.http.get("/v1/events", params={"limit": 10000}).json()[-1]["seq"]
+    testbed.fail([victim])
+    wait_until("affected apps to recover", lambda: _recovered(testbed, {victim}, affected),
+               180, 0.2)
+    records = load.finish()
+    events = testbed.http.get("/v1/events", params={"since": since}).json()
+    for app_id in affected:
+        kinds = [e["kind"] for e in events if e["app_id"] == app_id]
+        if app_id in backed:
+            assert kinds[0] == "warm_switch", kinds
+        else:
+            assert "interim_serving" in kinds or "serving" in kinds, kinds
+            final = [e for e in events if e["app_id"] == app_id and e["kind"] in
+                     ("upgraded", "serving")]
+            assert final, kinds
+    assert records and all(r.ok for r in records)  # no request lost across the failover
+    answered_after = [r for r in records if r.sent_at > testbed.state.failures[-1]["at"] + 5]
+    assert all(r.server_id != victim for r in answered_after)
+
+
+def test_redis_restart_loses_nothing(testbed: Testbed) -> None:
+    before_apps = _apps(testbed)
+    before_events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
+    testbed.kill_process("redis", signal.SIGTERM)
+    info = testbed.state.processes["redis"]
+    from deploy.testbed import _spawn
+
+    _spawn(testbed.state, "redis", info.args)
+    wait_until("the controller to be ready again",
+               lambda: testbed.http.get("/readyz").status_code == 200, 30, 0.1)
+    after_apps = _apps(testbed)
+    assert {a: (v["serving"], v["status"]) for a, v in after_apps.items()} == \
+        {a: (v["serving"], v["status"]) for a, v in before_apps.items()}
+    after_events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
+    assert after_events[:len(before_events)] == before_events
+    response = testbed.http.post("/v1/apps", json={"app_id": "after-redis",
+                                                   "family": "mobilenet_v3"},
+                                 params={"wait": "true"}, timeout=120)
+    assert response.status_code == 201, response.text
+    testbed.http.delete("/v1/apps/after-redis")
+
+
+def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
+    for server, state in [(s["server_id"], s["state"]) for s in testbed.servers()]:
+        if state == "failed":
+            testbed.start_agent(server)
+    wait_until("every server back", lambda: all(
+        s["state"] == "up" and s["connected"] for s in testbed.servers()), 120, 0.25)
+    testbed.wait_converged(180)
+    apps = _apps(testbed)
+    victim = max({a["serving"]["server_id"] for a in apps.values()},
+                 key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
+    affected = [a for a, v in apps.items() if v["serving"]["server_id"] == victim]
+    testbed.fail([victim])
+    time.sleep(0.15)  # the failover is under way
+    testbed.kill_process("controller", signal.SIGKILL)
+    testbed.start_controller()
+    wait_until("affected apps to recover after the restart",
+               lambda: _recovered(testbed, {victim}, affected), 180, 0.25)
+    testbed.wait_converged(180)
+    servers = {s["server_id"]: s for s in testbed.servers()}
+    assert servers[victim]["state"] == "failed"
+    for app in _apps(testbed).values():
+        assert app["serving"] and app["serving"]["server_id"] != victim
