@@ -1,0 +1,240 @@
+"""Failover on a live 6-server testbed: Understudy against Full-Size-Warm(K), same run.
+
+Usage: ``python bench/failover.py [--failures 12] [--apps 12] [--seed 0]``. For each policy a
+fresh testbed (Redis, controller, 6 agents with real Triton, 3 sites) is started, then servers
+are SIGKILLed one at a time (each server at least once when failures >= 6). After each
+failure the bench waits until every affected app is recovered (or declared unrecoverable),
+restarts the server's agent, and waits for fail-back and the warm plan to converge before
+the next failure. A websocket subscriber in this process stands in for the clients: the
+"client notified" instant is when it receives the event.
+
+Figures (FailLite §5.1/§5.2): warm notify = injected failure -> client receives the warm
+switch; interim first serving = injected failure -> client told the interim variant serves;
+upgrade done = injected failure -> client told the target serves; MTTR = detection -> client
+notification (the paper's definition); recovery rate = recovered / affected apps; accuracy
+reduction = mean over recovered apps of 1 - accuracy(final) / accuracy(before). The last line
+is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
+from deploy.topology import make_topology  # noqa: E402
+from model_repo.profiles import load_families  # noqa: E402
+
+SERVING = ("warm_switch", "interim_serving", "serving", "upgraded")
+
+
+class EventRecorder:
+    """Follows every event on the controller's websocket; records receipt times."""
+
+    def __init__(self, controller_url: str) -> None:
+        self.url = controller_url.replace("http://", "ws://") + "/v1/events/ws?since=0"
+        self.received: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from websockets.sync.client import connect
+
+        since = 0
+        while not self._stop.is_set():
+            try:
+                url = self.url.replace("since=0", f"since={since}")
+                with connect(url, open_timeout=5, compression=None, proxy=None) as ws:
+                    while not self._stop.is_set():
+                        try:
+                            raw = ws.recv(timeout=0.5)
+                        except TimeoutError:
+                            continue
+                        event = json.loads(raw)
+                        since = max(since, event["seq"])
+                        self.received.append((time.time(), event))
+            except Exception:  # noqa: BLE001 - the controller restarts: reconnect
+                self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def _settled(bed: Testbed, failed: str) -> bool:
+    apps = bed.apps()
+    for app in apps:
+        loading = any(r["state"] == "loading" for r in app["replicas"])
+        serving = app["serving"]
+        if serving and serving["server_id"] == failed:
+            return False
+        if loading or app["status"] == "recovering":
+            return False
+    return True
+
+
+def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Start a testbed with ``policy``, inject failures, return outcome records."""
+    topology = make_topology(servers=6, sites=3, apps=args.apps, critical_fraction=0.5,
+                             headroom=0.2)
+    run_dir = REPO / "runs" / f"bench-failover-{policy}"
+    bed = Testbed.up(run_dir, topology, seed=args.seed, policy=policy, clients=False,
+                     artifacts=REPO / "runs" / "artifacts", timeout_s=600)
+    recorder = EventRecorder(bed.state.controller_url)
+    failures = []
+    try:
+        servers = [s.server_id for s in topology.servers]
+        for index in range(args.failures):
+            victim = servers[index % len(servers)]
+            time.sleep(1.0)
+            at = bed.fail([victim])
+            try:
+                wait_until(f"recovery from {victim}", lambda v=victim: _settled(bed, v), 180, 0.2)
+            except TestbedError as exc:
+                logging.warning("%s", exc)
+            failures.append({"server": victim, "at": at})
+            bed.start_agent(victim)
+            wait_until(f"{victim} back", lambda v=victim: any(
+                s["server_id"] == v and s["state"] == "up" and s["connected"]
+                for s in bed.servers()), 120, 0.25)
+            try:
+                bed.wait_converged(240)
+            except TestbedError as exc:
+                logging.warning("%s", exc)
+            print(f"[{policy}] failure {index + 1}/{args.failures}: {victim}", flush=True)
+    finally:
+        recorder.stop()
+        events = list(recorder.received)
+        bed.down()
+    return {"failures": failures, "events": events}
+
+
+def outcomes(run: dict[str, Any], families: Any) -> list[dict[str, Any]]:
+    """Per failure and affected app: notification instants and variants."""
+    rows = []
+    received = run["events"]
+    for index, failure in enumerate(run["failures"]):
+        at = failure["at"]
+        until = run["failures"][index + 1]["at"] if index + 1 < len(run["failures"]) else 1e18
+        window = [(t, e) for t, e in received if at <= t < until
+                  and e.get("failed_server") == failure["server"]]
+        for app_id in sorted({e["app_id"] for _, e in window}):
+            mine = [(t, e) for t, e in window if e["app_id"] == app_id]
+            serving = [(t, e) for t, e in mine if e["kind"] in SERVING]
+            before = [e for t, e in received if t < at and e["app_id"] == app_id
+                      and e["kind"] in SERVING + ("failback",)]
+            first = serving[0] if serving else None
+            final = serving[-1] if serving else None
+            upgraded = next(((t, e) for t, e in serving if e["kind"] in ("upgraded", "serving")),
+                            None)
+            interim_load_ms = None
+            if first is not None and first[1]["kind"] in ("interim_serving", "serving"):
+                variant = first[1]["variant"]
+                family = next(f for f in families.values()
+                              if any(v.name == variant for v in f.variants))
+                load = family.variant(variant).load_time_s
+                interim_load_ms = load * 1000 if load is not None else None
+            rows.append({
+                "failure": index, "server": failure["server"], "app_id": app_id,
+                "how": ("unrecoverable" if first is None else
+                        "warm" if first[1]["kind"] == "warm_switch" else "progressive"),
+                "notify_ms": (first[0] - at) * 1000 if first else None,
+                "mttr_ms": ((first[0] - first[1]["failure_at"]) * 1000
+                            if first and first[1].get("failure_at") else None),
+                "detect_ms": ((mine[0][1]["failure_at"] - at) * 1000
+                              if mine and mine[0][1].get("failure_at") else None),
+                "upgrade_ms": (upgraded[0] - at) * 1000 if upgraded else None,
+                "interim_load_ms": interim_load_ms,
+                "accuracy_before": before[-1]["accuracy"] if before else None,
+                "accuracy_after": final[1]["accuracy"] if final else None,
+                "variant_after": final[1]["variant"] if final else None})
+    return rows
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))], 1)
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate one policy's rows."""
+    warm = [r["notify_ms"] for r in rows if r["how"] == "warm"]
+    interim = [r["notify_ms"] for r in rows if r["how"] == "progressive"]
+    excess = [r["notify_ms"] - r["interim_load_ms"] for r in rows
+              if r["how"] == "progressive" and r["interim_load_ms"] is not None]
+    upgrades = [r["upgrade_ms"] for r in rows if r["how"] == "progressive" and r["upgrade_ms"]]
+    mttr = [r["mttr_ms"] for r in rows if r["mttr_ms"] is not None]
+    detect = [r["detect_ms"] for r in rows if r["detect_ms"] is not None]
+    reductions = [100 * (1 - r["accuracy_after"] / r["accuracy_before"]) for r in rows
+                  if r["accuracy_before"] and r["accuracy_after"] is not None]
+    return {
+        "affected": len(rows),
+        "warm_switches": len(warm),
+        "recovery_rate": (sum(r["how"] != "unrecoverable" for r in rows) / len(rows)
+                          if rows else None),
+        "warm_notify_p50_ms": _pct(warm, 50), "warm_notify_p99_ms": _pct(warm, 99),
+        "interim_first_serving_p50_ms": _pct(interim, 50),
+        "interim_minus_load_time_p50_ms": _pct(excess, 50),
+        "upgrade_done_p50_ms": _pct(upgrades, 50),
+        "detection_p50_ms": _pct(detect, 50),
+        "mttr_mean_ms": round(statistics.fmean(mttr), 1) if mttr else None,
+        "accuracy_reduction_pct": round(statistics.fmean(reductions), 3) if reductions
+        else None,
+    }
+
+
+def main() -> int:
+    """Run both policies and print the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--failures", type=int, default=12)
+    parser.add_argument("--apps", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    families = load_families()
+    results = {}
+    for policy in ("understudy", "full-size-warm-k"):
+        run = run_policy(policy, args)
+        rows = outcomes(run, families)
+        results[policy] = figures(rows)
+        (REPO / "runs" / f"bench-failover-{policy}" / "outcomes.json").write_text(
+            json.dumps(rows, indent=2))
+        print(f"{policy}: {json.dumps(results[policy])}", flush=True)
+    ours, base = results["understudy"], results["full-size-warm-k"]
+    summary = {
+        "failures": args.failures,
+        "warm_notify_p50_ms": ours["warm_notify_p50_ms"],
+        "warm_notify_p99_ms": ours["warm_notify_p99_ms"],
+        "interim_first_serving_p50_ms": ours["interim_first_serving_p50_ms"],
+        "interim_minus_load_time_p50_ms": ours["interim_minus_load_time_p50_ms"],
+        "upgrade_done_p50_ms": ours["upgrade_done_p50_ms"],
+        "detection_p50_ms": ours["detection_p50_ms"],
+        "recovery_rate": ours["recovery_rate"],
+        "mttr_mean_ms": ours["mttr_mean_ms"],
+        "baseline_recovery_rate": base["recovery_rate"],
+        "baseline_mttr_mean_ms": base["mttr_mean_ms"],
+        "mttr_ratio": (round(base["mttr_mean_ms"] / ours["mttr_mean_ms"], 2)
+                       if base["mttr_mean_ms"] and ours["mttr_mean_ms"] else None),
+        "accuracy_reduction_pct": ours["accuracy_reduction_pct"],
+        "baseline_accuracy_reduction_pct": base["accuracy_reduction_pct"],
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
