@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench clean distclean
+.PHONY: venv test lint demo plan-demo bench bench-live clean distclean
 
 # The virtual environment, (re)installed whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -24,11 +24,21 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
+	$(BIN)/understudy --log-level WARNING models build
+	$(BIN)/understudy --log-level WARNING testbed demo
+
+# The planning-only demo of a generated cluster (no processes started).
+plan-demo: $(STAMP)
 	$(BIN)/understudy --log-level WARNING demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/ilp_scale.py
 	$(BIN)/python bench/heuristic_scale.py
+
+# Benchmarks on real processes (Triton, testbed): several minutes each.
+bench-live: $(STAMP)
+	$(BIN)/python bench/load_times.py
+	$(BIN)/python bench/failover.py
 
 # Build and tool caches; the virtual environment stays (see distclean).
 clean:

@@ -42,6 +42,11 @@ def register(commands: Any) -> None:
     revive.add_argument("server")
     report = actions.add_parser("report", help="failure outcomes, recovery rate and a plot")
     report.add_argument("--json", action="store_true", help="also print the JSON summary")
+    demo = actions.add_parser("demo", help="up, steady load, fail one server, report, down")
+    demo.add_argument("--steady-s", type=float, default=8.0)
+    demo.add_argument("--recovery-s", type=float, default=15.0)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--artifacts", type=Path, default=Path("runs/artifacts"))
     actions.add_parser("status", help="processes and their logs")
     actions.add_parser("down", help="stop everything")
     client = actions.add_parser("client", help="run load-generating clients (foreground)")
@@ -52,6 +57,7 @@ def register(commands: Any) -> None:
     client.add_argument("--out", type=Path, default=Path("runs/requests"))
     for sub in (up, fail, revive, report, client):
         sub.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     for name in ("status", "down"):
         actions.choices[name].add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
 
@@ -170,5 +176,60 @@ def _client(options: argparse.Namespace) -> int:
     return 0
 
 
-_ACTIONS = {"up": _up, "fail": _fail, "revive": _revive, "report": _report, "status": _status,
-            "down": _down, "client": _client}
+def _say(text: str) -> None:
+    sys.stdout.write(f"\n== {text}\n")
+    sys.stdout.flush()
+
+
+def _demo(options: argparse.Namespace) -> int:
+    """The end-to-end demo a person can follow on screen."""
+    import shutil
+    import time
+
+    from deploy.testbed import Testbed, wait_until
+    from deploy.topology import make_topology
+
+    shutil.rmtree(options.run_dir, ignore_errors=True)
+    _say("starting Redis, the controller and 6 agents (each with its own Triton) in 3 sites; "
+         "registering 12 apps (half critical) ...")
+    topology = make_topology(6, 3, 12, 0.5, 0.2)
+    testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
+                         artifacts=options.artifacts, client_rate=5.0)
+    try:
+        _print_apps(testbed)
+        plan = testbed.http.get("/v1/plan").json()
+        stats = plan["stats"]
+        sys.stdout.write(f"warm plan: {len(plan['assignments'])} backups, "
+                         f"{len(plan['uncovered'])} uncovered, {stats['status']} in "
+                         f"{stats['total_s'] * 1000:.0f} ms ({stats['solver']})\n")
+        _say(f"steady load: one client per app at 5 req/s for {options.steady_s:.0f} s")
+        time.sleep(options.steady_s)
+        apps = testbed.apps()
+        counts: dict[str, int] = {}
+        for app in apps:
+            if app["serving"]:
+                server = app["serving"]["server_id"]
+                counts[server] = counts.get(server, 0) + 1 + 10 * bool(app["backups"])
+        victim = max(sorted(counts), key=lambda s: counts[s])
+        _say(f"SIGKILL of server {victim} (its agent and its Triton) ...")
+        testbed.fail([victim])
+
+        def settled() -> bool:
+            return all(not (a["serving"] and a["serving"]["server_id"] == victim)
+                       and a["status"] != "recovering" for a in testbed.apps())
+
+        wait_until("recovery", settled, 120, 0.2)
+        time.sleep(options.recovery_s)
+        _say("after the failure")
+        _print_apps(testbed)
+        _say("report")
+        report = argparse.Namespace(run_dir=options.run_dir, json=True)
+        _report(report)
+    finally:
+        _say("stopping the testbed")
+        testbed.down()
+    return 0
+
+
+_ACTIONS = {"up": _up, "demo": _demo, "fail": _fail, "revive": _revive, "report": _report,
+            "status": _status, "down": _down, "client": _client}
