@@ -6,6 +6,14 @@ connection closes (after one more interval, in case it was a blip and the agent 
 back), or at once when the agent reports its Triton dead. Each declaration fires once; a new
 ``watch`` (the agent's next hello) re-arms the server.
 
+The timeout adapts to each server, in the spirit of accrual failure detectors: it is the
+larger of (k + 1/2) T and 1.5 times the largest heartbeat gap seen in the last 200 heartbeats,
+times a penalty that doubles (up to 8x) each time a server declared failed turns out to be
+alive and halves after 30 s without such a mistake. On a quiet server that is exactly
+(k + 1/2) T; on a saturated one it stops the flapping that a fixed 50 ms produces, where each
+false failover adds the load that causes the next. A crash is still seen at once: it closes
+the agent's connection.
+
 A deadline that fires is confirmed before it counts, because the controller itself can be the
 slow one: a heartbeat may already sit in the socket while the event loop was busy (a warm-plan
 solve, a burst of events). If the timer ran late by more than one interval, the loop was
@@ -19,12 +27,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
 CONFIRM_S = 0.002
+GAP_WINDOW = 200
+"""Heartbeat inter-arrival gaps remembered per server (4 s at T = 20 ms)."""
+GAP_FACTOR = 1.5
+"""The timeout is at least this multiple of the largest recent gap."""
+MAX_PENALTY = 8.0
+PENALTY_DECAY_S = 30.0
 
 FailureCallback = Callable[[str, str, float, float], None]
 """(server_id, reason, detected_at wall time, last sign of life wall time)."""
@@ -48,6 +63,9 @@ class FailureDetector:
         self.misses = misses
         self.on_failure = on_failure
         self._watches: dict[str, _Watch] = {}
+        self._gaps: dict[str, deque[float]] = {}
+        self._last_beat: dict[str, float] = {}
+        self._penalty: dict[str, tuple[float, float]] = {}
 
     @property
     def timeout_s(self) -> float:
@@ -60,12 +78,38 @@ class FailureDetector:
 
     def watch(self, server_id: str, grace_s: float | None = None) -> None:
         """Start (or restart) watching a server; the first deadline is ``grace_s`` away."""
-        self._arm(server_id, grace_s if grace_s is not None else self.timeout_s, time.time())
+        self._last_beat.pop(server_id, None)  # a gap across a reconnection is not jitter
+        self._arm(server_id, grace_s if grace_s is not None else self.timeout_for(server_id),
+                  time.time())
+
+    def timeout_for(self, server_id: str) -> float:
+        """The current silence limit of one server (see the module docstring)."""
+        gaps = self._gaps.get(server_id)
+        base = max(self.timeout_s, GAP_FACTOR * max(gaps)) if gaps else self.timeout_s
+        penalty, since = self._penalty.get(server_id, (1.0, 0.0))
+        now = time.monotonic()
+        if penalty > 1.0 and now - since > PENALTY_DECAY_S:
+            penalty = max(1.0, penalty / 2)
+            self._penalty[server_id] = (penalty, now)
+        return base * penalty
+
+    def false_alarm(self, server_id: str) -> None:
+        """A server declared failed was alive: be more patient with it for a while."""
+        penalty, _ = self._penalty.get(server_id, (1.0, 0.0))
+        penalty = min(MAX_PENALTY, penalty * 2)
+        self._penalty[server_id] = (penalty, time.monotonic())
+        logger.warning("false alarm on %s; its timeout is now %.0f ms", server_id,
+                       self.timeout_for(server_id) * 1000)
 
     def beat(self, server_id: str) -> None:
-        """A heartbeat arrived: push the deadline out."""
+        """A heartbeat arrived: record the gap and push the deadline out."""
+        now = time.monotonic()
+        last = self._last_beat.get(server_id)
+        self._last_beat[server_id] = now
+        if last is not None:
+            self._gaps.setdefault(server_id, deque(maxlen=GAP_WINDOW)).append(now - last)
         if server_id in self._watches:
-            self._arm(server_id, self.timeout_s, time.time())
+            self._arm(server_id, self.timeout_for(server_id), time.time())
 
     def connection_closed(self, server_id: str) -> None:
         """The agent's websocket closed: fail it one interval from now unless it is back."""

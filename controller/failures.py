@@ -269,6 +269,7 @@ class ServerLifecycle:
             return
         record.state = ServerState.UP
         await o.store.put_server(record)
+        o.agents.detector.false_alarm(server_id)
         logger.warning("server %s declared failed earlier is alive; taking it back", server_id)
         try:
             inventory = await o.agents.inventory(server_id)
