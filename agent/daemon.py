@@ -90,6 +90,8 @@ class AgentConfig(BaseModel):
     model_load_threads: int = Field(2, ge=1)
     use_runtime: bool = True
     triton_nice: int = Field(0, ge=0, le=19)
+    triton_host: str = "127.0.0.1"
+    advertise_host: str | None = None
 
     def websocket_url(self) -> str:
         """The controller's agent endpoint as a ws:// URL."""
@@ -119,7 +121,8 @@ class Agent:
             http_port=config.http_port or ports[0], grpc_port=config.grpc_port or ports[1],
             metrics_port=config.metrics_port or ports[2],
             model_load_threads=config.model_load_threads, use_runtime=config.use_runtime,
-            nice=config.triton_nice)
+            nice=config.triton_nice, host=config.triton_host,
+            advertise_host=config.advertise_host)
         self.triton = triton_factory(triton_config)
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
@@ -142,8 +145,8 @@ class Agent:
     def endpoints(self) -> Endpoints:
         """Where clients reach this server's Triton."""
         c = self.triton.config
-        return Endpoints(http=c.http_url, grpc=c.grpc_url,
-                         metrics=f"{c.host}:{c.metrics_port}")
+        return Endpoints(http=c.advertised(c.http_port), grpc=c.advertised(c.grpc_port),
+                         metrics=c.advertised(c.metrics_port))
 
     async def run(self) -> None:
         """Start Triton, then stay connected to the controller until :meth:`stop`."""

@@ -73,7 +73,12 @@ class TritonInstall:
 
     @classmethod
     def locate(cls) -> TritonInstall:
-        """Find ``tritonserver`` in the installed ``pytriton`` package."""
+        """Find ``tritonserver`` and its backends.
+
+        ``UNDERSTUDY_TRITON_BIN`` / ``UNDERSTUDY_TRITON_BACKENDS`` win (e.g. the official
+        Triton image's ``/opt/tritonserver``), else the ``pytriton`` wheel. The Python-backend
+        stub always comes from the wheel, built for our Python version.
+        """
         try:
             import pytriton
         except ImportError as exc:
@@ -81,7 +86,9 @@ class TritonInstall:
                 "nvidia-pytriton is not installed (pip install nvidia-pytriton)") from exc
         root = Path(pytriton.__file__).resolve().parent / "tritonserver"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        install = cls(binary=root / "bin" / "tritonserver", backends=root / "backends",
+        binary = Path(os.environ.get("UNDERSTUDY_TRITON_BIN", root / "bin" / "tritonserver"))
+        backends = Path(os.environ.get("UNDERSTUDY_TRITON_BACKENDS", root / "backends"))
+        install = cls(binary=binary, backends=backends,
                       python_stub=root / "python_backend_stubs" / version /
                       "triton_python_backend_stub",
                       libs=root.parent.parent / "nvidia_pytriton.libs")
@@ -102,6 +109,9 @@ class TritonConfig(BaseModel):
     grpc_port: int = Field(gt=0, lt=65536)
     metrics_port: int = Field(gt=0, lt=65536)
     host: str = "127.0.0.1"
+    """Address Triton binds to (0.0.0.0 in a container)."""
+    advertise_host: str | None = None
+    """Host name clients use to reach Triton (default: ``host``)."""
     model_load_threads: int = Field(2, ge=1)
     use_runtime: bool = True
     start_timeout_s: float = Field(60.0, gt=0)
@@ -112,14 +122,23 @@ class TritonConfig(BaseModel):
     heartbeats) responsive on a CPU that inference saturates."""
 
     @property
+    def local_host(self) -> str:
+        """Where this machine reaches Triton (loopback when bound to every interface)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host  # noqa: S104
+
+    @property
     def http_url(self) -> str:
-        """``host:port`` of the HTTP endpoint (tritonclient's form)."""
-        return f"{self.host}:{self.http_port}"
+        """``host:port`` of the HTTP endpoint as seen from this machine (tritonclient form)."""
+        return f"{self.local_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        """``host:port`` of the gRPC endpoint."""
-        return f"{self.host}:{self.grpc_port}"
+        """``host:port`` of the gRPC endpoint as seen from this machine."""
+        return f"{self.local_host}:{self.grpc_port}"
+
+    def advertised(self, port: int) -> str:
+        """``host:port`` clients elsewhere use."""
+        return f"{self.advertise_host or self.local_host}:{port}"
 
 
 def _die_with_parent() -> None:

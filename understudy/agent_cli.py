@@ -62,6 +62,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--model-load-threads", type=int, default=2)
     parser.add_argument("--server-type", default="testbed")
+    parser.add_argument("--triton-host", default="127.0.0.1",
+                        help="address Triton binds to (0.0.0.0 in a container)")
+    parser.add_argument("--advertise-host", default=None,
+                        help="host name clients use to reach this Triton (default: bind host)")
     parser.add_argument("--triton-nice", type=int, default=0,
                         help="niceness of Triton and its runtime (0-19; >0 favours heartbeats)")
 
@@ -80,7 +84,8 @@ def run(options: argparse.Namespace) -> int:
             max_restarts=options.max_restarts, http_port=options.http_port,
             grpc_port=options.grpc_port, metrics_port=options.metrics_port,
             model_load_threads=options.model_load_threads, server_type=options.server_type,
-            triton_nice=options.triton_nice)
+            triton_nice=options.triton_nice, triton_host=options.triton_host,
+            advertise_host=options.advertise_host)
     except ValidationError as exc:
         logger.error("invalid agent settings: %s", exc)
         return 2
