@@ -61,6 +61,11 @@ class ServerLifecycle:
             server = servers.get(server_id)
             if server is None or server.state is ServerState.FAILED:
                 return
+            if o.agents.detector.watching(server_id):
+                # Heard from again while this task waited for the lock: not failed after all.
+                logger.warning("server %s is alive again; failover cancelled", server_id)
+                o.agents.detector.false_alarm(server_id)
+                return
             intent = await o.store.add_intent("failover", server_id=server_id, reason=reason)
             server.state, server.failed_at, server.failure_reason = (
                 ServerState.FAILED, detected_at, reason)
@@ -263,12 +268,13 @@ class ServerLifecycle:
     async def revive(self, server_id: str) -> None:
         """A server declared failed is heard from again on its open connection."""
         o = self.o
-        servers = await o.store.servers()
-        record = servers.get(server_id)
-        if record is None or record.state is not ServerState.FAILED:
-            return
-        record.state = ServerState.UP
-        await o.store.put_server(record)
+        async with o.plan_lock:  # after a failover of this server that is still running
+            servers = await o.store.servers()
+            record = servers.get(server_id)
+            if record is None or record.state is not ServerState.FAILED:
+                return
+            record.state = ServerState.UP
+            await o.store.put_server(record)
         o.agents.detector.false_alarm(server_id)
         logger.warning("server %s declared failed earlier is alive; taking it back", server_id)
         try:
@@ -278,6 +284,22 @@ class ServerLifecycle:
             inventory = []
         await self.reconcile_server(server_id, inventory)
         await self._after_join(server_id, True)
+
+    async def watchdog(self, interval_s: float = 1.0) -> None:
+        """Safety net: take back failed servers whose agent is connected and heartbeating.
+
+        Whatever order the events came in, a server the detector watches is alive.
+        """
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                for server in (await self.o.store.servers()).values():
+                    if server.state is ServerState.FAILED and \
+                            self.o.agents.connected(server.server_id) and \
+                            self.o.agents.detector.watching(server.server_id):
+                        await self.revive(server.server_id)
+            except Exception:  # noqa: BLE001 - keep watching
+                logger.exception("server watchdog pass failed")
 
     async def on_triton_up(self, server_id: str, _message: object) -> None:
         """The agent restarted its Triton: treat it as the server's return."""

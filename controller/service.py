@@ -80,6 +80,7 @@ class Controller:
         self.lifecycle = ServerLifecycle(self.orchestrator)
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
+        self._watchdog = asyncio.ensure_future(self.lifecycle.watchdog())
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -102,6 +103,7 @@ class Controller:
         self.ready = False
         if hasattr(self, "_converge"):
             self._converge.cancel()
+            self._watchdog.cancel()
         if hasattr(self, "detector"):
             self.detector.stop()
             self.events.close_all()
