@@ -6,7 +6,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -217,3 +216,28 @@ def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
     assert servers[victim]["state"] == "failed"
     for app in _apps(testbed).values():
         assert app["serving"] and app["serving"]["server_id"] != victim
+
+
+def test_drain_moves_every_app_off_without_losing_requests(testbed: Testbed) -> None:
+    for server in [s["server_id"] for s in testbed.servers() if s["state"] == "failed"]:
+        testbed.start_agent(server)
+    wait_until("every server back", lambda: all(
+        s["state"] == "up" and s["connected"] for s in testbed.servers()), 120, 0.25)
+    testbed.wait_converged(180)
+    apps = _apps(testbed)
+    target = max({a["serving"]["server_id"] for a in apps.values()},
+                 key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
+    moved = [a for a, v in apps.items() if v["serving"]["server_id"] == target]
+    load = _Load(testbed, moved)
+    time.sleep(0.5)
+    response = testbed.http.post(f"/v1/servers/{target}/drain")
+    assert response.status_code == 202 and response.json()["state"] == "draining"
+    wait_until("the drain to finish", lambda: testbed.http.get(
+        f"/v1/servers/{target}").json()["state"] == "drained", 180, 0.25)
+    records = load.finish()
+    assert records and all(r.ok for r in records)
+    for app in _apps(testbed).values():
+        assert app["serving"]["server_id"] != target
+        assert all(r["server_id"] != target for r in app["replicas"])
+    again = testbed.http.post(f"/v1/servers/{target}/drain")
+    assert again.status_code == 409
