@@ -180,8 +180,9 @@ class Data(BaseModel):
     cv: int = 0
     """The sender's config version; a receiver still on an older one holds the message."""
     src_op: str
-    """The producing operator, or ``frontend`` for a client request."""
-    record: OutputRecord
+    """The producing operator, or ``frontend`` for client requests."""
+    records: tuple[OutputRecord, ...]
+    """A released batch travels as one message (one frame, one decode, one batch formed)."""
 
 
 class StateUpdate(BaseModel):

@@ -31,15 +31,19 @@ def _stack(batch: Sequence[ModelInput], width: int, op: str) -> torch.Tensor:
 
 
 class MLP(OperatorModel):
-    """Stateless two-layer perceptron: ``in_dim -> hidden -> out_dim``."""
+    """Stateless perceptron: ``in_dim -> hidden (x layers) -> out_dim``."""
 
     def initialize(self, seed: int) -> None:
         p = self.params
         self.in_dim = int(p.get("in_dim", 16))
+        hidden = int(p.get("hidden", 32))
         with torch.random.fork_rng(devices=[]):
             torch.random.default_generator.manual_seed(seed)  # CPU only: cheaper
-            self.net = nn.Sequential(nn.Linear(self.in_dim, int(p.get("hidden", 32))), nn.ReLU(),
-                                     nn.Linear(int(p.get("hidden", 32)), int(p.get("out_dim", 16))))
+            layers: list[nn.Module] = [nn.Linear(self.in_dim, hidden), nn.ReLU()]
+            for _ in range(int(p.get("layers", 1)) - 1):
+                layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+            layers.append(nn.Linear(hidden, int(p.get("out_dim", 16))))
+            self.net = nn.Sequential(*layers)
         self.net.eval()
 
     @torch.no_grad()
@@ -72,12 +76,23 @@ class CNN(OperatorModel):
         return ComputeResult(outputs=list(self.net(x)))
 
 
+def _names_tensor(names: Sequence[str]) -> torch.Tensor:
+    """Stream names as an int64 tensor of UTF-8 bytes (states hold tensors only)."""
+    return torch.tensor(list("\n".join(names).encode()), dtype=torch.int64)
+
+
+def _names(tensor: torch.Tensor) -> list[str]:
+    raw = bytes(tensor.tolist()).decode()
+    return raw.split("\n") if raw else []
+
+
 class LSTMOperator(StatefulModel):
     """Stateful inference (§II-B): one LSTM hidden/cell state per request stream.
 
     Compute reads each stream's (h, c) and produces the new pair without writing it; the update
     stores it. Requests of one stream inside a batch run in order (the later one sees the
-    earlier one's pending state). State tensors are named ``h:<stream>`` and ``c:<stream>``.
+    earlier one's pending state). The state is three tensors: ``h`` and ``c`` (one row per
+    stream) and ``streams`` (the row names), so retrieving it is two copies, not one per stream.
     """
 
     def initialize(self, seed: int) -> None:
@@ -88,13 +103,17 @@ class LSTMOperator(StatefulModel):
             torch.random.default_generator.manual_seed(seed)  # CPU only: cheaper
             self.cell = nn.LSTMCell(self.in_dim, self.hidden)
             self.head = nn.Linear(self.hidden, int(p.get("out_dim", self.hidden)))
-        self.h: dict[str, torch.Tensor] = {}
-        self.c: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}
+        self.h = torch.zeros(0, self.hidden)
+        self.c = torch.zeros(0, self.hidden)
+
+    def _row(self, table: torch.Tensor, stream: str) -> torch.Tensor:
+        row = self.rows.get(stream)
+        return table[row] if row is not None else torch.zeros(self.hidden)
 
     @torch.no_grad()
     def compute(self, batch: Sequence[ModelInput]) -> ComputeResult:
         x = _stack(batch, self.in_dim, "lstm")
-        zero = torch.zeros(self.hidden)
         pending_h: dict[str, torch.Tensor] = {}
         pending_c: dict[str, torch.Tensor] = {}
         outputs: list[torch.Tensor | None] = [None] * len(batch)
@@ -109,31 +128,42 @@ class LSTMOperator(StatefulModel):
             taken = set(wave)
             remaining = [i for i in remaining if i not in taken]
             keys = [batch[i].meta.stream for i in wave]
-            h0 = torch.stack([pending_h.get(k, self.h.get(k, zero)) for k in keys])
-            c0 = torch.stack([pending_c.get(k, self.c.get(k, zero)) for k in keys])
+            h0 = torch.stack([pending_h[k] if k in pending_h else self._row(self.h, k)
+                              for k in keys])
+            c0 = torch.stack([pending_c[k] if k in pending_c else self._row(self.c, k)
+                              for k in keys])
             h1, c1 = self.cell(x[wave], (h0, c0))
             y = self.head(h1)
             for n, i in enumerate(wave):
                 pending_h[keys[n]], pending_c[keys[n]] = h1[n], c1[n]
                 outputs[i] = y[n]
         names = sorted(pending_h)
-        update = {f"h:{k}": pending_h[k] for k in names} | {f"c:{k}": pending_c[k] for k in names}
-        return ComputeResult(outputs=[o for o in outputs if o is not None], update=update)
+        update = {"h": torch.stack([pending_h[k] for k in names]),
+                  "c": torch.stack([pending_c[k] for k in names])}
+        return ComputeResult(outputs=[o for o in outputs if o is not None], update=update,
+                             context=names)
 
     def update(self, result: ComputeResult) -> None:
-        for name, value in result.update.items():
-            kind, stream = name.split(":", 1)
-            (self.h if kind == "h" else self.c)[stream] = value.clone()
+        names: list[str] = result.context
+        new = [k for k in names if k not in self.rows]
+        if new:
+            for k in new:
+                self.rows[k] = len(self.rows)
+            pad = torch.zeros(len(new), self.hidden)
+            self.h = torch.cat([self.h, pad])
+            self.c = torch.cat([self.c, pad])
+        index = torch.tensor([self.rows[k] for k in names], dtype=torch.int64)
+        self.h[index] = result.update["h"]
+        self.c[index] = result.update["c"]
 
     def get_state(self) -> dict[str, torch.Tensor]:
-        return ({f"h:{k}": v.clone() for k, v in self.h.items()}
-                | {f"c:{k}": v.clone() for k, v in self.c.items()})
+        return {"h": self.h.clone(), "c": self.c.clone(), "streams": _names_tensor(list(self.rows))}
 
     def set_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.h, self.c = {}, {}
-        for name, value in state.items():
-            kind, stream = name.split(":", 1)
-            (self.h if kind == "h" else self.c)[stream] = value.clone()
+        names = _names(state["streams"])
+        self.rows = {k: i for i, k in enumerate(names)}
+        self.h = state["h"].clone().reshape(len(names), self.hidden)
+        self.c = state["c"].clone().reshape(len(names), self.hidden)
 
 
 class OnlineClassifier(StatefulModel):

@@ -209,17 +209,34 @@ class LocalGraph:
 
     def submit_nowait(self, request: ClientRequest) -> asyncio.Future[Mapping[str, Payload]]:
         """Send a request into the graph; the future resolves with the reply's outputs."""
+        return self.submit_many_nowait([request])[0]
+
+    def submit_many_nowait(
+            self, requests: list[ClientRequest]) -> list[asyncio.Future[Mapping[str, Payload]]]:
+        """Send requests together (one message per entry operator); a future per request."""
         if self._stopping:
             raise ReplicaUnavailableError("the graph is stopping")
-        rid, effects = self.frontend.submit(request)
-        future: asyncio.Future[Mapping[str, Payload]] = asyncio.get_running_loop().create_future()
-        self.replies[rid] = future
+        rids, effects = self.frontend.submit_many(requests)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for rid in rids:
+            future: asyncio.Future[Mapping[str, Payload]] = loop.create_future()
+            self.replies[rid] = future
+            futures.append(future)
         self._apply(FRONTEND, effects)
-        return future
+        return futures
 
     async def submit(self, request: ClientRequest,
                      timeout_s: float = 30.0) -> Mapping[str, Payload]:
         return await asyncio.wait_for(self.submit_nowait(request), timeout_s)
+
+    async def set_batch_size(self, batch_size: int, timeout_s: float = 10.0) -> None:
+        """Reconfigure the running graph to another batch size (no restart)."""
+        graph = GraphSpec.model_validate({**self.graph.model_dump(), "batch_size": batch_size})
+        self._apply(MANAGER, self.coordinator.reconfigure(graph))
+        self.graph = graph
+        await self._until(lambda: self.frontend.config is not None
+                          and self.frontend.config.graph.batch_size == batch_size, timeout_s)
 
     # -- failures ----------------------------------------------------------------------------
 

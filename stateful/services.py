@@ -9,7 +9,9 @@ the other, so the backup of ``stock`` must wait for ``sentiment``'s states (Algo
 -> ``classifier`` (online learner, stateful; training requests carry a label and update it)
 -> ``tagger`` (MLP) -> reply. As in OL(V), a stateful model feeds the online-learned one.
 
-``scale`` multiplies hidden sizes (the benchmark uses bigger models than the tests).
+``scale`` multiplies hidden sizes and ``depth`` sets the hidden layers of the last stateless
+operator (the benchmark uses bigger models than the tests; HAMS's condition for a small
+overhead is that the work after a stateful model outlasts its state transfer, §VI-B).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from stateful.tensors import to_payload
 SERVICES = ("sp", "ol")
 
 
-def sp_graph(batch_size: int = 16, *, scale: int = 1, seed: int = 0) -> GraphSpec:
+def sp_graph(batch_size: int = 16, *, scale: int = 1, depth: int = 1, side: int = 8,
+             seed: int = 0) -> GraphSpec:
     h = 16 * scale
     return GraphSpec(
         name="sp", batch_size=batch_size, seed=seed,
@@ -36,11 +39,11 @@ def sp_graph(batch_size: int = 16, *, scale: int = 1, seed: int = 0) -> GraphSpe
             OperatorSpec(name="sentiment", kind="lstm", stateful=True,
                          params={"in_dim": h, "hidden": h, "out_dim": h}),
             OperatorSpec(name="features", kind="cnn", stateful=False,
-                         params={"channels": 1, "side": 8, "filters": 4 * scale, "out_dim": h}),
+                         params={"channels": 1, "side": side, "filters": 4 * scale, "out_dim": h}),
             OperatorSpec(name="stock", kind="lstm", stateful=True,
                          params={"in_dim": 2 * h, "hidden": h, "out_dim": h}),
             OperatorSpec(name="predict", kind="mlp", stateful=False,
-                         params={"in_dim": h, "hidden": 4 * h, "out_dim": 4}),
+                         params={"in_dim": h, "hidden": 4 * h, "out_dim": 4, "layers": depth}),
         ),
         edges=((FRONTEND, "embed"), ("embed", "sentiment"), (FRONTEND, "features"),
                ("features", "stock"), ("sentiment", "stock"), ("stock", "predict"),
@@ -48,36 +51,41 @@ def sp_graph(batch_size: int = 16, *, scale: int = 1, seed: int = 0) -> GraphSpe
     )
 
 
-def ol_graph(batch_size: int = 16, *, scale: int = 1, seed: int = 0) -> GraphSpec:
+def ol_graph(batch_size: int = 16, *, scale: int = 1, depth: int = 1, side: int = 8,
+             seed: int = 0) -> GraphSpec:
     h = 16 * scale
     return GraphSpec(
         name="ol", batch_size=batch_size, seed=seed,
         operators=(
             OperatorSpec(name="camera", kind="cnn", stateful=False,
-                         params={"channels": 1, "side": 8, "filters": 4 * scale, "out_dim": h}),
+                         params={"channels": 1, "side": side, "filters": 4 * scale, "out_dim": h}),
             OperatorSpec(name="tracker", kind="lstm", stateful=True,
                          params={"in_dim": h, "hidden": h, "out_dim": h}),
             OperatorSpec(name="classifier", kind="online_classifier", stateful=True,
-                         params={"in_dim": h, "hidden": 4 * h, "classes": 4, "lr": 0.05}),
+                         params={"in_dim": h, "hidden": 2 * h, "classes": 4, "lr": 0.05}),
             OperatorSpec(name="tagger", kind="mlp", stateful=False,
-                         params={"in_dim": 4, "hidden": 2 * h, "out_dim": 4}),
+                         params={"in_dim": 4, "hidden": 4 * h, "out_dim": 4, "layers": depth}),
         ),
         edges=((FRONTEND, "camera"), ("camera", "tracker"), ("tracker", "classifier"),
                ("classifier", "tagger"), ("tagger", FRONTEND)),
     )
 
 
-def service_graph(name: str, batch_size: int = 16, *, scale: int = 1, seed: int = 0) -> GraphSpec:
+def service_graph(name: str, batch_size: int = 16, *, scale: int = 1, depth: int = 1,
+                  side: int = 8, seed: int = 0) -> GraphSpec:
     if name == "sp":
-        return sp_graph(batch_size, scale=scale, seed=seed)
+        return sp_graph(batch_size, scale=scale, depth=depth, side=side, seed=seed)
     if name == "ol":
-        return ol_graph(batch_size, scale=scale, seed=seed)
+        return ol_graph(batch_size, scale=scale, depth=depth, side=side, seed=seed)
     raise ValueError(f"unknown service {name!r}; known: {SERVICES}")
 
 
-def request_maker(name: str, *, seed: int = 0, streams: int = 8,
+def request_maker(name: str, *, seed: int = 0, streams: int = 8, side: int = 8,
                   train_share: float = 0.5) -> Callable[[int], ClientRequest]:
-    """Deterministic request ``i`` of a service (inputs, stream, kind and label)."""
+    """Deterministic request ``i`` of a service (inputs, stream, kind and label).
+
+    ``side`` must match the graph's (the CNN input is a ``side`` x ``side`` image).
+    """
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
 
@@ -86,12 +94,13 @@ def request_maker(name: str, *, seed: int = 0, streams: int = 8,
         if name == "sp":
             return ClientRequest(stream=stream, inputs={
                 "embed": to_payload(torch.randn(16, generator=gen)),
-                "features": to_payload(torch.randn(64, generator=gen))})
+                "features": to_payload(torch.randn(side * side, generator=gen))})
         if name == "ol":
             train = rng.random() < train_share
+            image = to_payload(torch.randn(side * side, generator=gen))
             return ClientRequest(stream=stream, kind="train" if train else "infer",
                                  label=rng.randrange(4) if train else None,
-                                 inputs={"camera": to_payload(torch.randn(64, generator=gen))})
+                                 inputs={"camera": image})
         raise ValueError(f"unknown service {name!r}; known: {SERVICES}")
 
     return make

@@ -127,7 +127,7 @@ class InputStage:
 
     op: str
     topology: Topology
-    joins: dict[int, dict[str, Data]] = field(default_factory=dict)
+    joins: dict[int, dict[str, OutputRecord]] = field(default_factory=dict)
     ready: deque[ReadyItem] = field(default_factory=deque)
     done: dict[int, int] = field(default_factory=dict)
     queued: set[int] = field(default_factory=set)
@@ -135,30 +135,34 @@ class InputStage:
     gc_upto: int = 0
 
     def accept(self, data: Data, fences: Mapping[str, FencePoint]) -> bool:
-        """Take one input; True when a request became ready."""
-        record = data.record
+        """Take a message of inputs; True when some request became ready."""
+        ready = False
+        for record in data.records:
+            ready = self._accept(data.src_op, record, fences) or ready
+        return ready
+
+    def _accept(self, src: str, record: OutputRecord, fences: Mapping[str, FencePoint]) -> bool:
         rid = record.request_id
         if (rid <= self.gc_upto or rid in self.done or rid in self.queued
                 or is_dead(record.lineage, fences)):
             return False
         wanted = self.topology.active_preds(self.op, record.meta.entries)
-        if data.src_op not in wanted:
+        if src not in wanted:
             logger.warning("%s: input for request %d from %s, which is not an active predecessor",
-                           self.op, rid, data.src_op)
+                           self.op, rid, src)
             return False
         slot = self.joins.setdefault(rid, {})
-        if data.src_op in slot:
+        if src in slot:
             return False
-        slot[data.src_op] = data
+        slot[src] = record
         if len(slot) < len(wanted):
             return False
         del self.joins[rid]
         self.queued.add(rid)
         parts = [slot[p] for p in wanted]
         self.ready.append(ReadyItem(
-            request_id=rid, meta=record.meta,
-            inputs=tuple(p.record.payload for p in parts),
-            lineage=merge_lineages(p.record.lineage for p in parts)))
+            request_id=rid, meta=record.meta, inputs=tuple(p.payload for p in parts),
+            lineage=merge_lineages(p.lineage for p in parts)))
         return True
 
     def take(self, limit: int) -> list[ReadyItem]:
@@ -174,8 +178,7 @@ class InputStage:
         self.ready = deque(i for i in self.ready if not is_dead(i.lineage, fences))
         self.queued = {i.request_id for i in self.ready}
         for rid in list(self.joins):
-            slot = {p: d for p, d in self.joins[rid].items()
-                    if not is_dead(d.record.lineage, fences)}
+            slot = {p: r for p, r in self.joins[rid].items() if not is_dead(r.lineage, fences)}
             if slot:
                 self.joins[rid] = slot
             else:
@@ -194,8 +197,8 @@ class InputStage:
         for item in self.ready:
             fold_seen(item.lineage, into)
         for slot in self.joins.values():
-            for data in slot.values():
-                fold_seen(data.record.lineage, into)
+            for record in slot.values():
+                fold_seen(record.lineage, into)
 
 
 def fold_seen(lineage: Mapping[str, LineageEntry], into: dict[str, int]) -> None:

@@ -5,11 +5,11 @@ replica process dies; the controller's detector will call it for a failed server
 One recovery runs at a time; failures that arrive meanwhile queue for the next one (their nodes
 stop being waited for at once). A recovery is three broadcast rounds to every live node:
 
-1. ``Freeze``: backups stop applying, every node stops acting on notifies, and reports what it
-   applied (backups), what it treated as durable and the largest seq it saw per operator. The
-   durable point of each stateful operator is D = max of those (§IV-E "contacts its backup to
-   get the max output sequence"; taking the max over acted-on notifies as well covers a backup
-   that died with the primary, and freezing first makes D exact).
+1. ``Freeze``: the backups of the operators to fence stop applying and report what they
+   applied; D = that (§IV-E "contacts its backup to get the max output sequence"). When a
+   backup is gone too, or a stateless replica or a backup failed, every live node freezes and
+   reports what it applied, what it acted on as durable and the largest seq it saw; D is the max
+   (covering a backup that died after notifying), and freezing first makes D exact.
 2. ``Fence`` rounds: each operator whose primary failed gets a new epoch and fence (epoch, D);
    nodes purge every queued input, log entry and pending reply built on its output after D, and
    a stateful primary whose state holds such an output reports itself tainted (§IV-E "stateful
@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stateful.core.effects import Effect, Kill, LaunchSpare, RecoveryDone, Send, StartTimer
-from stateful.graph import MANAGER
+from stateful.errors import InvalidGraphError, ReplicaUnavailableError
+from stateful.graph import MANAGER, GraphSpec
 from stateful.messages import (
     Configure,
     Fence,
@@ -65,6 +66,10 @@ class _Recovery:
     seen: dict[str, int] = field(default_factory=dict)
     fenced: dict[str, FencePoint] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)
+    pending: list[str] = field(default_factory=list)
+    """Operators to fence once the current freeze round is answered."""
+    exact: set[str] = field(default_factory=set)
+    """Operators whose durable point the freezes so far pinned down."""
     promoted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -118,6 +123,15 @@ class Coordinator:
             if not rec.awaiting:
                 out += self._advance()
         return out
+
+    def reconfigure(self, graph: GraphSpec) -> list[Effect]:
+        """Publish a new spec of the same graph (e.g. another batch size); not in a recovery."""
+        if self.config is None or self.recovery is not None:
+            raise ReplicaUnavailableError("no deployed graph, or a recovery is running")
+        old = self.config.graph
+        if (graph.operators, graph.edges) != (old.operators, old.edges):
+            raise InvalidGraphError("only the batch size and seed of a deployed graph can change")
+        return self._publish(self.config.evolve(graph=graph))
 
     def on_spare_ready(self, node: str, address: str | None = None) -> list[Effect]:
         """A blank standby process is listening; use it where a replica is missing."""
@@ -185,7 +199,28 @@ class Coordinator:
         self.queued = set()
         self.recovery = rec
         logger.info("recovery %d starts for %s", rec.id, sorted(rec.failed))
-        return self._broadcast(rec, Freeze(recovery=rec.id), self._live())
+        assert self.config is not None
+        roles = [self.config.roles.get(n, ("", ""))[1] for n in rec.failed]
+        return self._freeze(rec, self._failed_primaries(rec),
+                            everyone=any(role != "primary" for role in roles))
+
+    def _freeze(self, rec: _Recovery, ops: list[str], everyone: bool = False) -> list[Effect]:
+        """Freeze what decides the durable points of ``ops`` before fencing them.
+
+        With its backup alive, an operator's durable point is what that backup applied (every
+        notify anyone acted on came from it, after applying), so freezing the backups is enough.
+        A lost backup, or a failed stateless replica or backup (whose replacement needs the
+        largest seq anyone saw), asks every live node.
+        """
+        assert self.config is not None
+        rec.pending = ops
+        rec.phase = "freeze"
+        backups = [self.config.placements[op].backup for op in ops]
+        if everyone or any(b is None or b in self.dead for b in backups):
+            rec.exact |= self.config.graph.topology.stateful
+            return self._broadcast(rec, Freeze(recovery=rec.id), self._live())
+        rec.exact |= set(ops)
+        return self._broadcast(rec, Freeze(recovery=rec.id), {b for b in backups if b})
 
     def _advance(self) -> list[Effect]:
         rec = self.recovery
@@ -197,9 +232,12 @@ class Coordinator:
                         rec.durable[op] = max(rec.durable.get(op, 0), seq)
                 for op, seq in report.seen.items():
                     rec.seen[op] = max(rec.seen.get(op, 0), seq)
-            return self._fence(self._failed_primaries(rec))
+            return self._fence(rec.pending)
         if rec.phase == "fence":
-            return self._fence(sorted(rec.tainted - set(rec.fenced)))
+            new = sorted(rec.tainted - set(rec.fenced))
+            if any(op not in rec.exact for op in new):
+                return self._freeze(rec, new)
+            return self._fence(new)
         return self._done(rec)
 
     def _failed_primaries(self, rec: _Recovery) -> list[str]:

@@ -93,6 +93,20 @@ class FrontendNode:
 
     def submit(self, request: ClientRequest) -> tuple[int, list[Effect]]:
         """Accept a request; returns its id and the effects that send it into the graph."""
+        rids, effects = self.submit_many([request])
+        return rids[0], effects
+
+    def submit_many(self, requests: list[ClientRequest]) -> tuple[list[int], list[Effect]]:
+        """Accept requests together; one message per entry operator carries them all."""
+        rids: list[int] = []
+        out: list[Effect] = []
+        for request in requests:
+            rid, effects = self._accept(request)
+            rids.append(rid)
+            out += effects
+        return rids, out + self._send_in(rids)
+
+    def _accept(self, request: ClientRequest) -> tuple[int, list[Effect]]:
         if self.config is None:
             raise ReplicaUnavailableError("the frontend has no graph deployed yet")
         topo = self.config.graph.topology
@@ -107,23 +121,24 @@ class FrontendNode:
                            entries=tuple(sorted(request.inputs)))
         self.pending[rid] = _Pending(meta=meta, inputs=dict(request.inputs),
                                      expected=topo.expected_sinks(meta.entries))
-        out: list[Effect] = []
         if self.config.options.observe:
-            out.append(Observe(ObsSubmit(request_id=rid)))
-        return rid, out + self._send_in(rid)
+            return rid, [Observe(ObsSubmit(request_id=rid))]
+        return rid, []
 
-    def _send_in(self, rid: int) -> list[Effect]:
+    def _send_in(self, rids: list[int]) -> list[Effect]:
         assert self.config is not None
-        pending = self.pending[rid]
+        per_entry: dict[str, list[OutputRecord]] = {}
+        for rid in rids:
+            pending = self.pending[rid]
+            for entry, payload in pending.inputs.items():
+                per_entry.setdefault(entry, []).append(OutputRecord(
+                    request_id=rid, seq=rid, lineage={}, meta=pending.meta, payload=payload))
         out: list[Effect] = []
-        for entry, payload in sorted(pending.inputs.items()):
+        for entry, records in sorted(per_entry.items()):
             where = self.config.placements[entry]
-            if where.primary is None:
-                continue
-            record = OutputRecord(request_id=rid, seq=rid, lineage={}, meta=pending.meta,
-                                  payload=payload)
-            out.append(Send(where.primary, Data(src_op=FRONTEND, record=record,
-                                                cv=self.config.version)))
+            if where.primary is not None:
+                out.append(Send(where.primary, Data(src_op=FRONTEND, records=tuple(records),
+                                                    cv=self.config.version)))
         return out
 
     # -- graph side ------------------------------------------------------------------------
@@ -163,11 +178,7 @@ class FrontendNode:
 
     def _resend(self) -> list[Effect]:
         """Send every unanswered request in again (entries drop what they already took)."""
-        out: list[Effect] = []
-        for rid in sorted(self.pending):
-            if rid not in self.complete:
-                out += self._send_in(rid)
-        return out
+        return self._send_in([r for r in sorted(self.pending) if r not in self.complete])
 
     def _install(self, config: GraphConfig) -> None:
         if self.config is None or config.version > self.config.version:
@@ -183,16 +194,18 @@ class FrontendNode:
                 self.complete.discard(rid)
 
     def _on_output(self, msg: Data) -> list[Effect]:
-        record = msg.record
-        pending = self.pending.get(record.request_id)
-        if (pending is None or msg.src_op not in pending.expected or msg.src_op in pending.parts
-                or is_dead(record.lineage, self.durability.fences)):
-            return []
-        pending.parts[msg.src_op] = record
-        if len(pending.parts) == len(pending.expected):
-            self.complete.add(record.request_id)
-            return self._release_ready(only=record.request_id)
-        return []
+        completed: list[int] = []
+        for record in msg.records:
+            pending = self.pending.get(record.request_id)
+            if (pending is None or msg.src_op not in pending.expected
+                    or msg.src_op in pending.parts
+                    or is_dead(record.lineage, self.durability.fences)):
+                continue
+            pending.parts[msg.src_op] = record
+            if len(pending.parts) == len(pending.expected):
+                self.complete.add(record.request_id)
+                completed.append(record.request_id)
+        return self._release_ready(only=completed) if completed else []
 
     def _durable(self, lineage: Lineage) -> bool:
         assert self.config is not None
@@ -207,11 +220,11 @@ class FrontendNode:
                 return False
         return True
 
-    def _release_ready(self, only: int | None = None) -> list[Effect]:
+    def _release_ready(self, only: list[int] | None = None) -> list[Effect]:
         if self.config is None:
             return []
         out: list[Effect] = []
-        for rid in ([only] if only is not None else sorted(self.complete)):
+        for rid in (only if only is not None else sorted(self.complete)):
             pending = self.pending[rid]
             lineage = merge_lineages(p.lineage for p in pending.parts.values())
             if self._durable(lineage):

@@ -104,14 +104,15 @@ class OperatorRole:
         out: list[Effect] = []
         observe = self.ctx.config.options.observe
         cv = self.ctx.config.version
+        if not records:
+            return out
         for succ in self.ctx.config.graph.topology.succs[self.op]:
             dst = self.ctx.route(succ)
             if dst is None:
                 continue
-            for record in records:
-                if observe:
-                    out.append(Observe(ObsRelease.of(self.op, self.ctx.node, record, succ)))
-                out.append(Send(dst, Data(src_op=self.op, record=record, cv=cv)))
+            if observe:
+                out += [Observe(ObsRelease.of(self.op, self.ctx.node, r, succ)) for r in records]
+            out.append(Send(dst, Data(src_op=self.op, records=tuple(records), cv=cv)))
         return out
 
     def released_log(self) -> list[OutputRecord]:

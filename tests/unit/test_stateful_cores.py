@@ -134,7 +134,7 @@ def test_states_from_an_old_epoch_or_a_stranger_are_ignored() -> None:
 def feed(primary: ReplicaNode, rid: int) -> list[Effect]:
     rec_in = OutputRecord(request_id=rid, seq=rid, lineage={}, payload=P,
                           meta=RequestMeta(entries=("a",)))
-    return primary.on_message(FRONTEND, Data(src_op=FRONTEND, record=rec_in, cv=1))
+    return primary.on_message(FRONTEND, Data(src_op=FRONTEND, records=(rec_in,), cv=1))
 
 
 def start_primary(mode: Mode, window: int = 2) -> tuple[ReplicaNode, list[Effect]]:
@@ -190,7 +190,7 @@ def test_remus_primary_stops_to_copy_and_holds_outputs_until_acked() -> None:
     out = p.on_retrieved(gen, 1, {"h:x": P})
     assert sends(out, StateUpdate) and any(isinstance(e, Compute) for e in out)
     out = p.on_message("a.b0", StateAck(op="a", epoch=0, received_batch=1, applied_batch=1))
-    assert [s.msg.record.request_id for s in sends(out, Data)] == [1]
+    assert [r.request_id for s in sends(out, Data) for r in s.msg.records] == [1]
 
 
 def test_fence_taints_a_primary_that_consumed_lost_speculation() -> None:
@@ -198,15 +198,15 @@ def test_fence_taints_a_primary_that_consumed_lost_speculation() -> None:
     b, _ = node("b.p0", cfg)
     gen = b.generation
     b.on_retrieved(gen, 0, {"h:x": P})
-    data = Data(src_op="s", record=rec(1, 1, a=7, s=1), cv=1)
+    data = Data(src_op="s", records=(rec(1, 1, a=7, s=1),), cv=1)
     b.on_message("s.s0", data)
     out = b.on_message("manager", Fence(recovery=1, round=1, fences={"a": FencePoint(1, 6)}))
     assert sends(out, FenceAck)[0].msg.tainted == ("b",)
     s, _ = node("s.s0", cfg)
-    s.on_message("a.p0", Data(src_op="a", record=rec(2, 7, a=7), cv=1))
+    s.on_message("a.p0", Data(src_op="a", records=(rec(2, 7, a=7),), cv=1))
     out = s.on_message("manager", Fence(recovery=1, round=1, fences={"a": FencePoint(1, 6)}))
     assert sends(out, FenceAck)[0].msg.tainted == ()
-    assert s.on_message("a.p0", Data(src_op="a", record=rec(3, 8, a=8), cv=1)) == [], \
+    assert s.on_message("a.p0", Data(src_op="a", records=(rec(3, 8, a=8),), cv=1)) == [], \
         "dead inputs arriving after the fence are dropped"
 
 
@@ -218,7 +218,7 @@ def test_frontend_releases_a_reply_only_when_durable() -> None:
         fe.on_message("manager", Configure(config=config(mode)))
         rid, out = fe.submit(ClientRequest(inputs={"a": P}))
         assert sends(out, Data)[0].dst == "a.p0"
-        out = fe.on_message("b.p0", Data(src_op="b", record=rec(rid, 1, a=1, s=1, b=1), cv=1))
+        out = fe.on_message("b.p0", Data(src_op="b", records=(rec(rid, 1, a=1, s=1, b=1),), cv=1))
         replies = [e for e in out if isinstance(e, Reply)]
         for op in durable_ops:
             assert not replies
@@ -244,18 +244,18 @@ def test_recovery_rounds_promote_the_backup_and_follow_taint() -> None:
     out = mgr.on_replica_failed("a", "a.p0")
     assert Kill("a.p0") in out
     freeze = sends(out, Freeze)
-    assert {s.dst for s in freeze} == {"a.b0", "s.s0", "b.p0", "b.b0", FRONTEND}
-    for s in freeze:
-        applied = {"a": 4} if s.dst == "a.b0" else {}
-        out = mgr.on_message(s.dst, FreezeAck(recovery=1, node=s.dst, applied=applied,
-                                              durable={"b": 3} if s.dst == FRONTEND else {}))
+    assert [s.dst for s in freeze] == ["a.b0"], "a's live backup alone decides a's durable point"
+    out = mgr.on_message("a.b0", FreezeAck(recovery=1, node="a.b0", applied={"a": 4}))
     fence = sends(out, Fence)
     assert fence[0].msg.fences == {"a": FencePoint(1, 4)}
+    assert {s.dst for s in fence} == {"a.b0", "s.s0", "b.p0", "b.b0", FRONTEND}
     for s in fence:
         out = mgr.on_message(s.dst, FenceAck(recovery=1, round=1, node=s.dst,
                                              tainted=("b",) if s.dst == "b.p0" else ()))
+    assert [s.dst for s in sends(out, Freeze)] == ["b.b0"], "b consumed lost speculation"
+    out = mgr.on_message("b.b0", FreezeAck(recovery=1, node="b.b0", applied={"b": 3}))
     fence = sends(out, Fence)
-    assert fence[0].msg.fences == {"b": FencePoint(1, 3)}, "b consumed lost speculation"
+    assert fence[0].msg.fences == {"b": FencePoint(1, 3)}
     for s in fence:
         out = mgr.on_message(s.dst, FenceAck(recovery=1, round=2, node=s.dst))
     resume = sends(out, Resume)

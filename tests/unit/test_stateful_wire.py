@@ -29,15 +29,16 @@ def record(rid: int = 1) -> OutputRecord:
 
 
 def test_data_round_trips_with_lineage_and_tensor() -> None:
-    frame = encode("a.p0", "b.p0", Data(src_op="a", record=record(), cv=3))
+    frame = encode("a.p0", "b.p0", Data(src_op="a", records=(record(), record(2)), cv=3))
     env = decode(frame)
     assert (env.v, env.src, env.dst) == (1, "a.p0", "b.p0")
     assert isinstance(env.msg, Data) and env.msg.cv == 3
-    got = env.msg.record
+    assert [r.request_id for r in env.msg.records] == [1, 2]
+    got = env.msg.records[0]
     assert got.lineage["a"] == LineageEntry(0, 1, got.payload.digest)
     assert torch.equal(from_payload(got.payload), torch.arange(6.0).reshape(2, 3))
     body = json.loads(frame)
-    assert isinstance(body["msg"]["record"]["payload"]["data"], str)  # base64, not a list
+    assert isinstance(body["msg"]["records"][0]["payload"]["data"], str)  # base64, not a list
 
 
 def test_state_update_round_trips() -> None:
