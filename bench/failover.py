@@ -110,7 +110,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
                 s["server_id"] == v and s["state"] == "up" and s["connected"]
                 for s in bed.servers()), 120, 0.25)
             try:
-                bed.wait_converged(240)
+                bed.wait_converged(90)
             except TestbedError as exc:
                 logging.warning("%s", exc)
             print(f"[{policy}] failure {index + 1}/{args.failures}: {victim}", flush=True)

@@ -213,15 +213,39 @@ class ServerLifecycle:
             if record is None or record.home is None:
                 return
             server_id, variant = record.home
-            app = snapshot.app_by_id[app_id]
-            demand = snapshot.families[app.family].variant(variant).demand(app.max_rate_rps)
-            if record.replica(server_id, variant) is not None or not demand.fits_within(
-                    snapshot.free.get(server_id, demand - demand)):
+            app = snapshot.app_by_id.get(app_id)
+            if app is None or server_id not in snapshot.free or \
+                    record.replica(server_id, variant) is not None:
                 return
+            demand = snapshot.families[app.family].variant(variant).demand(app.max_rate_rps)
+            free = snapshot.free[server_id]
+            evict: list[tuple[str, Replica]] = []
+            # A primary outranks warm backups: reclaim backups on the home server if needed;
+            # the re-plan that follows puts them elsewhere.
+            for other in apps.values():
+                for replica in other.replicas:
+                    if demand.fits_within(free):
+                        break
+                    if replica.server_id == server_id and replica.role is ReplicaRole.WARM \
+                            and replica.state is ReplicaState.READY:
+                        spec = snapshot.app_by_id.get(other.app_id)
+                        if spec is None:
+                            continue
+                        free = free + snapshot.families[spec.family].variant(
+                            replica.variant).demand(spec.max_rate_rps)
+                        evict.append((other.app_id, replica))
+            if not demand.fits_within(free):
+                return
+            for other_id, replica in evict:
+                replica.state = ReplicaState.UNLOADING
+                await o.store.put_app(apps[other_id])
             record.replicas.append(Replica(server_id=server_id, variant=variant,
                                            role=ReplicaRole.UPGRADE,
                                            accuracy=o.accuracy(app.family, variant)))
             await o.store.put_app(record)
+        for other_id, replica in evict:
+            o.spawn(o.unload_replica(other_id, replica.server_id, replica.variant),
+                    f"reclaiming {other_id}/{replica.variant} for a fail-back")
         o.spawn(o.load_replica(app_id, server_id, variant), f"fail-back of {app_id}")
 
     async def reconcile_server(self, server_id: str, inventory: list[InventoryItem]) -> None:
@@ -293,13 +317,29 @@ class ServerLifecycle:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                for server in (await self.o.store.servers()).values():
+                servers = await self.o.store.servers()
+                for server in servers.values():
                     if server.state is ServerState.FAILED and \
                             self.o.agents.connected(server.server_id) and \
                             self.o.agents.detector.watching(server.server_id):
                         await self.revive(server.server_id)
+                if self.o.config.failback:
+                    await self._retry_failbacks(servers)
             except Exception:  # noqa: BLE001 - keep watching
                 logger.exception("server watchdog pass failed")
+
+    async def _retry_failbacks(self, servers: dict[str, ServerRecord]) -> None:
+        """Apps away from (or smaller than) their home, home server up, nothing in flight."""
+        for record in (await self.o.store.apps()).values():
+            home = record.home
+            if home is None or record.serving == home or record.serving is None:
+                continue
+            server = servers.get(home[0])
+            if server is None or server.state is not ServerState.UP or not server.connected:
+                continue
+            if any(r.state is not ReplicaState.READY for r in record.replicas):
+                continue
+            await self._fail_back(record.app_id)
 
     async def on_triton_up(self, server_id: str, _message: object) -> None:
         """The agent restarted its Triton: treat it as the server's return."""
