@@ -434,6 +434,8 @@ class Orchestrator:
             to_unload = sorted(current - desired)
             for app_id, server_id, variant in to_load:
                 record = apps[app_id]
+                # Never two replicas of one (server, variant): one being unloaded is reused.
+                record.replicas = [r for r in record.replicas if r.key != (server_id, variant)]
                 record.replicas.append(Replica(server_id=server_id, variant=variant,
                                                role=ReplicaRole.WARM, accuracy=self.accuracy(
                                                    record.spec.family, variant)))

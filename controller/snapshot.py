@@ -24,6 +24,8 @@ _ACTIVE = (ReplicaState.LOADING, ReplicaState.READY)
 _DEMOTION_STAGES: tuple[frozenset[Role], ...] = (
     frozenset(), frozenset({Role.INTERIM}), frozenset({Role.INTERIM, Role.UPGRADE}),
     frozenset({Role.INTERIM, Role.UPGRADE, Role.WARM}))
+_RANK = {ReplicaRole.PRIMARY: 0, ReplicaRole.UPGRADE: 1, ReplicaRole.INTERIM: 2,
+         ReplicaRole.WARM: 3}
 _ROLE = {ReplicaRole.PRIMARY: Role.PRIMARY, ReplicaRole.WARM: Role.WARM,
          ReplicaRole.INTERIM: Role.INTERIM, ReplicaRole.UPGRADE: Role.UPGRADE}
 
@@ -76,12 +78,19 @@ def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerR
     down |= set(failed)
     placements: list[Placement] = []
     for record in apps.values():
-        for replica in record.replicas:
-            if replica.state not in _ACTIVE or replica.server_id not in servers:
+        seen: set[tuple[str, str]] = set()
+        replicas = sorted((r for r in record.replicas if r.state in _ACTIVE
+                           and r.server_id in servers),
+                          key=lambda r: (record.serving != r.key, _RANK[r.role]))
+        for replica in replicas:
+            if replica.key in seen:  # one placement per (server, variant), the main one
                 continue
-            role = Role.PRIMARY if record.serving == replica.key else _ROLE[replica.role]
-            if role is Role.PRIMARY and record.serving != replica.key:
-                role = Role.UPGRADE  # a primary-to-be that does not serve yet
+            seen.add(replica.key)
+            role = _ROLE[replica.role]
+            if record.serving == replica.key:
+                role = Role.PRIMARY
+            elif role is Role.PRIMARY and record.serving is not None:
+                role = Role.UPGRADE  # a primary-to-be while another replica serves
             placements.append(Placement(record.app_id, replica.server_id, replica.variant, role))
     site_ids = sorted({s.site_id for s in servers.values()})
     common = {
