@@ -2,9 +2,8 @@
 
 A server is declared failed when no heartbeat arrived for ``misses`` intervals plus half an
 interval of slack (so one late-but-arriving heartbeat is not a failure), when its agent's
-connection closes (after one more interval, in case it was a blip and the agent is already
-back), or at once when the agent reports its Triton dead. Each declaration fires once; a new
-``watch`` (the agent's next hello) re-arms the server.
+connection closes, or when the agent reports its Triton dead (both immediate signals). Each
+declaration fires once; a new ``watch`` (the agent's next hello) re-arms the server.
 
 The timeout adapts to each server, in the spirit of accrual failure detectors: it is the
 larger of (k + 1/2) T and 1.5 times the largest heartbeat gap seen in the last 200 heartbeats,
@@ -112,10 +111,14 @@ class FailureDetector:
             self._arm(server_id, self.timeout_for(server_id), time.time())
 
     def connection_closed(self, server_id: str) -> None:
-        """The agent's websocket closed: fail it one interval from now unless it is back."""
+        """The agent's websocket closed: an immediate signal.
+
+        Only the short confirmation delay applies (an agent that reconnected at once keeps
+        its server).
+        """
         watch = self._watches.get(server_id)
         if watch is not None:
-            self._arm(server_id, self.interval_s, watch.last_seen, why="connection closed")
+            self._arm(server_id, 0.0, watch.last_seen, why="connection closed")
 
     def declare(self, server_id: str, reason: str) -> None:
         """Declare the server failed now (e.g. its Triton died)."""

@@ -28,7 +28,8 @@ from controller.records import (
     ServerRecord,
     ServerState,
 )
-from policies.actions import FailoverPlan
+from policies.actions import FailoverPlan, WarmSwitch
+from policies.failover import split_affected
 from understudy.protocol import Hello, InventoryItem
 
 logger = logging.getLogger(__name__)
@@ -71,27 +72,32 @@ class ServerLifecycle:
                 ServerState.FAILED, detected_at, reason)
             server.connected = o.agents.connected(server_id)
             await o.store.put_server(server)
-            snapshot, apps, _ = await o.snapshot()
-            # The server is failed in the snapshot already; the policy only needs its id.
+            snapshot, apps, servers = await o.snapshot()
+            # Warm switches first: announced before the cold part is even planned.
+            warm = split_affected(snapshot, [server_id]).warm_switches
+            switched = await self._switch_to_warm(warm, apps, servers, server_id, detected_at)
             plan = o.policy().plan_failover(snapshot, [server_id])
-            switched = await self._switch_to_warm(plan, apps, server_id, detected_at)
             recoveries = await self._start_recoveries(plan, apps, server_id, detected_at)
             await self._mark_unrecoverable(plan, apps, server_id, detected_at)
             await self._forget_replicas_on(server_id, apps)
         logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable (%s)",
                     server_id, len(switched), len(recoveries), len(plan.unrecoverable),
                     "; ".join(plan.notes))
-        await asyncio.gather(*(o.load_replica(app_id, s, v) for app_id, s, v in recoveries))
+        # Interims first (they end the outage), then the targets (they restore accuracy).
+        await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v, first in recoveries if first))
+        await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v, first in recoveries
+                               if not first))
         for app_id in switched:
             o.spawn(o.advance(app_id), f"advance {app_id}")
         await o.replan_warm()
         await o.store.done_intent(intent)
 
-    async def _switch_to_warm(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+    async def _switch_to_warm(self, switches: tuple[WarmSwitch, ...],
+                              apps: dict[str, AppRecord], servers: dict[str, ServerRecord],
                               server_id: str, detected_at: float) -> list[str]:
         o = self.o
         switched = []
-        for switch in plan.warm_switches:
+        for switch in switches:
             record = apps[switch.app_id]
             replica = record.replica(switch.server_id, switch.variant)
             if replica is None:
@@ -102,7 +108,8 @@ class ServerLifecycle:
                              record.home[1] else AppStatus.DEGRADED)
             await o.store.put_app(record)
             o.recoveries[record.app_id] = Recovery(detected_at, server_id, notified=True)
-            await o.notify(record, "warm_switch", replica, f"server {server_id} failed")
+            await o.notify(record, "warm_switch", replica, f"server {server_id} failed",
+                           servers=servers)
             o.metrics.failovers.labels("warm").inc()
             o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
             switched.append(record.app_id)
@@ -110,7 +117,7 @@ class ServerLifecycle:
 
     async def _start_recoveries(self, plan: FailoverPlan, apps: dict[str, AppRecord],
                                 server_id: str, detected_at: float
-                                ) -> list[tuple[str, str, str]]:
+                                ) -> list[tuple[str, str, str, bool]]:
         o = self.o
         loads = []
         for recovery in plan.recoveries:
@@ -122,13 +129,13 @@ class ServerLifecycle:
                               role=ReplicaRole.INTERIM,
                               accuracy=o.accuracy(family, recovery.interim_variant))
             record.replicas.append(interim)
-            loads.append((record.app_id, interim.server_id, interim.variant))
+            loads.append((record.app_id, interim.server_id, interim.variant, True))
             if recovery.target_variant != recovery.interim_variant:
                 target = Replica(server_id=recovery.server_id, variant=recovery.target_variant,
                                  role=ReplicaRole.UPGRADE,
                                  accuracy=o.accuracy(family, recovery.target_variant))
                 record.replicas.append(target)
-                loads.append((record.app_id, target.server_id, target.variant))
+                loads.append((record.app_id, target.server_id, target.variant, False))
             else:
                 interim.role = ReplicaRole.UPGRADE  # one load that serves as the final target
             await o.store.put_app(record)

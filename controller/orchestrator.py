@@ -131,11 +131,14 @@ class Orchestrator:
             return 0.0
 
     async def notify(self, record: AppRecord, kind: str, replica: Replica | None,
-                     reason: str = "") -> Event:
+                     reason: str = "", servers: Mapping[str, ServerRecord] | None = None
+                     ) -> Event:
         """Publish a placement event for an app (endpoint from the server record)."""
         endpoint = None
         if replica is not None:
-            server = (await self.store.servers()).get(replica.server_id)
+            if servers is None:
+                servers = await self.store.servers()
+            server = servers.get(replica.server_id)
             if server is not None and server.http:
                 endpoint = {"http": server.http, "grpc": server.grpc or ""}
         recovery = self.recoveries.get(record.app_id)
