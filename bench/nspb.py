@@ -2,7 +2,8 @@
 
 1. Latency (real replica processes over TCP, this machine): for the SP-like and OL-like
    services, three deployments run side by side — ``bare``, ``nspb`` and ``remus`` — and are
-   measured in interleaved rounds (the order rotates every round) at batch sizes 1, 16 and 64.
+   measured in interleaved rounds of one batch each (the order rotates every round) at batch
+   sizes 1, 16 and 64.
    The client keeps one batch in flight (closed loop, ``batch`` requests at a time, one stream
    per request so LSTM state grows with the batch as in HAMS §VI-B); the figure is the median
    per-request latency from submit to reply. Overhead = median(mode) / median(bare) - 1.
@@ -16,7 +17,7 @@
 
 The last line is one JSON object.
 
-    python bench/nspb.py [--batches 1,16,64 --rounds 5 --iters 8 --kills 6 --failovers 500]
+    python bench/nspb.py [--batches 1,16,64 --iters 40 --kills 6 --failovers 500]
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ async def latency(service: str, args: argparse.Namespace, run_dir: Path,
                   log: Callable[[str], None]) -> tuple[dict[str, float], LocalGraph]:
     batches = args.batches
     graphs = {m: LocalGraph(service_graph(service, batches[0], scale=args.scale,
-                                          depth=args.depth),
-                            RuntimeOptions(mode=m), run_dir=run_dir / f"{service}-{m.value}",
+                                          depth=args.depth, side=args.side),
+                            RuntimeOptions(mode=m, link_mbps=args.link_mbps or None),
+                            run_dir=run_dir / f"{service}-{m.value}",
                             spares=2 if m is Mode.NSPB else 0)
               for m in MODES}
     started = time.perf_counter()
@@ -73,16 +75,16 @@ async def latency(service: str, args: argparse.Namespace, run_dir: Path,
     try:
         for batch in batches:
             await asyncio.gather(*(g.set_batch_size(batch) for g in graphs.values()))
-            make = request_maker(service, seed=batch, streams=batch)
+            make = request_maker(service, seed=batch, streams=batch, side=args.side)
             samples: dict[Mode, list[float]] = {m: [] for m in MODES}
-            for rnd in range(args.rounds + 1):  # round 0 warms up and is discarded
-                order = MODES[rnd % 3:] + MODES[:rnd % 3]
-                for mode in order:
-                    for _ in range(args.iters):
-                        counter += batch
-                        lat = await one_batch(graphs[mode], make, counter, batch)
-                        if rnd:
-                            samples[mode] += lat
+            for rnd in range(args.warmup + args.iters):
+                # One batch per mode per round, the order rotating: every mode sees the same
+                # background load (this machine is shared), and no mode always goes first.
+                for mode in MODES[rnd % 3:] + MODES[:rnd % 3]:
+                    counter += batch
+                    lat = await one_batch(graphs[mode], make, counter, batch)
+                    if rnd >= args.warmup:
+                        samples[mode] += lat
             med = {m: statistics.median(samples[m]) for m in MODES}
             for m in MODES:
                 out[f"{service}_b{batch}_{m.value}_ms"] = round(med[m], 2)
@@ -102,7 +104,7 @@ async def recovery(service: str, graph: LocalGraph, args: argparse.Namespace,
                    log: Callable[[str], None]) -> list[tuple[float, float]]:
     """(kill -> recovery done, kill -> failure signal) in ms, per kill."""
     await graph.set_batch_size(args.recovery_batch)
-    make = request_maker(service, seed=99, streams=args.recovery_batch)
+    make = request_maker(service, seed=99, streams=args.recovery_batch, side=args.side)
     stateful = sorted(graph.graph.topology.stateful)
     times: list[tuple[float, float]] = []
     counter = 10_000_000
@@ -195,11 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=lambda s: s.split(","), default=["sp", "ol"])
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")],
                         default=[1, 16, 64])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=6, help="batches per mode per round")
+    parser.add_argument("--iters", type=int, default=40,
+                        help="measured rounds per batch size (one batch per mode each)")
+    parser.add_argument("--warmup", type=int, default=3, help="rounds discarded first")
     parser.add_argument("--scale", type=int, default=16, help="hidden-size multiplier")
-    parser.add_argument("--depth", type=int, default=6,
+    parser.add_argument("--depth", type=int, default=8,
                         help="hidden layers of the last stateless operator")
+    parser.add_argument("--side", type=int, default=16, help="CNN input images are side x side")
+    parser.add_argument("--link-mbps", type=float, default=1000.0,
+                        help="emulated bandwidth between replica processes (0: loopback)")
     parser.add_argument("--kills", type=int, default=6, help="primary kills per service")
     parser.add_argument("--recovery-batch", type=int, default=16)
     parser.add_argument("--failovers", type=int, default=500,

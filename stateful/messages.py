@@ -13,12 +13,24 @@ manager): ``Configure``, ``Freeze``/``FreezeAck``, ``Fence``/``FenceAck``, ``Res
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
+import struct
 from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
 
 from stateful.errors import WireFormatError
 from stateful.graph import FRONTEND, MANAGER, GraphSpec
@@ -42,14 +54,38 @@ class Mode(StrEnum):
 
 
 class Payload(BaseModel):
-    """A tensor as raw little-endian bytes; base64 in JSON."""
+    """A tensor as raw little-endian bytes.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64",
-                              val_json_bytes="base64")
+    In plain JSON (``encode``) ``data`` is base64. In a transport frame (``encode_frame``) it is
+    ``"#<n>"``, a reference to the n-th raw attachment after the JSON header, so a state of a
+    few MB costs a memcpy instead of base64 both ways.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     dtype: Literal["float32", "int64"] = "float32"
     shape: tuple[int, ...]
     data: bytes
+
+    @field_serializer("data", when_used="json")
+    def _data_out(self, value: bytes, info: SerializationInfo) -> str:
+        blobs = info.context.get("blobs") if isinstance(info.context, dict) else None
+        if blobs is None:
+            return base64.b64encode(value).decode()
+        blobs.append(value)
+        return f"#{len(blobs) - 1}"
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_in(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        blobs = info.context.get("blobs") if isinstance(info.context, dict) else None
+        if value.startswith("#"):  # never base64: '#' is outside its alphabet
+            if blobs is None:
+                raise ValueError("a blob reference outside a binary frame")
+            return blobs[int(value[1:])]
+        return base64.b64decode(value, validate=True)
 
     @cached_property
     def digest(self) -> str:
@@ -134,6 +170,9 @@ class RuntimeOptions(BaseModel):
     collect_interval_s: float = Field(default=0.02, gt=0.0)
     observe: bool = False
     """Emit checker observations (releases, applied states, replies)."""
+    link_mbps: float | None = Field(default=None, gt=0.0)
+    """Emulate this bandwidth on every link between processes (replicas of one machine
+    talk over loopback; a benchmark can model the edge network between servers)."""
 
 
 class GraphConfig(BaseModel):
@@ -325,9 +364,19 @@ class Envelope(BaseModel):
     msg: Message
 
 
+def _envelope_json(src: str, dst: str, msg: BaseModel, link: int,
+                   context: dict[str, list[bytes]] | None) -> bytes:
+    # The message is dumped by its own class, not through the Envelope's union field: pydantic
+    # may try several union members while serializing, which would run (and double) the blob
+    # serializer of every tensor.
+    body = msg.model_dump_json(context=context)
+    return (f'{{"v":{WIRE_VERSION},"src":{json.dumps(src)},"dst":{json.dumps(dst)},'
+            f'"link":{int(link)},"msg":{body}}}').encode()
+
+
 def encode(src: str, dst: str, msg: BaseModel, link: int = 0) -> bytes:
     """One message as JSON bytes (an ``Envelope``)."""
-    return Envelope(src=src, dst=dst, msg=msg, link=link).model_dump_json().encode()
+    return _envelope_json(src, dst, msg, link, None)
 
 
 def decode(frame: bytes) -> Envelope:
@@ -336,4 +385,35 @@ def decode(frame: bytes) -> Envelope:
         return Envelope.model_validate_json(frame)
     except ValidationError as exc:
         raise WireFormatError(f"undecodable frame ({len(frame)} bytes): {exc}") from exc
+
+
+_U32 = struct.Struct(">I")
+
+
+def encode_frame(src: str, dst: str, msg: BaseModel, link: int = 0) -> bytes:
+    """A transport frame: u32 header length, the JSON header, then u32-length-prefixed blobs."""
+    blobs: list[bytes] = []
+    header = _envelope_json(src, dst, msg, link, {"blobs": blobs})
+    parts = [_U32.pack(len(header)), header]
+    for blob in blobs:
+        parts += [_U32.pack(len(blob)), blob]
+    return b"".join(parts)
+
+
+def decode_frame(body: bytes) -> Envelope:
+    """Inverse of ``encode_frame``; ``WireFormatError`` for anything malformed."""
+    try:
+        (size,) = _U32.unpack_from(body, 0)
+        header = body[4:4 + size]
+        blobs: list[bytes] = []
+        offset = 4 + size
+        while offset < len(body):
+            (length,) = _U32.unpack_from(body, offset)
+            blobs.append(body[offset + 4:offset + 4 + length])
+            offset += 4 + length
+        if offset != len(body) or len(header) != size:
+            raise WireFormatError(f"truncated frame ({len(body)} bytes)")
+        return Envelope.model_validate_json(header, context={"blobs": blobs})
+    except (ValidationError, struct.error, IndexError, ValueError) as exc:
+        raise WireFormatError(f"undecodable frame ({len(body)} bytes): {exc}") from exc
 

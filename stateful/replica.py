@@ -47,6 +47,8 @@ class ReplicaProcess(NodeHost):
 
     def _on_config(self, config: GraphConfig) -> None:
         self.learn(config.addresses)
+        mbps = config.options.link_mbps
+        self.transport.link_bps = mbps * 1e6 if mbps else None
         if self.node not in self.executors:
             self.attach_model(self.node, ModelHost(config.graph, self.node, config.options.noise))
 

@@ -161,6 +161,8 @@ class LocalGraph:
         self.coordinator = Coordinator(clock=time.monotonic, round_timeout_s=self.round_timeout_s)
         self.frontend = FrontendNode()
         self.host = NodeHost(outcome=self._outcome)
+        if self.options.link_mbps:
+            self.host.transport.link_bps = self.options.link_mbps * 1e6
         self.host.add(MANAGER, self.coordinator)
         self.host.add(FRONTEND, self.frontend)
         self.handles: dict[str, ReplicaHandle] = {}

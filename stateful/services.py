@@ -62,7 +62,7 @@ def ol_graph(batch_size: int = 16, *, scale: int = 1, depth: int = 1, side: int 
             OperatorSpec(name="tracker", kind="lstm", stateful=True,
                          params={"in_dim": h, "hidden": h, "out_dim": h}),
             OperatorSpec(name="classifier", kind="online_classifier", stateful=True,
-                         params={"in_dim": h, "hidden": 2 * h, "classes": 4, "lr": 0.05}),
+                         params={"in_dim": h, "hidden": 4 * h, "classes": 4, "lr": 0.05}),
             OperatorSpec(name="tagger", kind="mlp", stateful=False,
                          params={"in_dim": 4, "hidden": 4 * h, "out_dim": 4, "layers": depth}),
         ),

@@ -45,7 +45,14 @@ from stateful.core.replica import ReplicaNode
 from stateful.graph import FRONTEND, MANAGER, GraphSpec
 from stateful.host import ModelHost
 from stateful.link import Frame, Links
-from stateful.messages import GraphConfig, Payload, Placement, RuntimeOptions, decode, encode
+from stateful.messages import (
+    GraphConfig,
+    Payload,
+    Placement,
+    RuntimeOptions,
+    decode_frame,
+    encode_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +64,7 @@ class NetParams:
     drop: float = 0.0
     rto_s: float = 0.01
     wire: bool = False
-    """Round-trip every message through its JSON encoding (slower; checks the wire format)."""
+    """Round-trip every message through the transport's frame encoding (checks the format)."""
 
 
 @dataclass(frozen=True)
@@ -271,7 +278,7 @@ class SimCluster:
 
     def _send(self, node: _Node, dst: str, msg: BaseModel) -> None:
         if self.net.wire:
-            msg = decode(encode(node.name, dst, msg)).msg
+            msg = decode_frame(encode_frame(node.name, dst, msg)).msg
         self._transmit(node.name, dst, node.links.send(dst, msg))
         self._arm_retransmit(node)
 

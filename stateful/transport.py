@@ -1,4 +1,7 @@
-"""TCP transport for the cores: length-prefixed JSON envelopes over asyncio streams.
+"""TCP transport for the cores: length-prefixed frames over asyncio streams.
+
+A frame is a JSON envelope followed by the raw bytes of its tensors
+(``stateful.messages.encode_frame``).
 
 One ``Transport`` per process: a listening socket and one outgoing connection per peer address,
 for any number of local nodes (the runtime hosts the manager and the frontend together). Frames
@@ -21,7 +24,7 @@ from pydantic import BaseModel
 
 from stateful.errors import WireFormatError
 from stateful.link import Frame, Links
-from stateful.messages import Envelope, LinkAck, decode, encode
+from stateful.messages import Envelope, LinkAck, decode_frame, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ class _Peer:
     address: str
     queue: asyncio.Queue[tuple[str, str, Frame]] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    free_at: float = 0.0
+    """With an emulated link, when the link finishes sending what was written so far."""
 
 
 Deliver = Callable[[str, str, object], None]
@@ -71,6 +76,8 @@ class Transport:
         self._acks: dict[tuple[str, str], int] = {}
         self._ack_scheduled = False
         self._closing = False
+        self.link_bps: float | None = None
+        """Emulated bandwidth per peer link (benchmarks on one machine; None: loopback speed)."""
 
     @property
     def address(self) -> str:
@@ -130,10 +137,13 @@ class Transport:
                     if writer is None:
                         return
                 src, dst, frame = await peer.queue.get()
-                msg = frame.msg if frame.msg is not None else LinkAck(upto=frame.seq)
+                msg = frame.msg if isinstance(frame.msg, BaseModel) else LinkAck(upto=frame.seq)
                 link = frame.seq if frame.msg is not None else 0
+                data = frame_bytes(encode_frame(src, dst, msg, link))
+                if self.link_bps:
+                    await self._pace(peer, len(data))
                 try:
-                    writer.write(frame_bytes(encode(src, dst, msg, link)))  # type: ignore[arg-type]
+                    writer.write(data)
                     if peer.queue.empty():
                         await writer.drain()
                 except (ConnectionError, OSError):
@@ -141,6 +151,14 @@ class Transport:
         finally:
             if writer is not None:
                 writer.close()
+
+    async def _pace(self, peer: _Peer, size: int) -> None:
+        """Hold a frame until an emulated link of ``link_bps`` would have sent it."""
+        assert self.link_bps
+        now = asyncio.get_running_loop().time()
+        peer.free_at = max(now, peer.free_at) + size * 8 / self.link_bps
+        if peer.free_at > now:
+            await asyncio.sleep(peer.free_at - now)
 
     async def _connect(self, peer: _Peer) -> asyncio.StreamWriter | None:
         loop = asyncio.get_running_loop()
@@ -181,7 +199,7 @@ class Transport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                env = decode(await read_frame(reader))
+                env = decode_frame(await read_frame(reader))
                 self._on_frame(env)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -1,5 +1,10 @@
 """The backup of a stateful operator: buffer, order and apply states (HAMS Algorithm 2).
 
+Applying a state makes it this backup's current state — durable, acknowledged, announced — and
+keeps its tensors; they are loaded into the model when the backup is promoted (a load is a
+millisecond for these models on CPU; HAMS keeps the backup's state on the GPU instead so that
+takeover needs no copy). Doing it lazily keeps the per-batch cost of a backup to a decode.
+
 States are buffered and applied strictly in batch order (a later complete state also embodies
 the earlier batches' effects, so skipping one would make its speculative inputs durable without
 the check). An ``overwrite`` state (a new or rejoining backup, §IV-E) supersedes everything
@@ -23,7 +28,7 @@ from collections.abc import Mapping
 
 from stateful.checker import ObsApplied
 from stateful.core.common import fold_seen
-from stateful.core.effects import Effect, LoadState, Observe, Send
+from stateful.core.effects import Effect, Observe, Send
 from stateful.core.operator import NodeContext
 from stateful.core.primary import Snapshot
 from stateful.graph import FRONTEND
@@ -116,7 +121,7 @@ class BackupRole:
         self.applied_seq = msg.last_seq
         self.tensors = msg.tensors
         self.collect(msg.gc_upto)
-        out: list[Effect] = [LoadState(self.ctx.generation, self.op, msg.tensors)]
+        out: list[Effect] = []
         if self.ctx.config.options.observe and msg.records:
             out.append(Observe(ObsApplied(
                 op=self.op, node=self.ctx.node,

@@ -218,7 +218,6 @@ class ReplicaNode:
         if isinstance(role, PrimaryRole) and role.op == op and role.epoch == epoch:
             return role.attach_backup(backup) + role.pump()
         base: tuple[Snapshot, dict[int, OutputRecord]] | None = None
-        load = True
         if isinstance(role, BackupRole | PrimaryRole):
             # A request no longer in the log was collected: carry the watermark over, or the new
             # role would take a resent, already answered request as new.
@@ -226,7 +225,6 @@ class ReplicaNode:
             self.gc_upto = max(self.gc_upto, gc)
         if isinstance(role, BackupRole) and role.op == op:
             base = role.base()
-            load = False  # the backup's model already holds its last applied state
             if base is not None and role.applied_seq != start_seq:
                 logger.error("%s: promoted at seq %d but the manager's durable point is %d",
                              self.node, role.applied_seq, start_seq)
@@ -245,8 +243,7 @@ class ReplicaNode:
             snap, log = base
             primary = PrimaryRole(self, op, epoch, base=snap, start_seq=snap.last_seq, log=log)
             self._new_generation(primary)
-            if load:
-                out.append(LoadState(self.generation, op, snap.tensors))
+            out.append(LoadState(self.generation, op, snap.tensors))
             if self.config.options.observe:
                 out.append(Observe(ObsPromoted(op=op, node=self.node, epoch=epoch,
                                                start_seq=snap.last_seq)))

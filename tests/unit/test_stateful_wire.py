@@ -17,7 +17,9 @@ from stateful.messages import (
     RequestMeta,
     StateUpdate,
     decode,
+    decode_frame,
     encode,
+    encode_frame,
 )
 from stateful.tensors import from_payload, to_payload
 
@@ -46,6 +48,22 @@ def test_state_update_round_trips() -> None:
                       tensors={"h:s": to_payload(torch.ones(4))}, records=(record(40),),
                       gc_upto=3)
     assert decode(encode("x", "y", msg)).msg == msg
+
+
+def test_binary_frames_carry_tensors_as_attachments() -> None:
+    big = to_payload(torch.arange(1000, dtype=torch.float32))
+    msg = StateUpdate(op="a", epoch=0, batch_no=1, last_seq=2, tensors={"w": big},
+                      records=(record(1), record(2)))
+    frame = encode_frame("x", "y", msg, link=9)
+    env = decode_frame(frame)
+    assert env.msg == msg and env.link == 9
+    assert b"#0" in frame and len(frame) < len(encode("x", "y", msg))
+    with pytest.raises(WireFormatError):
+        decode_frame(frame[:-3])
+    with pytest.raises(WireFormatError):
+        decode(b'{"v":1,"src":"a","dst":"b","msg":{"type":"state","op":"a","epoch":0,'
+               b'"batch_no":1,"last_seq":1,"tensors":{"w":{"shape":[1],"data":"#0"}},'
+               b'"records":[]}}')
 
 
 @pytest.mark.parametrize("frame", [
