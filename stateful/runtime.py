@@ -66,8 +66,13 @@ class ReplicaHandle(Protocol):
 class ReplicaLauncher(Protocol):
     """Starts blank replica processes; the agent implements this for its server."""
 
-    async def launch(self, node: str) -> ReplicaHandle:
-        """Start ``python -m stateful.replica --node NODE`` and return once it listens."""
+    async def launch(self, node: str, server: str | None = None) -> ReplicaHandle:
+        """Start ``python -m stateful.replica --node NODE`` and return once it listens.
+
+        ``server`` is where to run it (None: the launcher chooses). Whoever places replicas
+        (the controller) must keep a stateful operator's primary and backup on different
+        servers — different sites where site independence is on.
+        """
         ...
 
 
@@ -107,7 +112,8 @@ class SubprocessLauncher:
     log_level: str = "WARNING"
     python: str = sys.executable
 
-    async def launch(self, node: str) -> SubprocessHandle:
+    async def launch(self, node: str, server: str | None = None) -> SubprocessHandle:
+        """Start a local process (``server`` is ignored: everything runs on this machine)."""
         args = [self.python, "-m", "stateful.replica", "--node", node,
                 "--log-level", self.log_level]
         if self.observe_dir is not None:
