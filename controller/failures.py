@@ -42,6 +42,8 @@ class ServerLifecycle:
 
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.o = orchestrator
+        self._failing: set[str] = set()
+        """Servers whose failover task is running."""
 
     # --- failure ---------------------------------------------------------------------------
 
@@ -56,6 +58,30 @@ class ServerLifecycle:
 
     async def fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
         """Mark the server failed and recover every app that served or was backed up there."""
+        self._failing.add(server_id)
+        try:
+            await self._fail_server(server_id, reason, detected_at)
+        finally:
+            self._failing.discard(server_id)
+
+    async def resume_failover(self, server_id: str) -> None:
+        """Run a failover again for a failed server whose apps were not all moved.
+
+        The controller died in the middle: every step is decided from the records again.
+        """
+        o = self.o
+        async with o.plan_lock:
+            servers = await o.store.servers()
+            record = servers.get(server_id)
+            if record is None or record.state is not ServerState.FAILED:
+                return
+            detected_at = record.failed_at or time.time()
+            record.state = ServerState.UP  # fail_server re-marks it, with its plan
+            await o.store.put_server(record)
+        logger.warning("resuming the failover of %s", server_id)
+        await self.fail_server(server_id, "failover resumed", detected_at)
+
+    async def _fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
         o = self.o
         async with o.plan_lock:
             servers = await o.store.servers()
@@ -330,10 +356,22 @@ class ServerLifecycle:
                             self.o.agents.connected(server.server_id) and \
                             self.o.agents.detector.watching(server.server_id):
                         await self.revive(server.server_id)
+                await self._resume_stuck_failovers(servers)
                 if self.o.config.failback:
                     await self._retry_failbacks(servers)
             except Exception:  # noqa: BLE001 - keep watching
                 logger.exception("server watchdog pass failed")
+
+    async def _resume_stuck_failovers(self, servers: dict[str, ServerRecord]) -> None:
+        """A failed server that still serves some app, with no failover running: redo it."""
+        failed = {s for s, r in servers.items() if r.state is ServerState.FAILED
+                  and s not in self._failing}
+        if not failed:
+            return
+        stuck = {r.serving[0] for r in (await self.o.store.apps()).values()
+                 if r.serving and r.serving[0] in failed}
+        for server_id in sorted(stuck):
+            self.o.spawn(self.resume_failover(server_id), f"resumed failover of {server_id}")
 
     async def _retry_failbacks(self, servers: dict[str, ServerRecord]) -> None:
         """Apps away from (or smaller than) their home, home server up, nothing in flight."""
@@ -370,8 +408,9 @@ class ServerLifecycle:
         for intent_id, intent in (await self.o.store.intents()).items():
             logger.info("resuming after restart: unfinished %s (%s)", intent.get("kind"),
                         intent)
-            if intent.get("kind") == "failover":
-                self.o.request_warm_replan()
+            if intent.get("kind") == "failover" and intent.get("server_id"):
+                self.o.spawn(self.resume_failover(intent["server_id"]),
+                             f"resumed failover of {intent['server_id']}")
             await self.o.store.done_intent(intent_id)
 
     # --- drain -------------------------------------------------------------------------------
