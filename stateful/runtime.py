@@ -28,15 +28,14 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from stateful.checker import ConsistencyChecker, ConsistencyReport, read_observations
-from stateful.core.coordinator import Coordinator
+from stateful.core.coordinator import Coordinator, initial_config
 from stateful.core.effects import Effect, Kill, LaunchSpare, Observe, RecoveryDone, Reply
 from stateful.core.frontend import ClientRequest, FrontendNode
 from stateful.errors import LaunchError, ReplicaUnavailableError
 from stateful.graph import FRONTEND, MANAGER, GraphSpec
-from stateful.messages import GraphConfig, Payload, RuntimeOptions
+from stateful.messages import GraphConfig, Mode, Payload, RuntimeOptions
 from stateful.nodehost import NodeHost
 from stateful.replica import READY
-from stateful.sim import initial_config
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +288,7 @@ class LocalGraph:
         stateful = self.graph.topology.stateful
         for op, where in config.placements.items():
             wanted = [where.primary] + ([where.backup] if op in stateful
-                                        and self.options.mode.value != "bare" else [])
+                                        and self.options.mode is not Mode.BARE else [])
             if any(n is None or n in self.coordinator.dead for n in wanted):
                 return False
         return True

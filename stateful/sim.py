@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from stateful.checker import ConsistencyChecker, ConsistencyReport
 from stateful.core.backup import BackupRole
-from stateful.core.coordinator import Coordinator
+from stateful.core.coordinator import Coordinator, initial_config
 from stateful.core.effects import (
     Compute,
     Effect,
@@ -45,14 +45,7 @@ from stateful.core.replica import ReplicaNode
 from stateful.graph import FRONTEND, MANAGER, GraphSpec
 from stateful.host import ModelHost
 from stateful.link import Frame, Links
-from stateful.messages import (
-    GraphConfig,
-    Payload,
-    Placement,
-    RuntimeOptions,
-    decode_frame,
-    encode_frame,
-)
+from stateful.messages import Mode, Payload, RuntimeOptions, decode_frame, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -88,19 +81,6 @@ class _Node:
     lane_busy: bool = False
     alive: bool = True
     retransmit_armed: bool = False
-
-
-def initial_config(graph: GraphSpec, options: RuntimeOptions) -> GraphConfig:
-    """Placements for a fresh deployment: ``<op>.p0`` / ``<op>.b0`` / ``<op>.s0``."""
-    placements = {}
-    for op in graph.operators:
-        if op.stateful and options.mode.value != "bare":
-            placements[op.name] = Placement(primary=f"{op.name}.p0", backup=f"{op.name}.b0")
-        elif op.stateful:
-            placements[op.name] = Placement(primary=f"{op.name}.p0")
-        else:
-            placements[op.name] = Placement(primary=f"{op.name}.s0")
-    return GraphConfig(version=1, graph=graph, options=options, placements=placements)
 
 
 class SimCluster:
@@ -167,7 +147,7 @@ class SimCluster:
         if target is None or not target.alive or node in (MANAGER, FRONTEND) or config is None:
             return False
         role = config.roles.get(node)
-        if role is None or role[1] == "stateless" or self.options.mode.value == "bare":
+        if role is None or role[1] == "stateless" or self.options.mode is Mode.BARE:
             return True
         op, kind = role
         where = config.placements[op]

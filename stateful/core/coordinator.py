@@ -48,6 +48,7 @@ from stateful.messages import (
     Placement,
     Resume,
     ResumeAck,
+    RuntimeOptions,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,19 @@ class _Recovery:
     restarted: list[str] = field(default_factory=list)
 
 
+def initial_config(graph: GraphSpec, options: RuntimeOptions) -> GraphConfig:
+    """Placements for a fresh deployment: ``<op>.p0`` / ``<op>.b0`` / ``<op>.s0``."""
+    placements = {}
+    for op in graph.operators:
+        if op.stateful and options.mode is not Mode.BARE:
+            placements[op.name] = Placement(primary=f"{op.name}.p0", backup=f"{op.name}.b0")
+        elif op.stateful:
+            placements[op.name] = Placement(primary=f"{op.name}.p0")
+        else:
+            placements[op.name] = Placement(primary=f"{op.name}.s0")
+    return GraphConfig(version=1, graph=graph, options=options, placements=placements)
+
+
 class Coordinator:
     def __init__(self, *, clock: Callable[[], float], node: str = MANAGER,
                  round_timeout_s: float = 2.0) -> None:
@@ -88,6 +102,8 @@ class Coordinator:
         self.recovery: _Recovery | None = None
         self.recoveries = 0
         self.taken = 0
+        self.seen: dict[str, int] = {}
+        """Largest seq per operator any freeze reported: a late restart numbers after it."""
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -232,6 +248,7 @@ class Coordinator:
                         rec.durable[op] = max(rec.durable.get(op, 0), seq)
                 for op, seq in report.seen.items():
                     rec.seen[op] = max(rec.seen.get(op, 0), seq)
+                    self.seen[op] = max(self.seen.get(op, 0), seq)
             return self._fence(rec.pending)
         if rec.phase == "fence":
             new = sorted(rec.tainted - set(rec.fenced))
@@ -341,7 +358,7 @@ class Coordinator:
         """Give standbys that arrived during a recovery to replicas still missing."""
         if self.config is None or not self.spares:
             return []
-        placements = self._fill(dict(self.config.placements), restarted=[])
+        placements = self._fill(dict(self.config.placements), restarted=[], seen=self.seen)
         if placements == self.config.placements:
             return []
         return self._publish(self.config.evolve(placements=placements))

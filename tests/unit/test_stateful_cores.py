@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stateful.checker import ObsApplied
-from stateful.core.coordinator import Coordinator
+from stateful.core.coordinator import Coordinator, initial_config
 from stateful.core.effects import (
     Compute,
     Effect,
@@ -43,7 +43,6 @@ from stateful.messages import (
     StateAck,
     StateUpdate,
 )
-from stateful.sim import initial_config
 
 P = Payload(shape=(1,), data=b"\0\0\0\0")
 
