@@ -1,4 +1,4 @@
-"""Stateful service graphs with NSPB primary-backup replication (HAMS, ICDE 2021).
+"""Stateful service graphs with NSPB primary-backup replication (HAMS, Zhao et al.).
 
 Entry points: ``stateful.graph.GraphSpec`` (a service graph), ``stateful.services`` (the SP-
 and OL-like examples), ``stateful.runtime.LocalGraph`` (deploy on local processes; the
