@@ -4,8 +4,10 @@ Each trial draws (from its seed) a service, a batch size, network conditions, so
 "network anomaly" that slows one stateful operator's state transfer to its backup (the
 condition of HAMS Fig. 6), and a failure plan: the primary of a stateful operator crashes at a
 random moment, sometimes together with an adjacent replica (a downstream backup or a stateless
-operator), sometimes followed by a second failover. The same trial runs under each mode, so
-``nspb`` and ``strawman`` face identical schedules; the checker judges every run.
+operator), sometimes followed by a second failover. Sometimes a downstream
+backup fails first, so that its replacement is still catching up when the primary fails. The
+same trial runs under each mode, so ``nspb`` and ``strawman`` face identical schedules; the
+checker judges every run.
 """
 
 from __future__ import annotations
@@ -46,7 +48,12 @@ def _plan(rng: random.Random, stateful: list[str], downstream: dict[str, list[st
     adjacent = rng.random()
     if adjacent < 0.15 and downstream[op]:
         plan.append(_Crash(first, rng.choice(downstream[op]), "backup"))
-    elif adjacent < 0.25:
+    elif adjacent < 0.3 and downstream[op]:
+        # A downstream backup fails first; its replacement is still catching up when the
+        # upstream primary fails (the durable point must come from what the old one announced).
+        plan.append(_Crash(max(0.0, first - rng.uniform(0.001, 0.02)),
+                           rng.choice(downstream[op]), "backup"))
+    elif adjacent < 0.4:
         plan.append(_Crash(first, rng.choice(stateless), "stateless"))
     if rng.random() < 0.2:
         plan.append(_Crash(first + rng.uniform(0.05, 0.2), rng.choice(stateful), "primary"))
@@ -75,7 +82,7 @@ def run_trial(seed: int, mode: Mode, *, requests: int = 30) -> TrialResult:
     for i in range(requests):
         sim.submit(make(i))
     crashes: list[float] = []
-    for crash in plan:
+    for crash in sorted(plan, key=lambda c: c.at_s):
         sim.run(timeout_s=max(0.0, crash.at_s - sim.now))
         node = sim.node_of(crash.op, "backup" if crash.role == "backup" else "primary")
         if node is not None and sim.can_fail(node):

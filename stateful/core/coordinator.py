@@ -71,6 +71,10 @@ class _Recovery:
     """Operators to fence once the current freeze round is answered."""
     exact: set[str] = field(default_factory=set)
     """Operators whose durable point the freezes so far pinned down."""
+    everyone: bool = False
+    """Whether every live node has been frozen already."""
+    backup_applied: dict[str, int] = field(default_factory=dict)
+    """What each fenced operator's current backup has applied (absent: nothing yet)."""
     promoted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -234,6 +238,7 @@ class Coordinator:
         backups = [self.config.placements[op].backup for op in ops]
         if everyone or any(b is None or b in self.dead for b in backups):
             rec.exact |= self.config.graph.topology.stateful
+            rec.everyone = True
             return self._broadcast(rec, Freeze(recovery=rec.id), self._live())
         rec.exact |= set(ops)
         return self._broadcast(rec, Freeze(recovery=rec.id), {b for b in backups if b})
@@ -242,13 +247,12 @@ class Coordinator:
         rec = self.recovery
         assert rec is not None and self.config is not None
         if rec.phase == "freeze":
-            for report in rec.reports:
-                for source in (report.applied, report.durable):
-                    for op, seq in source.items():
-                        rec.durable[op] = max(rec.durable.get(op, 0), seq)
-                for op, seq in report.seen.items():
-                    rec.seen[op] = max(rec.seen.get(op, 0), seq)
-                    self.seen[op] = max(self.seen.get(op, 0), seq)
+            self._merge_reports(rec)
+            unsynced = [op for op in rec.pending if op not in rec.backup_applied]
+            if unsynced and not rec.everyone:
+                # A backup that has not applied its first (overwrite) state yet does not know
+                # the durable point: its predecessor may have announced states it never got.
+                return self._freeze(rec, rec.pending, everyone=True)
             return self._fence(rec.pending)
         if rec.phase == "fence":
             new = sorted(rec.tainted - set(rec.fenced))
@@ -256,6 +260,19 @@ class Coordinator:
                 return self._freeze(rec, new)
             return self._fence(new)
         return self._done(rec)
+
+    def _merge_reports(self, rec: _Recovery) -> None:
+        assert self.config is not None
+        for report in rec.reports:
+            for source in (report.applied, report.durable):
+                for op, seq in source.items():
+                    rec.durable[op] = max(rec.durable.get(op, 0), seq)
+            for op, seq in report.applied.items():
+                if self.config.placements[op].backup == report.node:
+                    rec.backup_applied[op] = seq
+            for op, seq in report.seen.items():
+                rec.seen[op] = max(rec.seen.get(op, 0), seq)
+                self.seen[op] = max(self.seen.get(op, 0), seq)
 
     def _failed_primaries(self, rec: _Recovery) -> list[str]:
         assert self.config is not None
@@ -296,14 +313,21 @@ class Coordinator:
                   rec: _Recovery) -> Placement:
         primary_alive = where.primary is not None and where.primary not in self.dead
         backup_alive = where.backup is not None and where.backup not in self.dead
-        if backup_alive:
+        synced = rec.backup_applied.get(op, -1) >= point.seq
+        if backup_alive and (synced or not primary_alive):
+            if not synced:
+                logger.error("operator %s: its backup %s has not caught up with the durable "
+                             "point %d and the primary is gone (two failures of one operator)",
+                             op, where.backup, point.seq)
             rec.promoted.append(op)
             return Placement(primary=where.backup, backup=where.primary if primary_alive else None,
                              epoch=point.epoch, start_seq=point.seq)
         if primary_alive:
+            # The backup is gone or still catching up: roll the primary back to its snapshot
+            # at the durable point (§IV-C); a live backup stays and gets a fresh overwrite.
             rec.rolled_back.append(op)
-            return Placement(primary=where.primary, backup=None, epoch=point.epoch,
-                             start_seq=point.seq)
+            return Placement(primary=where.primary, backup=where.backup if backup_alive else None,
+                             epoch=point.epoch, start_seq=point.seq)
         logger.error("operator %s lost both replicas; restarting it empty (outside HAMS's "
                      "failure model)", op)
         return Placement(primary=None, backup=None, epoch=point.epoch, start_seq=point.seq)

@@ -47,21 +47,27 @@ def test_sigkill_replicas_mid_stream_loses_nothing_and_stays_consistent(tmp_path
         async with LocalGraph(sp_graph(8), options, run_dir=tmp_path, spares=3) as graph:
             make = request_maker("sp", seed=7)
             assert len(await stream(graph, make, 0, 40)) == 40
+            promoted: list[set[str]] = []
+            restarted: list[set[str]] = []
             for phase, (name, victims) in enumerate(PHASES, start=1):
                 nodes = [graph.node_of(op, role) for op, role in victims]
+                before = len(graph.recoveries)
                 running = asyncio.ensure_future(stream(graph, make, 1000 * phase, 60))
                 await asyncio.sleep(0.1)  # mid-stream
                 for node in nodes:
                     assert node is not None, name
                     graph.kill(node)
-                await graph.wait_recoveries(phase, timeout_s=30.0)
+                await graph.wait_recoveries(before + 1, timeout_s=30.0)
                 assert len(await running) == 60, name
                 await graph.wait_replicated(timeout_s=90.0, standbys=2)
-            recoveries = graph.recoveries
-            assert "sentiment" in recoveries[0].promoted
-            assert "stock" in recoveries[1].promoted
-            assert recoveries[2].restarted == ("embed",)
-            assert "sentiment" in recoveries[3].promoted
+                # Two kills at once may be detected in either order: one recovery or two.
+                new = graph.recoveries[before:]
+                promoted.append({op for r in new for op in r.promoted})
+                restarted.append({op for r in new for op in r.restarted})
+            assert "sentiment" in promoted[0]
+            assert "stock" in promoted[1]
+            assert restarted[2] == {"embed"}
+            assert "sentiment" in promoted[3]
             report = graph.report()
             assert report.ok, report.summary()
             assert report.submitted == 40 + 60 * len(PHASES)

@@ -120,6 +120,33 @@ def test_correlated_failure_rolls_the_downstream_primary_back() -> None:
     assert "classifier" in done.rolled_back
 
 
+def test_taint_with_a_backup_still_catching_up_rolls_the_primary_back() -> None:
+    """The classifier's backup was replaced and has not applied its overwrite yet when the
+    tracker's primary fails: the durable point comes from what the old backup announced, so
+    the classifier's primary rolls back instead of promoting a backup that is behind it."""
+    for seed in range(3):
+        c = SimCluster(ol_graph(4), RuntimeOptions(mode=Mode.NSPB, observe=True,
+                                                   noise=NoiseSpec(seed=seed)), seed=seed)
+        make = request_maker("ol", seed=seed)
+        for i in range(20):
+            c.submit(make(i))
+        c.run(lambda c=c: len(c.replies) >= 10, timeout_s=1.0)
+        c.slow[("tracker.p0", "tracker.b0")] = 0.05
+        for i in range(20, 40):
+            c.submit(make(i))
+        c.run(timeout_s=0.005)
+        c.kill("classifier.b0")
+        c.run(lambda c=c: c.node_of("classifier", "backup") not in (None, "classifier.b0")
+              and not c.coordinator.busy, timeout_s=1.0)
+        c.run(timeout_s=0.002)
+        fresh = c.nodes[c.node_of("classifier", "backup")].core.role  # type: ignore[index]
+        assert isinstance(fresh, BackupRole) and fresh.applied_batch < 0
+        c.kill("tracker.p0")
+        assert c.run(partial(finished, c, 40), timeout_s=10.0)
+        assert c.report().ok, c.report().summary()
+        assert "classifier" in c.recoveries[-1].rolled_back
+
+
 def test_old_primary_rejoins_as_backup_by_overwrite() -> None:
     c = cluster("ol", Mode.NSPB, seed=2)
     c.slow[("tracker.p0", "tracker.b0")] = 0.03
