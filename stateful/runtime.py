@@ -275,8 +275,9 @@ class LocalGraph:
     async def wait_replicated(self, timeout_s: float = 30.0, standbys: int = 0) -> None:
         """Wait until the graph is fully replicated again.
 
-        That is: no recovery runs, every placed replica is a live process and at least
-        ``standbys`` blank standbys wait in the pool.
+        That is: no recovery runs, every placed replica is a live process, every stateful
+        operator's backup has applied a state, and at least ``standbys`` blank standbys wait in
+        the pool.
         """
         await self._until(lambda: self._replicated() and len(self.coordinator.spares) >= standbys,
                           timeout_s)
@@ -287,10 +288,12 @@ class LocalGraph:
             return False
         stateful = self.graph.topology.stateful
         for op, where in config.placements.items():
-            wanted = [where.primary] + ([where.backup] if op in stateful
-                                        and self.options.mode is not Mode.BARE else [])
+            replicated = op in stateful and self.options.mode is not Mode.BARE
+            wanted = [where.primary] + ([where.backup] if replicated else [])
             if any(n is None or n in self.coordinator.dead for n in wanted):
                 return False
+            if replicated and self.coordinator.synced.get(op) != (where.backup, where.epoch):
+                return False  # the backup has not applied its first state yet
         return True
 
     def report(self) -> ConsistencyReport:

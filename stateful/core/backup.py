@@ -112,6 +112,7 @@ class BackupRole:
         return out
 
     def _apply(self, msg: StateUpdate) -> list[Effect]:
+        first = self.applied_batch < 0
         if msg.overwrite:
             self.log = {}
         for record in msg.records:
@@ -127,6 +128,9 @@ class BackupRole:
                 op=self.op, node=self.ctx.node,
                 records=tuple((r.request_id, r.lineage) for r in msg.records))))
         out.append(self._ack())
+        if first:  # tell the manager this operator is protected again
+            out.append(Send(self.ctx.config.manager, Durable(
+                op=self.op, epoch=self.epoch, seq=self.applied_seq, cv=self.ctx.config.version)))
         return out + self.announce()
 
     def announce(self) -> list[Effect]:

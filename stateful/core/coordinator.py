@@ -38,6 +38,7 @@ from stateful.errors import InvalidGraphError, ReplicaUnavailableError
 from stateful.graph import MANAGER, GraphSpec
 from stateful.messages import (
     Configure,
+    Durable,
     Fence,
     FenceAck,
     FencePoint,
@@ -106,6 +107,8 @@ class Coordinator:
         self.recovery: _Recovery | None = None
         self.recoveries = 0
         self.taken = 0
+        self.synced: dict[str, tuple[str, int]] = {}
+        """Operator -> (backup node, epoch) that has applied a state (protected again)."""
         self.seen: dict[str, int] = {}
         """Largest seq per operator any freeze reported: a late restart numbers after it."""
 
@@ -166,6 +169,11 @@ class Coordinator:
         return [] if self.recovery is not None else self._repair()
 
     def on_message(self, src: str, msg: object) -> list[Effect]:
+        if isinstance(msg, Durable):
+            where = self.config.placements.get(msg.op) if self.config else None
+            if where is not None and where.backup == src and where.epoch == msg.epoch:
+                self.synced[msg.op] = (src, msg.epoch)
+            return []
         rec = self.recovery
         if rec is None or src not in rec.awaiting:
             return []
