@@ -21,13 +21,21 @@ pytestmark = pytest.mark.timeout(300)
 
 
 async def stream(graph: LocalGraph, make: Callable[[int], ClientRequest], start: int,
-                 count: int, window: int = 24) -> list[object]:
-    """Closed-loop client: at most ``window`` requests in flight."""
+                 count: int, window: int = 24,
+                 midway: asyncio.Event | None = None) -> list[object]:
+    """Closed-loop client: at most ``window`` requests in flight; sets ``midway`` once a
+    third of the replies are in."""
     semaphore = asyncio.Semaphore(window)
+    replied = 0
 
     async def one(i: int) -> object:
+        nonlocal replied
         async with semaphore:
-            return await graph.submit(make(i), timeout_s=60.0)
+            reply = await graph.submit(make(i), timeout_s=60.0)
+        replied += 1
+        if midway is not None and replied >= count // 3:
+            midway.set()
+        return reply
 
     return await asyncio.gather(*(one(i) for i in range(start, start + count)))
 
@@ -52,8 +60,10 @@ def test_sigkill_replicas_mid_stream_loses_nothing_and_stays_consistent(tmp_path
             for phase, (name, victims) in enumerate(PHASES, start=1):
                 nodes = [graph.node_of(op, role) for op, role in victims]
                 before = len(graph.recoveries)
-                running = asyncio.ensure_future(stream(graph, make, 1000 * phase, 60))
-                await asyncio.sleep(0.1)  # mid-stream
+                midway = asyncio.Event()
+                running = asyncio.ensure_future(stream(graph, make, 1000 * phase, 60,
+                                                       midway=midway))
+                await asyncio.wait_for(midway.wait(), 60.0)
                 for node in nodes:
                     assert node is not None, name
                     graph.kill(node)

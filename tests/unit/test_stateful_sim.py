@@ -71,7 +71,7 @@ def test_remus_adds_latency_nspb_hides_it() -> None:
     assert nspb < bare * 1.1
 
 
-def test_messages_survive_the_json_wire_format() -> None:
+def test_messages_survive_the_transport_frame_format() -> None:
     c = cluster("ol", Mode.NSPB, wire=True)
     assert drive(c, "ol", 12, [(150, "tracker", "primary")])
     assert c.report().ok and c.recoveries
