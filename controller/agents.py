@@ -126,9 +126,13 @@ class AgentHub:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def command(self, server_id: str, command: LoadCommand | UnloadCommand |
-                      InventoryCommand, timeout_s: float = 300.0) -> CommandResult:
-        """Send a command and wait for its result; raises on error or no answer."""
+    async def send(self, server_id: str, command: LoadCommand | UnloadCommand |
+                   InventoryCommand) -> asyncio.Future[CommandResult]:
+        """Send a command now; the returned future gets its result.
+
+        The agent runs the commands of one model in the order they arrive, so a caller that
+        must order an unload before a later load sends it while holding its own lock.
+        """
         websocket = self._sockets.get(server_id)
         if websocket is None:
             raise AgentUnavailableError(f"agent of server {server_id} is not connected")
@@ -136,14 +140,21 @@ class AgentHub:
         self._pending[command.command_id] = future
         try:
             await websocket.send_text(encode(command))
+        except Exception as exc:  # noqa: BLE001 - a send on a dead socket
+            self._pending.pop(command.command_id, None)
+            raise AgentUnavailableError(f"agent of {server_id}: {exc}") from exc
+        return future
+
+    async def command(self, server_id: str, command: LoadCommand | UnloadCommand |
+                      InventoryCommand, timeout_s: float = 300.0,
+                      sent: asyncio.Future[CommandResult] | None = None) -> CommandResult:
+        """Send a command (unless ``sent`` is its future) and wait for its result."""
+        future = sent if sent is not None else await self.send(server_id, command)
+        try:
             result = await asyncio.wait_for(future, timeout_s)
         except TimeoutError as exc:
             raise AgentUnavailableError(
                 f"agent of {server_id} did not answer {command.type} in {timeout_s} s") from exc
-        except Exception as exc:  # noqa: BLE001 - a send on a dead socket
-            if isinstance(exc, AgentUnavailableError):
-                raise
-            raise AgentUnavailableError(f"agent of {server_id}: {exc}") from exc
         finally:
             self._pending.pop(command.command_id, None)
         if not result.ok:

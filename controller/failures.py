@@ -30,7 +30,7 @@ from controller.records import (
 )
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
-from understudy.protocol import Hello, InventoryItem
+from understudy.protocol import Hello, InventoryItem, UnloadCommand
 
 logger = logging.getLogger(__name__)
 
@@ -317,9 +317,20 @@ class ServerLifecycle:
                 f"reload {record.app_id}/{replica.variant}")
 
     async def _unload_stray(self, server_id: str, app_id: str, variant: str) -> None:
+        o = self.o
         try:
-            await self.o.agents.unload(server_id, app_id, variant)
-        except (AgentUnavailableError, AgentCommandError) as exc:
+            # Decided and sent under the planning lock: a load of the same model decided
+            # later (a fail-back) reaches the agent after this unload, never before it.
+            async with o.plan_lock:
+                record = await o.store.get_app(app_id)
+                replica = record.replica(server_id, variant) if record else None
+                if replica is not None and replica.state in (ReplicaState.LOADING,
+                                                             ReplicaState.READY):
+                    return  # wanted again meanwhile
+                sent = await o.agents.send(server_id, UnloadCommand(
+                    command_id=o.agents.next_id(), app_id=app_id, variant=variant))
+            await asyncio.wait_for(sent, 300)
+        except (AgentUnavailableError, AgentCommandError, TimeoutError) as exc:
             logger.warning("stray %s__%s on %s: %s", app_id, variant, server_id, exc)
 
     async def revive(self, server_id: str) -> None:

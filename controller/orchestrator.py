@@ -299,6 +299,10 @@ class Orchestrator:
         """Unload one replica (best effort on an unreachable server) and drop it."""
         servers = await self.store.servers()
         server = servers.get(server_id)
+        record = await self.store.get_app(app_id)
+        current = record.replica(server_id, variant) if record else None
+        if current is not None and current.state is not ReplicaState.UNLOADING:
+            return  # wanted again (re-planned) before the unload went out
         if server is not None and server.state is not ServerState.FAILED:
             try:
                 await self.agents.unload(server_id, app_id, variant)
