@@ -327,10 +327,11 @@ class ServerLifecycle:
                 if replica is not None and replica.state in (ReplicaState.LOADING,
                                                              ReplicaState.READY):
                     return  # wanted again meanwhile
-                sent = await o.agents.send(server_id, UnloadCommand(
-                    command_id=o.agents.next_id(), app_id=app_id, variant=variant))
-            await asyncio.wait_for(sent, 300)
-        except (AgentUnavailableError, AgentCommandError, TimeoutError) as exc:
+                command = UnloadCommand(command_id=o.agents.next_id(), app_id=app_id,
+                                        variant=variant)
+                sent = await o.agents.send(server_id, command)
+            await o.agents.command(server_id, command, sent=sent)
+        except (AgentUnavailableError, AgentCommandError) as exc:
             logger.warning("stray %s__%s on %s: %s", app_id, variant, server_id, exc)
 
     async def revive(self, server_id: str) -> None:
