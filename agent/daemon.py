@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.replicas import ReplicaSupervisor
 from agent.repository import ArtifactFetchError, ModelRepository, UnknownVariantError
 from agent.triton import TritonConfig, TritonError, TritonServer
 from understudy.ports import free_ports
@@ -43,6 +44,9 @@ from understudy.protocol import (
     LoadCommand,
     ModelState,
     ProtocolError,
+    ReplicaExited,
+    StartReplicaCommand,
+    StopReplicaCommand,
     TritonDown,
     TritonUp,
     UnloadCommand,
@@ -128,6 +132,10 @@ class Agent:
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / "artifact-cache", token=config.token)
         self.models: dict[str, InventoryItem] = {}
+        # Service-graph replicas listen where Triton does and are advertised like it.
+        self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,
+                                          advertise_host=config.advertise_host,
+                                          on_exit=self._on_replica_exit)
         self.restarts = 0
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
@@ -158,6 +166,7 @@ class Agent:
             for task in list(self._tasks):
                 task.cancel()
             self._expected_exit = True
+            await self.replicas.close()
             await asyncio.to_thread(self.triton.stop)
             logger.info("agent %s stopped", self.config.server_id)
 
@@ -263,7 +272,7 @@ class Agent:
                      endpoints=self.endpoints, triton_alive=self._triton_alive,
                      inventory=list(self.models.values()),
                      heartbeat_interval_ms=self.heartbeat_interval_s * 1000.0,
-                     boot_id=self.boot_id, agent_pid=_pid())
+                     boot_id=self.boot_id, agent_pid=_pid(), replicas=self.replicas.running())
 
     async def _heartbeats(self, ws: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -312,11 +321,16 @@ class Agent:
             return
         self._spawn(self._run_command(message))
 
-    async def _run_command(self, command: LoadCommand | UnloadCommand | InventoryCommand
-                           ) -> None:
+    def _on_replica_exit(self, message: ReplicaExited) -> None:
+        self._spawn(self._send(message, keep=True))
+
+    async def _run_command(self, command: LoadCommand | UnloadCommand | InventoryCommand |
+                           StartReplicaCommand | StopReplicaCommand) -> None:
         started = time.perf_counter()
         try:
-            if isinstance(command, LoadCommand):
+            if isinstance(command, StartReplicaCommand | StopReplicaCommand):
+                result = await self.replicas.handle(command)
+            elif isinstance(command, LoadCommand):
                 result = await self._load(command, started)
             elif isinstance(command, UnloadCommand):
                 result = await self._unload(command, started)

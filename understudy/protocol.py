@@ -5,8 +5,10 @@ New fields always get defaults, so a newer peer can talk to an older one within 
 a frame with a different major ``v`` is refused with an error reply.
 
 Agent -> controller: ``hello`` once per connection, then ``heartbeat`` every T ms, ``result`` for
-each command, ``triton_down`` / ``triton_up`` when the agent's Triton dies or is back.
-Controller -> agent: ``load``, ``unload``, ``inventory`` commands, ``configure``.
+each command, ``triton_down`` / ``triton_up`` when the agent's Triton dies or is back,
+``replica_exited`` the moment a service-graph replica process it started ends.
+Controller -> agent: ``load``, ``unload``, ``inventory`` commands, ``configure``,
+``start_replica`` / ``stop_replica`` (NSPB replica processes of a service graph).
 """
 
 from __future__ import annotations
@@ -92,6 +94,19 @@ class ErrorInfo(BaseModel):
     retryable: bool = False
 
 
+class ReplicaInfo(BaseModel):
+    """A service-graph replica process an agent runs (``python -m stateful.replica``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    graph: str
+    node: str
+    address: str
+    """``host:port`` the replica listens on, as peers elsewhere reach it."""
+    pid: int | None = None
+    started_at: float | None = None
+
+
 # --- agent -> controller ------------------------------------------------------------------------
 
 
@@ -110,6 +125,8 @@ class Hello(_Message):
     boot_id: str = ""
     """Changes every agent start: a new boot id means nothing loaded survived."""
     agent_pid: int | None = None
+    replicas: list[ReplicaInfo] = Field(default_factory=list)
+    """Graph replica processes running now (the controller stops those it does not know)."""
 
 
 class Heartbeat(_Message):
@@ -136,6 +153,8 @@ class CommandResult(_Message):
     error: ErrorInfo | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     inventory: list[InventoryItem] | None = None
+    replica: ReplicaInfo | None = None
+    """For ``start_replica``: the running replica and its address."""
 
 
 class TritonDown(_Message):
@@ -157,8 +176,20 @@ class TritonUp(_Message):
     restarts: int = 0
 
 
-AgentMessage = Annotated[Hello | Heartbeat | CommandResult | TritonDown | TritonUp,
-                         Field(discriminator="type")]
+class ReplicaExited(_Message):
+    """A replica process the agent started has ended (sent the moment the agent sees it)."""
+
+    type: Literal["replica_exited"] = "replica_exited"
+    graph: str
+    node: str
+    at: float
+    exit_code: int | None = None
+    requested: bool = False
+    """True when a ``stop_replica`` command ended it (not a failure)."""
+
+
+AgentMessage = Annotated[Hello | Heartbeat | CommandResult | TritonDown | TritonUp |
+                         ReplicaExited, Field(discriminator="type")]
 
 
 # --- controller -> agent ------------------------------------------------------------------------
@@ -206,6 +237,40 @@ class InventoryCommand(_Command):
     type: Literal["inventory"] = "inventory"
 
 
+class _ReplicaCommand(_Command):
+    graph: str
+    node: str
+
+    @field_validator("graph", "node")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        if not _NAME.match(value) or len(value) > 128:
+            raise ValueError(f"{value!r} must be letters, digits, '_', '.', '-' (not starting "
+                             f"with a symbol, at most 128 characters)")
+        return value
+
+
+class StartReplicaCommand(_ReplicaCommand):
+    """Start ``python -m stateful.replica --node NODE``; the result carries its address.
+
+    Idempotent: a replica of that graph and node that is already running is reported again.
+    """
+
+    type: Literal["start_replica"] = "start_replica"
+    observe_dir: str | None = None
+    """Write the checker's observations to this directory on the agent's host (testing)."""
+    log_level: str = Field("WARNING", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    ready_timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+class StopReplicaCommand(_ReplicaCommand):
+    """Stop a replica: SIGTERM, then SIGKILL after ``timeout_s`` (at once with ``kill``)."""
+
+    type: Literal["stop_replica"] = "stop_replica"
+    kill: bool = False
+    timeout_s: float = Field(5.0, ge=0, le=60)
+
+
 class Configure(_Message):
     """Controller-side settings pushed to the agent (heartbeat interval)."""
 
@@ -213,8 +278,12 @@ class Configure(_Message):
     heartbeat_interval_ms: float | None = Field(None, gt=0, le=60_000)
 
 
-ControllerMessage = Annotated[LoadCommand | UnloadCommand | InventoryCommand | Configure,
+ControllerMessage = Annotated[LoadCommand | UnloadCommand | InventoryCommand | Configure |
+                              StartReplicaCommand | StopReplicaCommand,
                               Field(discriminator="type")]
+AgentCommand = LoadCommand | UnloadCommand | InventoryCommand | StartReplicaCommand | \
+    StopReplicaCommand
+"""Every controller -> agent frame that expects a ``result``."""
 
 _AGENT_ADAPTER: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 _CONTROLLER_ADAPTER: TypeAdapter[ControllerMessage] = TypeAdapter(ControllerMessage)
@@ -252,13 +321,13 @@ def _parse(adapter: TypeAdapter, raw: str | bytes) -> object:
 
 
 def parse_agent_message(raw: str | bytes) -> Hello | Heartbeat | CommandResult | TritonDown | \
-        TritonUp:
+        TritonUp | ReplicaExited:
     """Decode one agent frame (controller side)."""
     return _parse(_AGENT_ADAPTER, raw)  # type: ignore[return-value]
 
 
 def parse_controller_message(raw: str | bytes) -> LoadCommand | UnloadCommand | \
-        InventoryCommand | Configure:
+        InventoryCommand | Configure | StartReplicaCommand | StopReplicaCommand:
     """Decode one controller frame (agent side)."""
     return _parse(_CONTROLLER_ADAPTER, raw)  # type: ignore[return-value]
 

@@ -1,0 +1,209 @@
+"""Service-graph replica processes on this server: start, stop, kill, and report their deaths.
+
+The controller's graph manager places the NSPB replicas of a service graph on servers and asks
+their agents to start them (``start_replica``). The supervisor runs ``python -m stateful.replica
+--node NODE`` and answers once the process printed ``READY host:port`` — the handshake of
+``stateful.runtime.SubprocessLauncher`` — with the address rewritten to the agent's advertised
+host, so peers on other servers can reach it. A replica's exit is reported at once through
+``on_exit`` (the agent sends ``replica_exited``): that is the per-process failure signal, next to
+the controller's detector that fails every replica of a server that goes silent.
+
+Replicas are bound to the agent's life, like Triton: each child asks Linux to SIGKILL it when
+the agent dies (``PR_SET_PDEATHSIG``, set between fork and exec, so there is no window where a
+dead agent leaves a replica running) and stays in the agent's process group. A replica outliving
+its agent would keep serving a graph whose controller already promoted its backup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from understudy.protocol import (
+    CommandResult,
+    ErrorInfo,
+    ReplicaExited,
+    ReplicaInfo,
+    StartReplicaCommand,
+    StopReplicaCommand,
+)
+
+logger = logging.getLogger(__name__)
+
+READY = "READY"
+"""First stdout word of a replica that listens (``stateful.replica.READY``; not imported, so
+the agent does not load torch)."""
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_PR_SET_PDEATHSIG = 1
+
+
+class ReplicaStartError(RuntimeError):
+    """A replica process exited or stayed silent before it printed ``READY``."""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL us when the agent's thread that forked us dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class _Running:
+    info: ReplicaInfo
+    process: asyncio.subprocess.Process
+    stopping: bool = False
+    watch: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class ReplicaSupervisor:
+    """The replica processes of one agent, keyed by (graph, node)."""
+
+    run_dir: Path
+    bind_host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    on_exit: Callable[[ReplicaExited], None] | None = None
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        self._running: dict[tuple[str, str], _Running] = {}
+        self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def running(self) -> list[ReplicaInfo]:
+        """Replicas alive now (for the agent's hello)."""
+        return [r.info for r in self._running.values() if r.process.returncode is None]
+
+    async def start(self, command: StartReplicaCommand) -> tuple[ReplicaInfo, bool]:
+        """Start the replica (or find it running); returns its info and whether it already ran.
+
+        Must run on the event loop of the agent's main thread: the parent-death signal fires
+        when the *thread* that forked the child ends.
+        """
+        key = (command.graph, command.node)
+        async with self._starting.setdefault(key, asyncio.Lock()):
+            current = self._running.get(key)
+            if current is not None and current.process.returncode is None:
+                return current.info, True
+            process = await self._spawn(command)
+            try:
+                address = await self._handshake(command, process)
+            except ReplicaStartError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+                raise
+            info = ReplicaInfo(graph=command.graph, node=command.node, address=address,
+                               pid=process.pid, started_at=time.time())
+            running = _Running(info, process)
+            running.watch = asyncio.ensure_future(self._watch(running))
+            self._running[key] = running
+            logger.info("replica %s/%s pid %d ready at %s", command.graph, command.node,
+                        process.pid, address)
+            return info, False
+
+    async def _spawn(self, command: StartReplicaCommand) -> asyncio.subprocess.Process:
+        args = [self.python, "-m", "stateful.replica", "--node", command.node,
+                "--host", self.bind_host, "--log-level", command.log_level]
+        if command.observe_dir:
+            args += ["--observe-dir", command.observe_dir]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        log_dir = self.run_dir / "replicas" / command.graph
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / f"{command.node}.log").open("ab") as log:
+            return await asyncio.create_subprocess_exec(
+                *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=log, env=env, cwd=str(REPO_ROOT), preexec_fn=_die_with_parent)
+
+    async def _handshake(self, command: StartReplicaCommand,
+                         process: asyncio.subprocess.Process) -> str:
+        assert process.stdout is not None  # noqa: S101 - we asked for a pipe
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), command.ready_timeout_s)
+        except TimeoutError:
+            line = b""
+        word, _, address = line.decode(errors="replace").strip().partition(" ")
+        host, sep, port = address.rpartition(":")
+        if word != READY or not sep or not port.isdigit():
+            log = self.run_dir / "replicas" / command.graph / f"{command.node}.log"
+            raise ReplicaStartError(f"replica {command.graph}/{command.node} did not become "
+                                    f"ready within {command.ready_timeout_s:g} s (see {log})")
+        # The replica reports the address it bound; peers elsewhere need the advertised one.
+        return f"{self.advertise_host or host}:{port}"
+
+    async def _watch(self, running: _Running) -> None:
+        process = running.process
+        assert process.stdout is not None  # noqa: S101
+        # Drain stdout so a chatty replica never blocks on a full pipe; EOF comes at exit.
+        while await process.stdout.read(65536):
+            pass
+        code = await process.wait()
+        running.exited.set()
+        info = running.info
+        key = (info.graph, info.node)
+        if self._running.get(key) is running:
+            del self._running[key]
+        level = logging.INFO if running.stopping else logging.WARNING
+        logger.log(level, "replica %s/%s pid %s exited with code %s%s", info.graph, info.node,
+                   process.pid, code, " (stopped)" if running.stopping else "")
+        if self.on_exit is not None:
+            self.on_exit(ReplicaExited(graph=info.graph, node=info.node, at=time.time(),
+                                       exit_code=code, requested=running.stopping))
+
+    async def stop(self, graph: str, node: str, kill: bool = False,
+                   timeout_s: float = 5.0) -> bool:
+        """Stop a replica (SIGTERM, then SIGKILL after ``timeout_s``); False if none ran."""
+        running = self._running.get((graph, node))
+        if running is None or running.process.returncode is not None:
+            return False
+        running.stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            if kill:
+                running.process.kill()
+            else:
+                running.process.terminate()
+        try:
+            await asyncio.wait_for(running.exited.wait(), timeout_s if not kill else 10.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                running.process.kill()
+            await running.exited.wait()
+        return True
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop every replica (agent shutdown)."""
+        await asyncio.gather(*(self.stop(g, n, timeout_s=timeout_s)
+                               for g, n in list(self._running)), return_exceptions=True)
+
+    async def handle(self, command: StartReplicaCommand | StopReplicaCommand) -> CommandResult:
+        """Run a replica command and build its result (errors become failed results)."""
+        started = time.perf_counter()
+        try:
+            if isinstance(command, StartReplicaCommand):
+                info, already = await self.start(command)
+                return CommandResult(command_id=command.command_id, ok=True,
+                                     command=command.type, already=already, replica=info,
+                                     timings={"total_s": time.perf_counter() - started})
+            stopped = await self.stop(command.graph, command.node, command.kill,
+                                      command.timeout_s)
+            return CommandResult(command_id=command.command_id, ok=True, command=command.type,
+                                 already=not stopped,
+                                 timings={"total_s": time.perf_counter() - started})
+        except (ReplicaStartError, OSError) as exc:
+            # Retryable: another server (or a second try) may well start it.
+            return CommandResult(command_id=command.command_id, ok=False, command=command.type,
+                                 error=ErrorInfo(code="replica_start", message=str(exc),
+                                                 retryable=True),
+                                 timings={"total_s": time.perf_counter() - started})
