@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from model_repo.artifacts import (
@@ -50,6 +51,10 @@ class ModelRepository:
         self.cache = cache
         self.token = token
         self.timeout_s = timeout_s
+        # Loads of several apps' copies of one variant run in parallel threads; one download
+        # per variant at a time (the others then find it cached).
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
         repository.mkdir(parents=True, exist_ok=True)
         cache.mkdir(parents=True, exist_ok=True)
 
@@ -91,11 +96,18 @@ class ModelRepository:
         return self._fetch(variant)
 
     def _fetch(self, variant: str) -> tuple[Manifest, Path]:
-        import httpx
-
         base = self.source.rstrip("/")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         directory = self.cache / variant
+        with self._locks_guard:
+            lock = self._fetch_locks.setdefault(variant, threading.Lock())
+        with lock:
+            return self._fetch_locked(variant, base, headers, directory)
+
+    def _fetch_locked(self, variant: str, base: str, headers: dict[str, str],
+                      directory: Path) -> tuple[Manifest, Path]:
+        import httpx
+
         try:
             with httpx.Client(timeout=self.timeout_s, headers=headers) as client:
                 response = client.get(f"{base}/{variant}/{MANIFEST_FILE}")
@@ -117,18 +129,22 @@ class ModelRepository:
 
         assert isinstance(client, httpx.Client)  # noqa: S101 - internal call
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
+        # A unique partial file: a download left by a crashed agent never collides with this one.
+        handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial",
+                                        dir=target.parent)
+        partial = Path(name)
         digest = hashlib.sha256()
-        with client.stream("GET", url) as response:
-            response.raise_for_status()
-            with partial.open("wb") as handle:
+        try:
+            with os.fdopen(handle, "wb") as out, client.stream("GET", url) as response:
+                response.raise_for_status()
                 for block in response.iter_bytes(1 << 20):
                     digest.update(block)
-                    handle.write(block)
-        if digest.hexdigest() != sha256:
+                    out.write(block)
+            if digest.hexdigest() != sha256:
+                raise ArtifactFetchError(f"{url}: sha256 mismatch (download corrupted)")
+            os.replace(partial, target)
+        finally:
             partial.unlink(missing_ok=True)
-            raise ArtifactFetchError(f"{url}: sha256 mismatch (download corrupted)")
-        os.replace(partial, target)
         _marker(target).write_text(f"{target.stat().st_size} {sha256}\n", encoding="ascii")
         logger.info("fetched %s (%.1f MB)", url, target.stat().st_size / 1e6)
 
