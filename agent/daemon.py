@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.load_slots import LoadSlots
 from agent.replicas import ReplicaSupervisor
 from agent.repository import ArtifactFetchError, ModelRepository, UnknownVariantError
 from agent.triton import TritonConfig, TritonError, TritonServer
@@ -139,6 +140,7 @@ class Agent:
         self.restarts = 0
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
+        self.load_slots = LoadSlots(config.model_load_threads)
         self._ws: Any = None
         self._outbox: deque[str] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -360,9 +362,11 @@ class Agent:
             self.models[name] = InventoryItem(model_name=name, app_id=command.app_id,
                                               variant=command.variant, state=ModelState.LOADING)
             try:
-                await asyncio.to_thread(self.repository.materialise, name, command.variant)
-                materialised = time.perf_counter()
-                load_s = await asyncio.to_thread(self.triton.load, name)
+                async with self.load_slots.slot(command.urgent):
+                    admitted = time.perf_counter()
+                    await asyncio.to_thread(self.repository.materialise, name, command.variant)
+                    materialised = time.perf_counter()
+                    load_s = await asyncio.to_thread(self.triton.load, name)
             except UnknownVariantError as exc:
                 self.models.pop(name, None)
                 return reply.fail(_error("unknown_variant", exc))
@@ -375,8 +379,8 @@ class Agent:
             self.models[name] = InventoryItem(
                 model_name=name, app_id=command.app_id, variant=command.variant,
                 state=ModelState.READY, memory_mb=memory, load_s=load_s)
-            return reply.ok(ModelState.READY, queued_s=queued - started,
-                            materialise_s=materialised - queued, load_s=load_s)
+            return reply.ok(ModelState.READY, queued_s=admitted - started,
+                            materialise_s=materialised - admitted, load_s=load_s)
 
     async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
         name = command.model_name

@@ -168,10 +168,12 @@ class AgentHub:
         """A fresh command id."""
         return f"cmd-{next(self._ids)}"
 
-    async def load(self, server_id: str, app_id: str, variant: str) -> CommandResult:
-        """Load ``<app>__<variant>`` on a server."""
+    async def load(self, server_id: str, app_id: str, variant: str,
+                   urgent: bool = False) -> CommandResult:
+        """Load ``<app>__<variant>`` on a server (``urgent``: ahead of routine loads)."""
         return await self.command(server_id, LoadCommand(command_id=self.next_id(),
-                                                         app_id=app_id, variant=variant))
+                                                         app_id=app_id, variant=variant,
+                                                         urgent=urgent))
 
     async def unload(self, server_id: str, app_id: str, variant: str) -> CommandResult:
         """Unload ``<app>__<variant>`` from a server."""

@@ -110,7 +110,8 @@ class ServerLifecycle:
                     server_id, len(switched), len(recoveries), len(plan.unrecoverable),
                     "; ".join(plan.notes))
         # Interims first (they end the outage), then the targets (they restore accuracy).
-        await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v, first in recoveries if first))
+        await asyncio.gather(*(o.load_replica(a, s, v, urgent=True)
+                               for a, s, v, first in recoveries if first))
         await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v, first in recoveries
                                if not first))
         for app_id in switched:
@@ -313,7 +314,9 @@ class ServerLifecycle:
                 return
             found.state = ReplicaState.LOADING
             await o.store.put_app(current)
-        o.spawn(o.load_replica(record.app_id, replica.server_id, replica.variant),
+            # Nothing else serves the app (or this replica was what served): an outage.
+            urgent = current.serving is None or current.serving == found.key
+        o.spawn(o.load_replica(record.app_id, replica.server_id, replica.variant, urgent=urgent),
                 f"reload {record.app_id}/{replica.variant}")
 
     async def _unload_stray(self, server_id: str, app_id: str, variant: str) -> None:

@@ -216,13 +216,15 @@ class Orchestrator:
             replica = Replica(server_id=placement.server_id, variant=placement.variant,
                               role=ReplicaRole.PRIMARY,
                               accuracy=self.accuracy(record.spec.family, placement.variant))
+            # An app that served before (or found no room) is in an outage; a new one is not.
+            urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
             record.replicas.append(replica)
             record.home = replica.key
             record.status = AppStatus.PENDING
             record.reason = ""
             await self.store.put_app(record)
         logger.info("app %s: primary %s on %s", app_id, replica.variant, replica.server_id)
-        return self.load_replica(app_id, replica.server_id, replica.variant)
+        return self.load_replica(app_id, replica.server_id, replica.variant, urgent=urgent)
 
     async def get(self, app_id: str) -> AppRecord:
         """One app record; NotFoundError when unknown."""
@@ -247,11 +249,16 @@ class Orchestrator:
 
     # --- replicas ----------------------------------------------------------------------------
 
-    async def load_replica(self, app_id: str, server_id: str, variant: str) -> bool:
-        """Load one desired replica; record READY (then advance) or drop it on a final error."""
+    async def load_replica(self, app_id: str, server_id: str, variant: str,
+                           urgent: bool = False) -> bool:
+        """Load one desired replica; record READY (then advance) or drop it on a final error.
+
+        ``urgent`` loads end an outage (nothing of the app serves): the agent runs them before
+        its routine loads.
+        """
         started = time.perf_counter()
         try:
-            result = await self.agents.load(server_id, app_id, variant)
+            result = await self.agents.load(server_id, app_id, variant, urgent=urgent)
         except AgentUnavailableError as exc:
             # Left LOADING: the agent's next hello (reconcile) re-issues it.
             logger.warning("load %s/%s on %s deferred: %s", app_id, variant, server_id, exc)

@@ -223,6 +223,10 @@ class LoadCommand(_ModelCommand):
     """Materialise the variant's model directory and load it (no-op when already loaded)."""
 
     type: Literal["load"] = "load"
+    urgent: bool = False
+    """The load ends an outage (a progressive interim, an app with nothing serving): the agent
+    starts it before routine loads (warm backups, targets, fail-backs) and keeps a load slot
+    free for it."""
 
 
 class UnloadCommand(_ModelCommand):

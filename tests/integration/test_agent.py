@@ -130,6 +130,28 @@ def test_double_load_is_idempotent_and_never_concurrent(harness: Harness) -> Non
     harness.call(harness.peer.command("unload", app_id="app2", variant="mobilenet_v3_large"))
 
 
+def test_an_urgent_load_starts_while_routine_loads_queue(harness: Harness) -> None:
+    loads = [("app4", "mobilenet_v3_large", False), ("app5", "shufflenet_v2_x0_5", False),
+             ("app6", "mobilenet_v3_small", True)]
+
+    async def send_all() -> list[CommandResult]:
+        futures = []
+        for app_id, variant, urgent in loads:  # in this order: the urgent one comes last
+            futures.append(asyncio.ensure_future(harness.peer.command(
+                "load", app_id=app_id, variant=variant, urgent=urgent)))
+            await asyncio.sleep(0.02)
+        return list(await asyncio.gather(*futures))
+
+    first, second, urgent = harness.call(send_all())
+    assert first.ok and second.ok and urgent.ok
+    # Two load threads: one routine load at a time, the second slot kept for the urgent one.
+    assert second.timings["queued_s"] >= 0.5 * first.timings["load_s"]
+    assert urgent.timings["queued_s"] < 0.5 * first.timings["load_s"]
+    assert urgent.timings["queued_s"] < second.timings["queued_s"]
+    for app_id, variant, _ in loads:
+        harness.call(harness.peer.command("unload", app_id=app_id, variant=variant))
+
+
 def test_bad_commands_get_error_replies_and_the_agent_stays_up(harness: Harness) -> None:
     unknown = harness.call(harness.peer.command("load", app_id="app3", variant="no_such_net"))
     assert not unknown.ok and unknown.error is not None

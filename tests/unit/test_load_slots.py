@@ -1,0 +1,101 @@
+"""The agent's load admission: one slot kept for urgent loads, urgent ones first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.load_slots import LoadSlots
+
+
+async def _hold(slots: LoadSlots, urgent: bool, name: str, log: list[str],
+                release: asyncio.Event) -> None:
+    async with slots.slot(urgent):
+        log.append(name)
+        await release.wait()
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_rejects_no_slots() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        LoadSlots(0)
+
+
+def test_routine_loads_leave_one_slot_for_an_urgent_one() -> None:
+    async def scenario() -> list[str]:
+        slots, log, release = LoadSlots(2), [], asyncio.Event()
+        tasks = [asyncio.create_task(_hold(slots, False, f"routine-{i}", log, release))
+                 for i in range(3)]
+        await _settle()
+        assert log == ["routine-0"]  # the second slot stays free
+        tasks.append(asyncio.create_task(_hold(slots, True, "urgent", log, release)))
+        await _settle()
+        assert log == ["routine-0", "urgent"]
+        assert slots.running == 2
+        release.set()
+        await asyncio.gather(*tasks)
+        assert slots.running == 0 and slots.waiting == (0, 0)
+        return log
+
+    assert asyncio.run(scenario()) == ["routine-0", "urgent", "routine-1", "routine-2"]
+
+
+def test_a_freed_slot_goes_to_waiting_urgent_loads_first() -> None:
+    async def scenario() -> list[str]:
+        slots, log = LoadSlots(2), []
+        first, rest = asyncio.Event(), asyncio.Event()
+        busy = [asyncio.create_task(_hold(slots, False, "routine-a", log, first)),
+                asyncio.create_task(_hold(slots, True, "urgent-a", log, rest))]
+        await _settle()
+        queued = [asyncio.create_task(_hold(slots, False, "routine-b", log, rest)),
+                  asyncio.create_task(_hold(slots, True, "urgent-b", log, rest))]
+        await _settle()
+        assert slots.waiting == (1, 1)
+        first.set()  # routine-a ends: its slot goes to urgent-b although routine-b came first
+        await _settle()
+        assert log[-1] == "urgent-b"
+        rest.set()
+        await asyncio.gather(*busy, *queued)
+        return log
+
+    assert asyncio.run(scenario()) == ["routine-a", "urgent-a", "urgent-b", "routine-b"]
+
+
+def test_single_slot_is_shared_in_priority_order() -> None:
+    async def scenario() -> list[str]:
+        slots, log, release = LoadSlots(1), [], asyncio.Event()
+        tasks = [asyncio.create_task(_hold(slots, False, "routine-0", log, release))]
+        await _settle()
+        tasks += [asyncio.create_task(_hold(slots, False, "routine-1", log, release)),
+                  asyncio.create_task(_hold(slots, True, "urgent", log, release))]
+        await _settle()
+        assert log == ["routine-0"]
+        release.set()
+        await asyncio.gather(*tasks)
+        return log
+
+    assert asyncio.run(scenario()) == ["routine-0", "urgent", "routine-1"]
+
+
+def test_a_cancelled_waiter_gives_its_turn_away() -> None:
+    async def scenario() -> None:
+        slots, log, release = LoadSlots(1), [], asyncio.Event()
+        holder = asyncio.create_task(_hold(slots, False, "holder", log, release))
+        await _settle()
+        cancelled = asyncio.create_task(_hold(slots, True, "cancelled", log, release))
+        waiting = asyncio.create_task(_hold(slots, False, "next", log, release))
+        await _settle()
+        cancelled.cancel()
+        await _settle()
+        assert slots.waiting == (0, 1)
+        release.set()
+        await asyncio.gather(holder, waiting)
+        assert log == ["holder", "next"]
+        assert slots.running == 0
+
+    asyncio.run(scenario())
