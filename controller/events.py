@@ -39,6 +39,15 @@ class EventHub:
     async def publish(self, event: Event) -> Event:
         """Persist, then push. Returns the event with its sequence number."""
         stored = await self.store.append_event(event)
+        self.deliver([stored])
+        return stored
+
+    def deliver(self, events: list[Event]) -> None:
+        """Push events already persisted (``Store.commit``) to the live subscribers."""
+        for stored in events:
+            self._push(stored)
+
+    def _push(self, stored: Event) -> None:
         self.published += 1
         for subscriber in list(self._subscribers):
             if subscriber.app_id not in (None, stored.app_id):
@@ -53,7 +62,6 @@ class EventHub:
                 subscriber.queue.put_nowait(None)
         logger.info("event %d %s %s -> %s/%s (%s)", stored.seq, stored.kind, stored.app_id,
                     stored.server_id, stored.variant, stored.reason)
-        return stored
 
     async def subscribe(self, app_id: str | None, since: int | None) -> AsyncIterator[Event]:
         """Replay events after ``since`` (when given), then follow live ones."""

@@ -22,12 +22,14 @@ from controller.orchestrator import Orchestrator, Recovery
 from controller.records import (
     AppRecord,
     AppStatus,
+    Event,
     Replica,
     ReplicaRole,
     ReplicaState,
     ServerRecord,
     ServerState,
 )
+from controller.snapshot import build_snapshot
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
 from understudy.protocol import Hello, InventoryItem, UnloadCommand
@@ -84,7 +86,7 @@ class ServerLifecycle:
     async def _fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
         o = self.o
         async with o.plan_lock:
-            servers = await o.store.servers()
+            apps, servers = await o.store.apps_and_servers()
             server = servers.get(server_id)
             if server is None or server.state is ServerState.FAILED:
                 return
@@ -93,15 +95,23 @@ class ServerLifecycle:
                 logger.warning("server %s is alive again; failover cancelled", server_id)
                 o.agents.detector.false_alarm(server_id)
                 return
-            intent = await o.store.add_intent("failover", server_id=server_id, reason=reason)
             server.state, server.failed_at, server.failure_reason = (
                 ServerState.FAILED, detected_at, reason)
             server.connected = o.agents.connected(server_id)
-            await o.store.put_server(server)
-            snapshot, apps, servers = await o.snapshot()
-            # Warm switches first: announced before the cold part is even planned.
+            snapshot = build_snapshot(o.families, servers, apps)
+            # Warm switches first: decided in memory, then the failed server, the intent, the
+            # switched apps and their events are written in one transaction and pushed to the
+            # clients, before the cold part is even planned.
             warm = split_affected(snapshot, [server_id]).warm_switches
-            switched = await self._switch_to_warm(warm, apps, servers, server_id, detected_at)
+            switched, events = self._switch_to_warm(warm, apps, servers, server_id, detected_at)
+            intent, stored = await o.store.commit(
+                servers=[server], apps=[apps[a] for a in switched], events=events,
+                intent={"kind": "failover", "server_id": server_id, "reason": reason})
+            o.events.deliver(stored)
+            for _ in switched:
+                o.metrics.events.labels("warm_switch").inc()
+                o.metrics.failovers.labels("warm").inc()
+                o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
             plan = o.policy().plan_failover(snapshot, [server_id])
             recoveries = await self._start_recoveries(plan, apps, server_id, detected_at)
             await self._mark_unrecoverable(plan, apps, server_id, detected_at)
@@ -119,11 +129,12 @@ class ServerLifecycle:
         await o.replan_warm()
         await o.store.done_intent(intent)
 
-    async def _switch_to_warm(self, switches: tuple[WarmSwitch, ...],
-                              apps: dict[str, AppRecord], servers: dict[str, ServerRecord],
-                              server_id: str, detected_at: float) -> list[str]:
+    def _switch_to_warm(self, switches: tuple[WarmSwitch, ...], apps: dict[str, AppRecord],
+                        servers: dict[str, ServerRecord], server_id: str, detected_at: float
+                        ) -> tuple[list[str], list[Event]]:
+        """Promote the warm backups in the records (in memory); returns the apps and events."""
         o = self.o
-        switched = []
+        switched, events = [], []
         for switch in switches:
             record = apps[switch.app_id]
             replica = record.replica(switch.server_id, switch.variant)
@@ -133,14 +144,11 @@ class ServerLifecycle:
             record.serving = replica.key
             record.status = (AppStatus.SERVING if record.home and replica.variant ==
                              record.home[1] else AppStatus.DEGRADED)
-            await o.store.put_app(record)
             o.recoveries[record.app_id] = Recovery(detected_at, server_id, notified=True)
-            await o.notify(record, "warm_switch", replica, f"server {server_id} failed",
-                           servers=servers)
-            o.metrics.failovers.labels("warm").inc()
-            o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
+            events.append(o.event_for(record, "warm_switch", replica,
+                                      f"server {server_id} failed", servers))
             switched.append(record.app_id)
-        return switched
+        return switched, events
 
     async def _start_recoveries(self, plan: FailoverPlan, apps: dict[str, AppRecord],
                                 server_id: str, detected_at: float

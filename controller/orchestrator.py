@@ -134,15 +134,22 @@ class Orchestrator:
                      reason: str = "", servers: Mapping[str, ServerRecord] | None = None
                      ) -> Event:
         """Publish a placement event for an app (endpoint from the server record)."""
+        if replica is not None and servers is None:
+            servers = await self.store.servers()
+        event = self.event_for(record, kind, replica, reason, servers or {})
+        self.metrics.events.labels(kind).inc()
+        return await self.events.publish(event)
+
+    def event_for(self, record: AppRecord, kind: str, replica: Replica | None, reason: str,
+                  servers: Mapping[str, ServerRecord]) -> Event:
+        """The placement event of an app, not yet published (no sequence number)."""
         endpoint = None
         if replica is not None:
-            if servers is None:
-                servers = await self.store.servers()
             server = servers.get(replica.server_id)
             if server is not None and server.http:
                 endpoint = {"http": server.http, "grpc": server.grpc or ""}
         recovery = self.recoveries.get(record.app_id)
-        event = Event(
+        return Event(
             app_id=record.app_id, kind=kind,
             server_id=replica.server_id if replica else None, endpoint=endpoint,
             model_name=model_name(record.app_id, replica.variant) if replica else None,
@@ -151,8 +158,6 @@ class Orchestrator:
             accuracy=replica.accuracy if replica else None, reason=reason,
             failed_server=recovery.failed_server if recovery else None,
             failure_at=recovery.detected_at if recovery else None)
-        self.metrics.events.labels(kind).inc()
-        return await self.events.publish(event)
 
     # --- apps ------------------------------------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""The controller's Redis store against a real redis-server: the batched failover commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.events import EventHub
+from controller.records import AppRecord, AppSpec, Event, ServerRecord, ServerState
+from controller.redis_server import RedisServer
+from controller.store import Store
+
+
+@pytest.fixture()
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def _app(app_id: str) -> AppRecord:
+    return AppRecord(spec=AppSpec(app_id=app_id, family="mobilenet_v3"))
+
+
+def test_commit_writes_records_intent_and_numbered_events(redis_url: str) -> None:
+    async def scenario() -> None:
+        store = Store(redis_url)
+        hub = EventHub(store)
+        try:
+            await store.put_app(_app("a"))
+            await store.put_server(ServerRecord(server_id="s1", site_id="x",
+                                                capacity={"memory_mb": 1.0}))
+            earlier = await hub.publish(Event(app_id="a", kind="registered"))
+            apps, servers = await store.apps_and_servers()
+            assert set(apps) == {"a"} and set(servers) == {"s1"}
+
+            subscription = hub.subscribe(None, since=earlier.seq)
+            first_live = asyncio.ensure_future(subscription.__anext__())
+            await asyncio.sleep(0.05)
+            servers["s1"].state = ServerState.FAILED
+            apps["a"].reason = "switched"
+            events = [Event(app_id="a", kind="warm_switch"), Event(app_id="b", kind="x")]
+            intent, stored = await store.commit(
+                servers=[servers["s1"]], apps=[apps["a"], _app("b")], events=events,
+                intent={"kind": "failover", "server_id": "s1"})
+            hub.deliver(stored)
+
+            assert [e.seq for e in stored] == [earlier.seq + 1, earlier.seq + 2]
+            assert (await asyncio.wait_for(first_live, 5)).seq == earlier.seq + 1
+            apps, servers = await store.apps_and_servers()
+            assert servers["s1"].state is ServerState.FAILED
+            assert apps["a"].reason == "switched" and "b" in apps
+            intents = await store.intents()
+            assert intent is not None and intents[intent]["server_id"] == "s1"
+            assert intents[intent]["kind"] == "failover" and "at" in intents[intent]
+            replayed = await store.events(since=0)
+            assert [(e.seq, e.kind) for e in replayed] == [
+                (earlier.seq, "registered"), (earlier.seq + 1, "warm_switch"),
+                (earlier.seq + 2, "x")]
+            # The next single event continues the numbering.
+            after = await hub.publish(Event(app_id="a", kind="upgraded"))
+            assert after.seq == earlier.seq + 3
+            await subscription.aclose()
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_commit_without_events_or_intent(redis_url: str) -> None:
+    async def scenario() -> None:
+        store = Store(redis_url)
+        try:
+            intent, stored = await store.commit(apps=[_app("c")])
+            assert intent is None and stored == []
+            assert (await store.get_app("c")) is not None
+            assert await store.last_seq() == 0
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
