@@ -113,12 +113,22 @@ class ServerLifecycle:
                 o.metrics.failovers.labels("warm").inc()
                 o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
             plan = o.policy().plan_failover(snapshot, [server_id])
-            recoveries = await self._start_recoveries(plan, apps, server_id, detected_at)
-            await self._mark_unrecoverable(plan, apps, server_id, detected_at)
-            await self._forget_replicas_on(server_id, apps)
-        logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable (%s)",
-                    server_id, len(switched), len(recoveries), len(plan.unrecoverable),
-                    "; ".join(plan.notes))
+            # The cold part, also decided in memory and written at once (the interim loads
+            # wait for it): preempted backups, interim and target replicas, lost apps.
+            preempted = self._preempt(plan, apps)
+            recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
+            lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
+            changed = ({a for a, _, _ in preempted} | {a for a, _, _, _ in recoveries}
+                       | {e.app_id for e in lost} | self._forget_replicas_on(server_id, apps))
+            _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
+                                             events=lost)
+            o.events.deliver(stored)
+        logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable, "
+                    "%d warm backups preempted (%s)", server_id, len(switched), len(recoveries),
+                    len(plan.unrecoverable), len(preempted), "; ".join(plan.notes))
+        for app_id, backup_server, variant in preempted:
+            o.spawn(o.unload_replica(app_id, backup_server, variant),
+                    f"preempt backup {app_id}/{variant}")
         # Interims first (they end the outage), then the targets (they restore accuracy).
         await asyncio.gather(*(o.load_replica(a, s, v, urgent=True)
                                for a, s, v, first in recoveries if first))
@@ -150,9 +160,25 @@ class ServerLifecycle:
             switched.append(record.app_id)
         return switched, events
 
-    async def _start_recoveries(self, plan: FailoverPlan, apps: dict[str, AppRecord],
-                                server_id: str, detected_at: float
-                                ) -> list[tuple[str, str, str, bool]]:
+    def _preempt(self, plan: FailoverPlan, apps: dict[str, AppRecord]
+                 ) -> list[tuple[str, str, str]]:
+        """Mark the warm backups the plan preempts as unloading (in memory)."""
+        preempted = []
+        for placement in plan.preempted:
+            record = apps.get(placement.app_id)
+            replica = record.replica(placement.server_id, placement.variant) if record else None
+            if record is None or replica is None or replica.role is not ReplicaRole.WARM:
+                continue
+            replica.state = ReplicaState.UNLOADING
+            preempted.append((record.app_id, replica.server_id, replica.variant))
+            logger.warning("preempting the warm backup of %s on %s (%s) so that more apps "
+                           "recover", record.app_id, replica.server_id, replica.variant)
+        return preempted
+
+    def _start_recoveries(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+                          server_id: str, detected_at: float
+                          ) -> list[tuple[str, str, str, bool]]:
+        """Add the interim and target replicas to the records (in memory); returns the loads."""
         o = self.o
         loads = []
         for recovery in plan.recoveries:
@@ -173,33 +199,41 @@ class ServerLifecycle:
                 loads.append((record.app_id, target.server_id, target.variant, False))
             else:
                 interim.role = ReplicaRole.UPGRADE  # one load that serves as the final target
-            await o.store.put_app(record)
             o.recoveries[record.app_id] = Recovery(detected_at, server_id)
             o.metrics.failovers.labels("progressive").inc()
         return loads
 
-    async def _mark_unrecoverable(self, plan: FailoverPlan, apps: dict[str, AppRecord],
-                                  server_id: str, detected_at: float) -> None:
+    def _mark_unrecoverable(self, plan: FailoverPlan, apps: dict[str, AppRecord],
+                            server_id: str, detected_at: float) -> list[Event]:
+        """Mark the apps the plan cannot recover (in memory); returns their events."""
         o = self.o
+        events = []
         for lost in plan.unrecoverable:
             record = apps[lost.app_id]
             record.serving = None
             record.status = AppStatus.UNAVAILABLE
             record.reason = lost.reason
-            await o.store.put_app(record)
             o.recoveries[record.app_id] = Recovery(detected_at, server_id)
-            await o.notify(record, "unrecoverable", None, lost.reason)
+            events.append(o.event_for(record, "unrecoverable", None, lost.reason, {}))
+            o.metrics.events.labels("unrecoverable").inc()
             o.metrics.failovers.labels("unrecoverable").inc()
+        return events
 
-    async def _forget_replicas_on(self, server_id: str, apps: dict[str, AppRecord]) -> None:
-        """Drop the replicas a failed server held (their home is kept for fail-back)."""
+    @staticmethod
+    def _forget_replicas_on(server_id: str, apps: dict[str, AppRecord]) -> set[str]:
+        """Drop the replicas a failed server held (their home is kept for fail-back).
+
+        In memory; returns the apps that changed.
+        """
+        changed = set()
         for record in apps.values():
             before = len(record.replicas)
             record.replicas = [r for r in record.replicas if r.server_id != server_id]
             if record.serving and record.serving[0] == server_id:
                 record.serving = None
             if len(record.replicas) != before:
-                await self.o.store.put_app(record)
+                changed.add(record.app_id)
+        return changed
 
     # --- return ------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from controller.records import (
 from controller.snapshot import build_snapshot
 from controller.store import Store
 from policies.baselines import FullSizeWarmK
-from policies.config import WarmPlanConfig
+from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.errors import PolicyError
 from policies.failover import UnderstudyPolicy
 from policies.model import ClusterSnapshot, Family, Role
@@ -114,7 +114,8 @@ class Orchestrator:
                               time_limit_s=c.time_limit_s, mip_rel_gap=c.mip_rel_gap)
         if c.policy == "full-size-warm-k":
             return FullSizeWarmK(warm=warm)
-        return UnderstudyPolicy(warm=warm)
+        return UnderstudyPolicy(warm=warm,
+                                progressive=ProgressiveConfig(preempt_warm=c.preempt_warm))
 
     async def snapshot(self, failed: tuple[str, ...] = ()) -> tuple[
             ClusterSnapshot, dict[str, AppRecord], dict[str, ServerRecord]]:

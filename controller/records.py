@@ -165,6 +165,10 @@ class RuntimeConfig(BaseModel):
     warm_replicas: int = Field(1, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] = "understudy"
     failback: bool = True
+    preempt_warm: bool = Field(
+        True, description="when a failure leaves apps with no room, unload the fewest, least "
+                          "valuable warm backups of healthy apps so that they recover "
+                          "(understudy policy; the warm re-plan restores the backups)")
 
 
 class ConfigPatch(BaseModel):
@@ -182,6 +186,7 @@ class ConfigPatch(BaseModel):
     warm_replicas: int | None = Field(None, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] | None = None
     failback: bool | None = None
+    preempt_warm: bool | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> ConfigPatch:
