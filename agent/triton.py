@@ -152,7 +152,9 @@ def _child_setup(nice: int) -> Callable[[], None]:
     def setup() -> None:
         _die_with_parent()
         if nice:
-            os.nice(nice)
+            # Absolute, not relative: an agent running at a raised priority must not lift its
+            # data plane with it.
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
     return setup
 

@@ -7,6 +7,7 @@ Reads are open; everything that changes state, and agent connections, need the b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -233,7 +234,8 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
         if store is None or name not in ARTIFACT_FILES:
             raise NotFoundError(f"no artifact {variant}/{name}")
         try:
-            entry = find_variant(store, variant)
+            # A directory scan and a manifest parse: off the event loop the detector runs on.
+            entry = await asyncio.to_thread(find_variant, store, variant)
         except ArtifactError as exc:
             raise NotFoundError(str(exc)) from exc
         return FileResponse(entry.directory / name)

@@ -112,7 +112,9 @@ class ServerLifecycle:
                 o.metrics.events.labels("warm_switch").inc()
                 o.metrics.failovers.labels("warm").inc()
                 o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
-            plan = o.policy().plan_failover(snapshot, [server_id])
+            # In a thread: Algorithm 1 (and the preemption search) must not hold up the event
+            # loop, where late heartbeats of the other servers would become false alarms.
+            plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
             # The cold part, also decided in memory and written at once (the interim loads
             # wait for it): preempted backups, interim and target replicas, lost apps.
             preempted = self._preempt(plan, apps)
@@ -490,7 +492,7 @@ class ServerLifecycle:
         o = self.o
         async with o.plan_lock:
             snapshot, apps, _ = await o.snapshot()
-            plan = o.policy().plan_failover(snapshot, [server_id])
+            plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
             loads = []
             for recovery in plan.recoveries:
                 record = apps[recovery.app_id]

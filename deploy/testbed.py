@@ -34,6 +34,11 @@ STATE_FILE = "testbed.json"
 DATA_PLANE_NICE = 5
 """Triton and the load generators run at this niceness: on a small shared CPU the control
 plane (heartbeats every 20 ms) must not queue behind inference."""
+CONTROL_PLANE_NICE = -5
+"""Redis, the controller and the agents run at this niceness where the testbed may raise
+priority (root): detection and the failover's first steps take milliseconds, and must not wait
+for the CPU behind inference or unrelated work on the machine. Without the privilege they keep
+the launcher's niceness."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -84,6 +89,12 @@ class TestbedState:
         return cls(**data)
 
 
+def _set_niceness(nice: int) -> None:
+    """Absolute niceness of the calling (child) process; a refused raise keeps the current one."""
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
 def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> ProcessInfo:
     log_dir = Path(state.run_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +103,7 @@ def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> Pr
         process = subprocess.Popen(  # noqa: S603 - our own CLI
             args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            preexec_fn=(lambda: _set_niceness(nice)) if nice else None)
     info = ProcessInfo(name, process.pid, str(log_path), args)
     state.processes[name] = info
     state.save()
@@ -172,7 +183,7 @@ class Testbed:
         _spawn(state, "redis", ["redis-server", "--bind", "127.0.0.1", "--port",
                                 str(state.redis_port), "--dir", str(run_dir),
                                 "--appendonly", "yes", "--appendfsync", "everysec",
-                                "--save", ""])
+                                "--save", ""], nice=CONTROL_PLANE_NICE)
         port = free_port()
         state.controller_url = f"http://127.0.0.1:{port}"
         state.save()
@@ -195,7 +206,8 @@ class Testbed:
             "controller", "--port", port, "--run-dir", str(Path(self.state.run_dir) / "ctl"),
             "--redis-url", f"redis://127.0.0.1:{self.state.redis_port}/0",
             "--token", self.state.token, "--artifacts", self.state.artifacts,
-            "--heartbeat-ms", str(heartbeat_ms), "--policy", self.state.policy))
+            "--heartbeat-ms", str(heartbeat_ms), "--policy", self.state.policy),
+            nice=CONTROL_PLANE_NICE)
         wait_until("the controller to be ready", self._ready, 60, 0.1)
         return info
 
@@ -209,7 +221,8 @@ class Testbed:
             # Over HTTP from the controller, as agents on other hosts would fetch them.
             "--artifacts", f"{self.state.controller_url}/v1/artifacts",
             "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
-            "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)))
+            "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)),
+            nice=CONTROL_PLANE_NICE)
 
     def _ready(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):
