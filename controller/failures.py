@@ -86,6 +86,7 @@ class ServerLifecycle:
     async def _fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
         o = self.o
         async with o.plan_lock:
+            locked_at = time.time()
             apps, servers = await o.store.apps_and_servers()
             server = servers.get(server_id)
             if server is None or server.state is ServerState.FAILED:
@@ -108,6 +109,9 @@ class ServerLifecycle:
                 servers=[server], apps=[apps[a] for a in switched], events=events,
                 intent={"kind": "failover", "server_id": server_id, "reason": reason})
             o.events.deliver(stored)
+            logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
+                        "(%.1f ms waiting for the planning lock)", server_id, len(switched),
+                        (time.time() - detected_at) * 1000, (locked_at - detected_at) * 1000)
             for _ in switched:
                 o.metrics.events.labels("warm_switch").inc()
                 o.metrics.failovers.labels("warm").inc()
