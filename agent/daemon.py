@@ -136,7 +136,8 @@ class Agent:
         # Service-graph replicas listen where Triton does and are advertised like it.
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,
                                           advertise_host=config.advertise_host,
-                                          on_exit=self._on_replica_exit)
+                                          on_exit=self._on_replica_exit,
+                                          nice=config.triton_nice)
         self.restarts = 0
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}

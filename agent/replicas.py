@@ -10,7 +10,8 @@ the controller's detector that fails every replica of a server that goes silent.
 
 Replicas are bound to the agent's life, like Triton: each child asks Linux to SIGKILL it when
 the agent dies (``PR_SET_PDEATHSIG``, set between fork and exec, so there is no window where a
-dead agent leaves a replica running) and stays in the agent's process group. A replica outliving
+dead agent leaves a replica running; the forking thread lives as long as the agent) and stays
+in the agent's process group. A replica outliving
 its agent would keep serving a graph whose controller already promoted its backup.
 """
 
@@ -21,9 +22,12 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,70 +53,92 @@ class ReplicaStartError(RuntimeError):
     """A replica process exited or stayed silent before it printed ``READY``."""
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL us when the agent's thread that forked us dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
+def _child_setup(nice: int) -> Callable[[], None]:
+    def setup() -> None:
+        """In the child before exec: SIGKILL us when the agent's thread that forked us dies."""
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if nice:
+            os.nice(nice)
+
+    return setup
 
 
 @dataclass
 class _Running:
     info: ReplicaInfo
-    process: asyncio.subprocess.Process
+    process: subprocess.Popen[bytes]
     stopping: bool = False
-    watch: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _read_line(process: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
+               future: asyncio.Future[bytes]) -> None:
+    """In a thread: the replica's first stdout line (EOF when it dies or is killed)."""
+    assert process.stdout is not None  # noqa: S101 - we asked for a pipe
+    line = process.stdout.readline()
+    loop.call_soon_threadsafe(lambda: future.done() or future.set_result(line))
 
 
 @dataclass
 class ReplicaSupervisor:
-    """The replica processes of one agent, keyed by (graph, node)."""
+    """The replica processes of one agent, keyed by (graph, node).
+
+    The event loop never forks or waits: under CPU pressure a fork-and-exec can take tens of
+    milliseconds, and the agent's heartbeats (every 20 ms, failed after 50 ms of silence) share
+    its loop. Processes are spawned on one long-lived thread — it must outlive them, because the
+    parent-death signal fires when the *thread* that forked a child ends — and each is watched by
+    a thread blocked in ``waitpid``, as Triton is.
+    """
 
     run_dir: Path
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None
     on_exit: Callable[[ReplicaExited], None] | None = None
+    nice: int = 0
+    """Niceness of the replicas: data plane, like Triton, so heartbeats never queue behind a
+    replica importing torch or computing a batch."""
     python: str = sys.executable
 
     def __post_init__(self) -> None:
         self._running: dict[tuple[str, str], _Running] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="replica-spawner")
 
     def running(self) -> list[ReplicaInfo]:
         """Replicas alive now (for the agent's hello)."""
-        return [r.info for r in self._running.values() if r.process.returncode is None]
+        return [r.info for r in self._running.values() if r.process.poll() is None]
 
     async def start(self, command: StartReplicaCommand) -> tuple[ReplicaInfo, bool]:
-        """Start the replica (or find it running); returns its info and whether it already ran.
-
-        Must run on the event loop of the agent's main thread: the parent-death signal fires
-        when the *thread* that forked the child ends.
-        """
+        """Start the replica (or find it running); returns its info and whether it already ran."""
         key = (command.graph, command.node)
         async with self._starting.setdefault(key, asyncio.Lock()):
             current = self._running.get(key)
-            if current is not None and current.process.returncode is None:
+            if current is not None and current.process.poll() is None:
                 return current.info, True
-            process = await self._spawn(command)
+            loop = asyncio.get_running_loop()
+            process = await loop.run_in_executor(self._spawner, self._spawn, command)
             try:
                 address = await self._handshake(command, process)
             except ReplicaStartError:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-                await process.wait()
+                await asyncio.to_thread(process.wait)
                 raise
             info = ReplicaInfo(graph=command.graph, node=command.node, address=address,
                                pid=process.pid, started_at=time.time())
             running = _Running(info, process)
-            running.watch = asyncio.ensure_future(self._watch(running))
             self._running[key] = running
+            threading.Thread(target=self._watch, args=(running, loop), daemon=True,
+                             name=f"replica-watch-{process.pid}").start()
             logger.info("replica %s/%s pid %d ready at %s", command.graph, command.node,
                         process.pid, address)
             return info, False
 
-    async def _spawn(self, command: StartReplicaCommand) -> asyncio.subprocess.Process:
+    def _spawn(self, command: StartReplicaCommand) -> subprocess.Popen[bytes]:
+        """On the spawner thread."""
         args = [self.python, "-m", "stateful.replica", "--node", command.node,
                 "--host", self.bind_host, "--log-level", command.log_level]
         if command.observe_dir:
@@ -123,15 +149,18 @@ class ReplicaSupervisor:
         log_dir = self.run_dir / "replicas" / command.graph
         log_dir.mkdir(parents=True, exist_ok=True)
         with (log_dir / f"{command.node}.log").open("ab") as log:
-            return await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=log, env=env, cwd=str(REPO_ROOT), preexec_fn=_die_with_parent)
+            return subprocess.Popen(  # noqa: S603 - our own module and arguments
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
+                cwd=str(REPO_ROOT), preexec_fn=_child_setup(self.nice))
 
     async def _handshake(self, command: StartReplicaCommand,
-                         process: asyncio.subprocess.Process) -> str:
-        assert process.stdout is not None  # noqa: S101 - we asked for a pipe
+                         process: subprocess.Popen[bytes]) -> str:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        threading.Thread(target=_read_line, args=(process, loop, future), daemon=True,
+                         name=f"replica-ready-{process.pid}").start()
         try:
-            line = await asyncio.wait_for(process.stdout.readline(), command.ready_timeout_s)
+            line = await asyncio.wait_for(asyncio.shield(future), command.ready_timeout_s)
         except TimeoutError:
             line = b""
         word, _, address = line.decode(errors="replace").strip().partition(" ")
@@ -143,13 +172,17 @@ class ReplicaSupervisor:
         # The replica reports the address it bound; peers elsewhere need the advertised one.
         return f"{self.advertise_host or host}:{port}"
 
-    async def _watch(self, running: _Running) -> None:
+    def _watch(self, running: _Running, loop: asyncio.AbstractEventLoop) -> None:
+        """On a watcher thread: drain stdout (a full pipe would block the replica), wait."""
         process = running.process
         assert process.stdout is not None  # noqa: S101
-        # Drain stdout so a chatty replica never blocks on a full pipe; EOF comes at exit.
-        while await process.stdout.read(65536):
+        while process.stdout.read(65536):
             pass
-        code = await process.wait()
+        code = process.wait()
+        with contextlib.suppress(RuntimeError):  # the loop closed: the agent is exiting
+            loop.call_soon_threadsafe(self._exited, running, code)
+
+    def _exited(self, running: _Running, code: int) -> None:
         running.exited.set()
         info = running.info
         key = (info.graph, info.node)
@@ -157,7 +190,7 @@ class ReplicaSupervisor:
             del self._running[key]
         level = logging.INFO if running.stopping else logging.WARNING
         logger.log(level, "replica %s/%s pid %s exited with code %s%s", info.graph, info.node,
-                   process.pid, code, " (stopped)" if running.stopping else "")
+                   running.process.pid, code, " (stopped)" if running.stopping else "")
         if self.on_exit is not None:
             self.on_exit(ReplicaExited(graph=info.graph, node=info.node, at=time.time(),
                                        exit_code=code, requested=running.stopping))
@@ -165,10 +198,14 @@ class ReplicaSupervisor:
     async def stop(self, graph: str, node: str, kill: bool = False,
                    timeout_s: float = 5.0) -> bool:
         """Stop a replica (SIGTERM, then SIGKILL after ``timeout_s``); False if none ran."""
+        async with self._starting.setdefault((graph, node), asyncio.Lock()):
+            pass  # a stop that overtook the start of the same replica waits for it
         running = self._running.get((graph, node))
-        if running is None or running.process.returncode is not None:
+        if running is None or running.process.poll() is not None:
             return False
         running.stopping = True
+        logger.info("stopping replica %s/%s pid %s with %s", graph, node, running.process.pid,
+                    "SIGKILL" if kill else f"SIGTERM (SIGKILL after {timeout_s:g} s)")
         with contextlib.suppress(ProcessLookupError):
             if kill:
                 running.process.kill()
@@ -186,6 +223,7 @@ class ReplicaSupervisor:
         """Stop every replica (agent shutdown)."""
         await asyncio.gather(*(self.stop(g, n, timeout_s=timeout_s)
                                for g, n in list(self._running)), return_exceptions=True)
+        self._spawner.shutdown(wait=False)
 
     async def handle(self, command: StartReplicaCommand | StopReplicaCommand) -> CommandResult:
         """Run a replica command and build its result (errors become failed results)."""

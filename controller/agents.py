@@ -24,6 +24,7 @@ from understudy.protocol import (
     InventoryItem,
     LoadCommand,
     ProtocolError,
+    ReplicaExited,
     TritonDown,
     TritonUp,
     UnloadCommand,
@@ -52,6 +53,8 @@ class AgentHub:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.heartbeats = 0
+        self.on_replica_exited: Callable[[str, ReplicaExited], None] | None = None
+        """Set by the graph manager: a service-graph replica process on a server ended."""
 
     def connected(self, server_id: str) -> bool:
         """Whether the server's agent is connected now."""
@@ -86,7 +89,7 @@ class AgentHub:
                 del self._sockets[server_id]
                 self.detector.connection_closed(server_id)
 
-    async def _receive(self, server_id: str, websocket: Any) -> None:
+    async def _receive(self, server_id: str, websocket: Any) -> None:  # noqa: C901 - a branch per frame type
         from starlette.websockets import WebSocketDisconnect
 
         while True:
@@ -120,6 +123,8 @@ class AgentHub:
                 self.detector.declare(server_id, "triton died")
             elif isinstance(message, TritonUp):
                 self._spawn(self.on_triton_up(server_id, message))
+            elif isinstance(message, ReplicaExited) and self.on_replica_exited is not None:
+                self.on_replica_exited(server_id, message)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -21,9 +21,11 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect
 
 from controller.errors import ControllerError, NotFoundError, UnauthorizedError
+from controller.graph_api import graph_routes
 from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
 from controller.service import Controller
 from policies.errors import PolicyError
+from stateful.errors import ReplicaUnavailableError, StatefulError
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ def _routes(app: FastAPI, controller: Controller) -> None:
     _config_and_plan_routes(app, controller, mutating)
     _events_routes(app, controller, mutating)
     _agents_and_artifacts_routes(app, controller, mutating)
+    graph_routes(app, controller, mutating)
 
 
 def _viewer(controller: Controller) -> Any:
@@ -251,6 +254,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def policy_error(_: Request, exc: PolicyError) -> JSONResponse:
         # Input the policies reject (a variant too large for every server ...): the caller's.
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(StatefulError)
+    async def stateful_error(_: Request, exc: StatefulError) -> JSONResponse:
+        # A graph spec or request the caller can fix (ValueError branch), or a graph that is
+        # not serving yet or any more (retryable).
+        status = 422 if isinstance(exc, ValueError) else \
+            503 if isinstance(exc, ReplicaUnavailableError) else 500
+        return JSONResponse({"detail": str(exc)}, status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -17,6 +17,7 @@ from controller.agents import AgentHub
 from controller.detector import FailureDetector
 from controller.events import EventHub
 from controller.failures import ServerLifecycle
+from controller.graphs import GraphManager
 from controller.metrics import Metrics
 from controller.orchestrator import Orchestrator
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
@@ -45,6 +46,9 @@ class ControllerSettings(BaseModel):
     """After a restart, how long a known server has to reconnect before it is failed."""
     config: ConfigPatch | None = None
     """Explicit runtime settings from the command line."""
+    graph_host: str = "127.0.0.1"
+    """Address the service graphs' frontends and managers listen on; replica processes on the
+    servers connect to it, so it must be reachable from them (not 0.0.0.0)."""
 
 
 class Controller:
@@ -78,6 +82,11 @@ class Controller:
         self.orchestrator = Orchestrator(self.store, self.events, self.agents, self.families,
                                          self.metrics, config)
         self.lifecycle = ServerLifecycle(self.orchestrator)
+        self.graphs = GraphManager(
+            self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
+            controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
+        self.agents.on_replica_exited = self.graphs.on_replica_exited
+        await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
         self._watchdog = asyncio.ensure_future(self.lifecycle.watchdog())
@@ -87,9 +96,12 @@ class Controller:
 
     def _on_failure(self, server_id: str, reason: str, detected_at: float,
                     last_seen: float) -> None:
+        # Graph replicas first: their recovery needs no agent command, only the signal.
+        self.graphs.on_server_failed(server_id)
         self.lifecycle.on_failure(server_id, reason, detected_at, last_seen)
 
     async def _on_hello(self, hello: Any) -> None:
+        self.graphs.on_hello(hello)
         await self.lifecycle.on_hello(hello)
 
     async def _on_revived(self, server_id: str) -> None:
@@ -104,6 +116,8 @@ class Controller:
         if hasattr(self, "_converge"):
             self._converge.cancel()
             self._watchdog.cancel()
+        if hasattr(self, "graphs"):
+            await self.graphs.close()
         if hasattr(self, "detector"):
             self.detector.stop()
             self.events.close_all()

@@ -6,7 +6,8 @@ Keys (all under a prefix, default ``us:``):
 * ``servers`` hash: server id -> :class:`ServerRecord` JSON;
 * ``config`` string: :class:`RuntimeConfig` JSON;  ``plan`` string: last warm plan summary;
 * ``events`` stream with ids ``<seq>-0`` and ``event_seq`` counter: the notification history;
-* ``intents`` hash: intent id -> what the controller is about to do (write-ahead).
+* ``intents`` hash: intent id -> what the controller is about to do (write-ahead);
+* ``graphs`` hash: graph name -> :class:`GraphRecord` JSON (service graphs: spec, placement).
 
 The client retries on connection errors with back-off, so a Redis restart stalls writes for
 a moment instead of failing them; with append-only persistence nothing acknowledged is lost.
@@ -27,6 +28,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from controller.graph_records import GraphRecord
 from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
 
 logger = logging.getLogger(__name__)
@@ -209,3 +211,30 @@ class Store:
         """Unfinished intents (after a crash: what to resume)."""
         raw = await self.redis.hgetall(self._key("intents"))
         return {k: json.loads(v) for k, v in raw.items()}
+
+    # --- service graphs ----------------------------------------------------------------------
+
+    async def put_graph(self, record: GraphRecord) -> None:
+        """Write a graph record (stamps ``updated_at``)."""
+        record.updated_at = now()
+        await self.redis.hset(self._key("graphs"), record.name, record.model_dump_json())
+
+    async def add_graph(self, record: GraphRecord) -> bool:
+        """Write a new graph record; False when the name is taken."""
+        record.updated_at = now()
+        return bool(await self.redis.hsetnx(self._key("graphs"), record.name,
+                                            record.model_dump_json()))
+
+    async def get_graph(self, name: str) -> GraphRecord | None:
+        """One graph record."""
+        raw = await self.redis.hget(self._key("graphs"), name)
+        return GraphRecord.model_validate_json(raw) if raw else None
+
+    async def graphs(self) -> dict[str, GraphRecord]:
+        """Every graph record by name."""
+        raw = await self.redis.hgetall(self._key("graphs"))
+        return {k: GraphRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+
+    async def delete_graph(self, name: str) -> None:
+        """Forget a graph."""
+        await self.redis.hdel(self._key("graphs"), name)

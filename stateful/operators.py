@@ -17,6 +17,7 @@ from torch import nn
 from stateful.api import ComputeResult, ModelInput, OperatorModel, StatefulModel
 from stateful.errors import InvalidRequestError, UnknownOperatorKindError
 from stateful.graph import GraphSpec, OperatorSpec
+from stateful.triton_operator import TritonOperator
 
 
 def _flat(item: ModelInput, width: int, op: str) -> torch.Tensor:
@@ -219,6 +220,7 @@ OPERATOR_KINDS: dict[str, type[OperatorModel]] = {
     "cnn": CNN,
     "lstm": LSTMOperator,
     "online_classifier": OnlineClassifier,
+    "triton": TritonOperator,  # stateless, served by an Understudy app (needs the cluster)
 }
 
 

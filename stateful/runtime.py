@@ -154,6 +154,8 @@ class LocalGraph:
     run_dir: Path | None = None
     spares: int = 1
     round_timeout_s: float = 2.0
+    host: str = "127.0.0.1"
+    """Address the manager and frontend listen on; replicas elsewhere must reach it."""
     recoveries: list[RecoveryDone] = field(default_factory=list)
     kill_times: dict[str, float] = field(default_factory=dict)
 
@@ -165,11 +167,11 @@ class LocalGraph:
             self.launcher = SubprocessLauncher(self.run_dir, self.observe_dir)
         self.coordinator = Coordinator(clock=time.monotonic, round_timeout_s=self.round_timeout_s)
         self.frontend = FrontendNode()
-        self.host = NodeHost(outcome=self._outcome)
+        self.node_host = NodeHost(self.host, outcome=self._outcome)
         if self.options.link_mbps:
-            self.host.transport.link_bps = self.options.link_mbps * 1e6
-        self.host.add(MANAGER, self.coordinator)
-        self.host.add(FRONTEND, self.frontend)
+            self.node_host.transport.link_bps = self.options.link_mbps * 1e6
+        self.node_host.add(MANAGER, self.coordinator)
+        self.node_host.add(FRONTEND, self.frontend)
         self.handles: dict[str, ReplicaHandle] = {}
         self.replies: dict[int, asyncio.Future[Mapping[str, Payload]]] = {}
         self.local_events: list[BaseModel] = []
@@ -178,19 +180,22 @@ class LocalGraph:
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiters: list[_Waiter] = []
         self._stopping = False
+        self._early_deaths: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        address = await self.host.start()
+        address = await self.node_host.start()
         config = initial_config(self.graph, self.options)
         spare_names = [self._spare_name() for _ in range(self.spares)]
         handles = await asyncio.gather(*(self._launch(n) for n in [*config.nodes, *spare_names]))
         addresses = {h.node: h.address for h in handles}
         addresses[MANAGER] = addresses[FRONTEND] = address
-        self.host.learn(addresses)
+        self.node_host.learn(addresses)
         config = config.evolve(addresses=addresses)
         self._apply(MANAGER, self.coordinator.deploy(config, spare_names))
+        for node in self._early_deaths:  # died before there was a config to fail them in
+            self.on_replica_failed(None, node)
         await self._until(lambda: self.frontend.config is not None, 30.0)
 
     async def __aenter__(self) -> LocalGraph:
@@ -210,7 +215,7 @@ class LocalGraph:
                              return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
-        await self.host.close()
+        await self.node_host.close()
 
     # -- client API --------------------------------------------------------------------------
 
@@ -282,6 +287,10 @@ class LocalGraph:
         await self._until(lambda: self._replicated() and len(self.coordinator.spares) >= standbys,
                           timeout_s)
 
+    def replicated(self) -> bool:
+        """Whether the graph is fully replicated now (see :meth:`wait_replicated`)."""
+        return self._replicated()
+
     def _replicated(self) -> bool:
         config = self.coordinator.config
         if config is None or self.coordinator.busy:
@@ -324,6 +333,9 @@ class LocalGraph:
         status = await handle.wait()
         if not self._stopping:
             logger.warning("replica %s exited with status %s", handle.node, status)
+            if self.config is None:
+                self._early_deaths.append(handle.node)
+                return
             role = self.config.roles.get(handle.node) if self.config else None
             self.on_replica_failed(role[0] if role else None, handle.node)
 
@@ -334,7 +346,7 @@ class LocalGraph:
         except LaunchError:
             logger.exception("could not start standby %s", node)
             return
-        self.host.learn({node: handle.address})
+        self.node_host.learn({node: handle.address})
         self._apply(MANAGER, self.coordinator.on_spare_ready(node, handle.address))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -343,7 +355,7 @@ class LocalGraph:
         task.add_done_callback(self._tasks.discard)
 
     def _apply(self, name: str, effects: list[Effect]) -> None:
-        self.host.apply(name, effects)
+        self.node_host.apply(name, effects)
 
     def _outcome(self, node: str, effect: Effect) -> None:
         if isinstance(effect, Reply):

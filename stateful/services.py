@@ -9,6 +9,9 @@ the other, so the backup of ``stock`` must wait for ``sentiment``'s states (Algo
 -> ``classifier`` (online learner, stateful; training requests carry a label and update it)
 -> ``tagger`` (MLP) -> reply. As in OL(V), a stateful model feeds the online-learned one.
 
+``sp_graph(features_app=APP)`` serves ``features`` from a registered Understudy app (a Triton
+image model, ``kind="triton"``, see ``stateful/triton_operator.py``) instead of the in-process CNN.
+
 ``scale`` multiplies hidden sizes and ``depth`` sets the hidden layers of the last stateless
 operator (the benchmark uses bigger models than the tests; HAMS's condition for a small
 overhead is that the work after a stateful model outlasts its state transfer, §VI-B).
@@ -29,8 +32,15 @@ SERVICES = ("sp", "ol")
 
 
 def sp_graph(batch_size: int = 16, *, scale: int = 1, depth: int = 1, side: int = 8,
-             seed: int = 0) -> GraphSpec:
+             seed: int = 0, features_app: str | None = None) -> GraphSpec:
     h = 16 * scale
+    features = OperatorSpec(name="features", kind="cnn", stateful=False,
+                            params={"channels": 1, "side": side, "filters": 4 * scale,
+                                    "out_dim": h})
+    if features_app is not None:
+        features = OperatorSpec(name="features", kind="triton", stateful=False,
+                                params={"app_id": features_app, "channels": 1, "side": side,
+                                        "out_dim": h})
     return GraphSpec(
         name="sp", batch_size=batch_size, seed=seed,
         operators=(
@@ -38,8 +48,7 @@ def sp_graph(batch_size: int = 16, *, scale: int = 1, depth: int = 1, side: int 
                          params={"in_dim": 16, "hidden": 2 * h, "out_dim": h}),
             OperatorSpec(name="sentiment", kind="lstm", stateful=True,
                          params={"in_dim": h, "hidden": h, "out_dim": h}),
-            OperatorSpec(name="features", kind="cnn", stateful=False,
-                         params={"channels": 1, "side": side, "filters": 4 * scale, "out_dim": h}),
+            features,
             OperatorSpec(name="stock", kind="lstm", stateful=True,
                          params={"in_dim": 2 * h, "hidden": h, "out_dim": h}),
             OperatorSpec(name="predict", kind="mlp", stateful=False,

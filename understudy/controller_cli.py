@@ -34,6 +34,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--solver", choices=["highs", "cbc", "gurobi"], default=None)
     parser.add_argument("--policy", choices=["understudy", "full-size-warm-k"], default=None)
     parser.add_argument("--startup-grace-s", type=float, default=3.0)
+    parser.add_argument("--graph-host", default="127.0.0.1",
+                        help="address service-graph frontends listen on (replicas on the "
+                             "servers must reach it)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -53,7 +56,8 @@ def run(options: argparse.Namespace) -> int:
         settings = ControllerSettings(
             host=options.host, port=options.port, run_dir=options.run_dir,
             redis_url=options.redis_url, token=options.token or os.environ.get(TOKEN_ENV),
-            artifacts=options.artifacts, startup_grace_s=options.startup_grace_s, config=patch)
+            artifacts=options.artifacts, startup_grace_s=options.startup_grace_s, config=patch,
+            graph_host=options.graph_host)
     except ValidationError as exc:
         logger.error("invalid controller settings: %s", exc)
         return 2

@@ -96,8 +96,17 @@ def initial_config(graph: GraphSpec, options: RuntimeOptions) -> GraphConfig:
 
 class Coordinator:
     def __init__(self, *, clock: Callable[[], float], node: str = MANAGER,
-                 round_timeout_s: float = 2.0) -> None:
+                 round_timeout_s: float = 2.0,
+                 spare_rank: Callable[[str, str | None], int | None] | None = None) -> None:
         self.node = node
+        self.spare_rank = spare_rank
+        """``(standby, partner) -> rank``, lower is better, None for "never": which standby to
+        pair with the operator's other replica (a cluster deployment refuses standbys on the
+        partner's server while another server is up, so a new backup never shares its
+        primary's server). No function: the oldest standby."""
+        self.short: set[str] = set()
+        """Operators left without a replica because every standby was refused; one extra
+        standby is launched for each (once, until it is filled)."""
         self.clock = clock
         self.round_timeout_s = round_timeout_s
         self.config: GraphConfig | None = None
@@ -352,25 +361,38 @@ class Coordinator:
             # A dead stateful primary is the next recovery's job (promotion from its backup);
             # only a stateless operator, a bare one, or one that lost both replicas restarts.
             if where.primary is None or (where.primary in self.dead and not wants_backup):
-                spare = self._take_spare()
+                partner = where.backup if where.backup not in self.dead else None
+                spare = self._take_spare(partner, op)
                 if spare is not None:
                     restarted.append(op)
                 start = (seen or {}).get(op, where.start_seq)
                 where = Placement(primary=spare, backup=where.backup, epoch=where.epoch + 1,
                                   start_seq=max(start, where.start_seq))
             if where.backup in self.dead or (wants_backup and where.backup is None):
-                where = where.model_copy(update={"backup": self._take_spare()
+                where = where.model_copy(update={"backup": self._take_spare(where.primary, op)
                                                  if wants_backup else None})
             placements[op] = where
         return placements
 
-    def _take_spare(self) -> str | None:
-        while self.spares:
-            node = self.spares.pop(0)
-            if node not in self.dead:
+    def _take_spare(self, partner: str | None = None, op: str | None = None) -> str | None:
+        self.spares = [n for n in self.spares if n not in self.dead]
+        candidates = self.spares
+        if self.spare_rank is not None:
+            rank = self.spare_rank
+            ranked = [(r, i, n) for i, n in enumerate(self.spares)
+                      if (r := rank(n, partner)) is not None]
+            candidates = [n for _, _, n in sorted(ranked)]  # the best, oldest first
+        if not candidates:
+            if self.spares and op is not None and op not in self.short:
+                self.short.add(op)  # every standby refused: ask for one more
                 self.taken += 1
-                return node
-        return None
+            return None
+        node = candidates[0]
+        self.spares.remove(node)
+        self.taken += 1
+        if op is not None:
+            self.short.discard(op)
+        return node
 
     def _done(self, rec: _Recovery) -> list[Effect]:
         self.recovery = None

@@ -1,0 +1,93 @@
+"""Typed values of service graphs on the cluster: what a client registers, what Redis keeps.
+
+A :class:`GraphRecord` is written before the graph is deployed (write-ahead, status
+``deploying``) and again after the deployment and every recovery, with the placement of every
+replica process. The live part of a graph — its frontend and recovery manager, which hold the
+request log and the protocol state — lives in the controller process only (see
+``controller/graphs.py`` on what a controller restart does to it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stateful.graph import GraphSpec
+from stateful.messages import Mode
+
+
+class GraphStatus(StrEnum):
+    """Where a registered graph stands."""
+
+    DEPLOYING = "deploying"
+    SERVING = "serving"
+    """Every placed replica alive, every stateful operator's backup in sync."""
+    RECOVERING = "recovering"
+    """A recovery round runs, or a replica is missing (requests wait, none is lost)."""
+    FAILED = "failed"
+    """The deployment failed (see ``reason``); delete it and register again."""
+    INTERRUPTED = "interrupted"
+    """The controller restarted: the in-process frontend and manager are gone."""
+
+
+class GraphRegistration(BaseModel):
+    """Body of ``POST /v1/graphs``: the graph and how to run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: GraphSpec
+    mode: Mode = Mode.NSPB
+    spares: int = Field(2, ge=0, le=32)
+    """Hot standbys (blank replica processes) kept on live servers."""
+    observe: bool = False
+    """Record observations for the consistency checker (replica files on the agents' hosts)."""
+    noise_seed: int | None = None
+    """Inject seeded float non-determinism (a re-execution differs, as on a GPU)."""
+    batch_size: int | None = Field(None, ge=1, le=4096)
+    """Overrides ``spec.batch_size``."""
+
+
+class ReplicaView(BaseModel):
+    """One replica process: where it runs and what it does."""
+
+    node: str
+    server_id: str
+    site_id: str | None = None
+    address: str | None = None
+    operator: str | None = None
+    """None for a standby."""
+    role: str
+    """``primary``, ``backup``, ``stateless``, ``standby`` or ``dead``."""
+    alive: bool = True
+
+
+class RecoveryView(BaseModel):
+    """One finished recovery (HAMS §IV-E): what failed and what it did about it."""
+
+    recovery: int
+    failed: list[str]
+    promoted: list[str]
+    rolled_back: list[str]
+    restarted: list[str]
+    duration_ms: float
+
+
+class GraphRecord(BaseModel):
+    """A registered graph as stored in Redis (and shown by the API, with live fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    registration: GraphRegistration
+    status: GraphStatus = GraphStatus.DEPLOYING
+    reason: str = ""
+    replicas: list[ReplicaView] = Field(default_factory=list)
+    placements: dict[str, dict[str, str | int | None]] = Field(default_factory=dict)
+    """Operator -> ``{primary, backup, epoch}`` (node names; servers in ``replicas``)."""
+    recoveries: list[RecoveryView] = Field(default_factory=list)
+    config_version: int = 0
+    requests: int = 0
+    """Client requests answered (since this controller deployed it)."""
+    created_at: float = 0.0
+    updated_at: float = 0.0
