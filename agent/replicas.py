@@ -61,7 +61,8 @@ def _child_setup(nice: int) -> Callable[[], None]:
 
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if nice:
-            os.nice(nice)
+            # Absolute, like Triton's: an agent at a raised priority must not lift its replicas.
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
     return setup
 
@@ -98,8 +99,8 @@ class ReplicaSupervisor:
     advertise_host: str | None = None
     on_exit: Callable[[ReplicaExited], None] | None = None
     nice: int = 0
-    """Niceness of the replicas: data plane, like Triton, so heartbeats never queue behind a
-    replica importing torch or computing a batch."""
+    """Absolute niceness of the replicas (0: inherit): data plane, like Triton, so heartbeats
+    never queue behind a replica importing torch or computing a batch."""
     python: str = sys.executable
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ the graph shows the promoted backup (issue 6, "on the cluster")."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from stateful.tensors import from_payload
 
 pytestmark = pytest.mark.timeout(420)
 GRAPH = "sp"
+HEARTBEAT_MS = 200.0
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     # benchmarks) starve 20 ms heartbeats into false alarms. A false alarm is survived (the
     # server's replicas are failed over) but it would move replicas this test looks at.
     bed = Testbed.up(tmp_path_factory.mktemp("graphbed"), topology, seed=1, scale=0.05,
-                     clients=False, timeout_s=300, heartbeat_ms=200.0)
+                     clients=False, timeout_s=300, heartbeat_ms=HEARTBEAT_MS)
     try:
         yield bed
     finally:
@@ -170,22 +172,46 @@ def test_bad_graph_calls_get_clear_4xx(testbed: Testbed) -> None:
     assert [g["name"] for g in http.get("/v1/graphs").json()] == [GRAPH]
 
 
-def test_delete_stops_the_replicas(testbed: Testbed) -> None:
-    graph = _graph(testbed)
-    pids_before = [r for r in graph["replicas"] if r["alive"]]
-    assert pids_before
+def test_deleting_a_live_graph_stops_its_replicas(testbed: Testbed) -> None:
+    spec = {"name": "tiny", "batch_size": 2, "operators": [
+        {"name": "count", "kind": "lstm", "stateful": True,
+         "params": {"in_dim": 4, "hidden": 4, "out_dim": 4}}],
+        "edges": [["frontend", "count"], ["count", "frontend"]]}
+    response = testbed.http.post("/v1/graphs", timeout=300, json={
+        "spec": spec, "mode": "bare", "spares": 0, "observe": True})
+    assert response.status_code == 201, response.text
+    reply = testbed.http.post("/v1/graphs/tiny/requests", timeout=60,
+                              json={"inputs": {"count": {"values": [0.5] * 4}}})
+    assert reply.status_code == 200 and reply.json()["outputs"]["count"]["shape"] == [4]
+    assert len(_replica_processes(testbed, "tiny")) == 1
+    assert testbed.http.delete("/v1/graphs/tiny").status_code == 204
+    assert not _replica_processes(testbed, "tiny")  # stopped before the delete answered
+    assert testbed.http.get("/v1/graphs/tiny").status_code == 404
+
+
+def test_controller_restart_lists_the_graph_interrupted_and_stops_its_replicas(
+        testbed: Testbed) -> None:
+    assert _replica_processes(testbed)
+    testbed.kill_process("controller", signal.SIGKILL)
+    testbed.start_controller(HEARTBEAT_MS)
+    graph = _graph(testbed)  # still listed: the spec and last placement are in Redis
+    assert graph["status"] == "interrupted" and "restarted" in graph["reason"]
+    assert graph["placements"]["sentiment"]["primary"]
+    # The agents reconnect and list their replicas; no live graph counts on them.
+    wait_until("the replica processes to exit", lambda: not _replica_processes(testbed), 60, 0.2)
+    refused = testbed.http.post(f"/v1/graphs/{GRAPH}/requests", json=_body(0))
+    assert refused.status_code == 409 and "interrupted" in refused.text
     assert testbed.http.delete(f"/v1/graphs/{GRAPH}").status_code == 204
     assert testbed.http.get(f"/v1/graphs/{GRAPH}").status_code == 404
     assert testbed.http.get("/v1/graphs").json() == []
-    wait_until("the replica processes to exit", lambda: not _replica_processes(testbed), 30, 0.2)
 
 
-def _replica_processes(bed: Testbed) -> list[int]:
-    """Pids of ``stateful.replica`` processes started under this testbed's agents."""
+def _replica_processes(bed: Testbed, graph: str = GRAPH) -> list[int]:
+    """Pids of ``stateful.replica`` processes of a graph started under this testbed's agents."""
     from pathlib import Path
 
     found = []
-    root = str(Path(bed.state.run_dir).resolve())
+    root = str(Path(bed.state.run_dir).resolve() / "ctl" / "graphs" / graph) + "/"
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
