@@ -191,10 +191,27 @@ class Agent:
         except TritonError as exc:
             logger.error("Triton did not start: %s", exc)
             self._triton_alive = False
+            self._fresh_ports()
             return False
         self._triton_alive = True
         self._expected_exit = False
         return True
+
+    def _fresh_ports(self) -> None:
+        """New ports for the next start where they were chosen automatically.
+
+        A port found free at start-up can be taken meanwhile (any outgoing connection may get
+        it as its ephemeral port); Triton then exits at once with "already in use", and
+        restarting on the same ports would fail the same way every time. The new endpoints
+        reach the controller in ``triton_up`` (or the next hello).
+        """
+        c = self.config
+        fresh = free_ports(3)
+        update = {name: port for name, port, fixed in (
+            ("http_port", fresh[0], c.http_port), ("grpc_port", fresh[1], c.grpc_port),
+            ("metrics_port", fresh[2], c.metrics_port)) if not fixed}
+        if update:
+            self.triton.config = self.triton.config.model_copy(update=update)
 
     def _on_exit_threadsafe(self, process: Any, code: int) -> None:
         """Triton's watcher thread calls this the moment Triton exits."""

@@ -32,7 +32,7 @@ from controller.records import (
 from controller.snapshot import build_snapshot
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
-from understudy.protocol import Hello, InventoryItem, UnloadCommand
+from understudy.protocol import Hello, InventoryItem, TritonUp, UnloadCommand
 
 logger = logging.getLogger(__name__)
 
@@ -449,13 +449,18 @@ class ServerLifecycle:
                 continue
             await self._fail_back(record.app_id)
 
-    async def on_triton_up(self, server_id: str, _message: object) -> None:
+    async def on_triton_up(self, server_id: str, message: TritonUp) -> None:
         """The agent restarted its Triton: treat it as the server's return."""
         o = self.o
         servers = await o.store.servers()
         record = servers.get(server_id)
         if record is None:
             return
+        endpoints = message.endpoints
+        if (record.http, record.grpc) != (endpoints.http, endpoints.grpc):
+            # Restarted on new ports (the old ones were taken): clients must go there.
+            record.http, record.grpc = endpoints.http, endpoints.grpc
+            await o.store.put_server(record)
         if record.state is ServerState.FAILED:
             record.state = ServerState.UP
             await o.store.put_server(record)

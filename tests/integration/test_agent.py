@@ -232,6 +232,38 @@ def test_killed_triton_is_reported_at_once_and_restarted(tmp_path: Path,
         _stop(h)
 
 
+def test_triton_restarts_on_new_ports_when_its_port_was_taken(tmp_path: Path,
+                                                              artifact_store: Path) -> None:
+    import socket
+
+    h = _start(tmp_path, artifact_store, restart_backoff_s=0.5)
+    squatter = socket.socket()
+    try:
+        hello = h.hello()
+        assert hello.endpoints is not None
+        old_grpc = hello.endpoints.grpc
+        pid = h.agent.triton.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        h.call(h.peer.wait_for(lambda frames: next(
+            (f for f in frames if isinstance(f.message, TritonDown)), None), 10))
+        # Someone else takes Triton's gRPC port before the restart (0.5 s later).
+        squatter.bind(("127.0.0.1", int(old_grpc.rsplit(":", 1)[1])))
+        squatter.listen()
+        up = h.call(h.peer.wait_for(lambda frames: next(
+            (f.message for f in frames if isinstance(f.message, TritonUp)), None), 120))
+        assert up.endpoints.grpc != old_grpc
+        assert up.restarts >= 2  # the first restart met the taken port
+        assert h.call(h.peer.command("load", app_id="p", variant="mobilenet_v3_small")).ok
+        logits = _infer(Hello.model_validate({**hello.model_dump(),
+                                              "endpoints": up.endpoints.model_dump()}),
+                        "p__mobilenet_v3_small")
+        assert logits.shape == (2, 1000)
+    finally:
+        squatter.close()
+        _stop(h)
+
+
 def test_agent_keeps_serving_without_controller_and_reconnects(tmp_path: Path,
                                                                 artifact_store: Path) -> None:
     h = _start(tmp_path, artifact_store, reconnect_max_s=0.2)
