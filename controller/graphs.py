@@ -75,6 +75,8 @@ from understudy.protocol import Hello, ReplicaExited, StopReplicaCommand
 logger = logging.getLogger(__name__)
 
 TRITON_KIND = "triton"
+PERSIST_INTERVAL_S = 0.5
+"""How often a live graph's placement is compared with what Redis has (written on change)."""
 
 
 class GraphTimeoutError(ControllerError):
@@ -289,8 +291,7 @@ class GraphManager:
         """Persist the placement after every recovery (and any standby change), once a second."""
         seen = (-1, -1, -1)
         while self.live.get(live.record.name) is live:
-            with contextlib.suppress(TimeoutError):
-                await live.graph.wait_recoveries(len(live.graph.recoveries) + 1, timeout_s=1.0)
+            await asyncio.sleep(PERSIST_INTERVAL_S)
             config = live.graph.config
             state = (len(live.graph.recoveries), config.version if config else 0,
                      len(live.launcher.handles))
