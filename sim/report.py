@@ -189,11 +189,15 @@ def targets(results: Sequence[UnitResult], all_rows: Sequence[Row],
         out.append(Target("fig11, 5 of 10 sites failed: Understudy recovers 100 %", _pct(rate),
                           rate is not None and rate >= 100.0 - 1e-9))
         if rate is not None and best is not None:
+            # §5.6 does not say whether "by at least 39.3%" is points or relative: judge both.
             gain = rate - best
             relative = 100.0 * (rate / best - 1.0) if best else float("inf")
             out.append(Target("fig11, 5 of 10 sites: >= 39 points above the best full-size "
-                              "baseline", f"+{gain:.1f} points (best baseline {best:.1f} %; "
-                              f"+{relative:.1f} % relative)", gain >= 39.0))
+                              "baseline", f"+{gain:.1f} points (best baseline {best:.1f} %)",
+                              gain >= 39.0))
+            out.append(Target("fig11, 5 of 10 sites: >= 39 % above the best full-size "
+                              "baseline, read as relative (ours / best - 1)",
+                              f"+{relative:.1f} % relative", relative >= 39.0))
     if "fig13" in present:
         look = lookup(results, all_rows, "fig13")
         apps, servers = look("heuristic", ("apps", 3000), "runtime_ms"), \

@@ -108,3 +108,42 @@ def test_every_paper_claim_reads_a_number_we_produce() -> None:
     for claim in CLAIMS:
         assert claim.ours(lambda policy, value, metric: 1.0) is not None
         assert claim.ours(lambda policy, value, metric: None) is None
+
+
+def test_fig11_gains_are_read_as_points_and_as_relative() -> None:
+    """§5.6's "by 7.9% and 39.3%" is ambiguous: both readings are claims, from one lookup."""
+    rates = {("understudy", 5): 100.0, ("full-size-cold", 5): 74.0,
+             ("full-size-warm", 5): 40.0, ("full-size-warm-k", 5): 56.0,
+             ("understudy", 7): 60.0, ("full-size-cold", 7): 15.0}
+
+    def look(policy: str, value: object, metric: str) -> float | None:
+        return rates.get((policy, value)) if metric == "recovery_rate" else None
+
+    fig11 = {c.what: c for c in CLAIMS if c.experiment == "fig11"}
+    points = fig11["Understudy minus best full-size policy, 5 sites"]
+    relative = fig11["Understudy / best full-size policy - 1, 5 sites"]
+    assert points.ours(look) == pytest.approx(26.0)
+    assert relative.ours(look) == pytest.approx(100.0 * (100.0 / 74.0 - 1.0))
+    assert (points.unit, relative.unit) == ("pts", "%")
+    assert points.verdict(points.ours(look)) == "misses"
+    seven = fig11["Understudy / Full-Size-Cold recovery - 1, 7 sites"]
+    assert seven.ours(look) == pytest.approx(300.0)
+    assert seven.verdict(seven.ours(look)) == "meets"
+    one = fig11["Understudy / Full-Size-Cold recovery - 1, 1 site"]
+    assert one.ours(look) is None  # no 1-site numbers in this lookup
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_fig11_warm_backups_of_every_policy_are_site_independent(name: str) -> None:
+    """§5.6: "we add a site independence constraint, where the warm backup is placed in a
+    different site" — a constraint of the experiment, so the full-size baselines obey it too."""
+    from sim.experiments import Unit, _cluster
+
+    snap, settings, scenarios = _cluster(Unit("fig11", 0, 5, quick=True), FAMILIES)
+    assert settings.site_independent and settings.alpha == 0.1
+    assert len(snap.apps) == 640 and len(snap.sites) == 10 and len(snap.servers) == 100
+    assert all(len(s.failed) == 50 for s in scenarios)  # five whole sites of ten servers
+    warm = make_policy(name, settings, seed=0).plan_warm(snap)
+    for a in warm.assignments:
+        primary = snap.primary_by_app[a.app_id].server_id
+        assert snap.site_of(a.server_id) != snap.site_of(primary)
