@@ -432,6 +432,11 @@ class GraphManager:
             if failed:
                 logger.warning("graph %s: server %s failed with replicas %s", name, server_id,
                                failed)
+                # At once and together (one recovery, adjacent failures included); the
+                # handles' death watches that follow find them failed already.
+                roles = live.graph.config.roles if live.graph.config is not None else {}
+                live.graph.on_replicas_failed(
+                    [(roles[n][0] if n in roles else None, n) for n in failed])
 
     def on_replica_exited(self, server_id: str, message: ReplicaExited) -> None:
         """An agent saw a replica process end."""

@@ -256,6 +256,10 @@ class LocalGraph:
         """The failure signal: a replica process (or its server) is gone."""
         self._apply(MANAGER, self.coordinator.on_replica_failed(operator, replica))
 
+    def on_replicas_failed(self, replicas: list[tuple[str | None, str]]) -> None:
+        """Replicas that failed together (a server): one recovery for all of them."""
+        self._apply(MANAGER, self.coordinator.on_replicas_failed(replicas))
+
     def kill(self, node: str) -> float:
         """SIGKILL a replica process (a crash, for tests and the benchmark)."""
         self.kill_times[node] = time.monotonic()

@@ -105,6 +105,7 @@ class Coordinator:
         partner's server while another server is up, so a new backup never shares its
         primary's server). No function: the oldest standby."""
         self.short: set[str] = set()
+        self._together = False
         """Operators left without a replica because every standby was refused; one extra
         standby is launched for each (once, until it is filled)."""
         self.clock = clock
@@ -128,6 +129,23 @@ class Coordinator:
         self.spares = list(spares)
         return self._publish(config)
 
+    def on_replicas_failed(self, replicas: Iterable[tuple[str | None, str]]) -> list[Effect]:
+        """Several replicas failed together (their server did): one recovery for them all.
+
+        Signalled one by one, the first would start a recovery alone and the others queue for
+        the next.
+        """
+        out: list[Effect] = []
+        self._together = True
+        try:
+            for operator, replica in replicas:
+                out += self.on_replica_failed(operator, replica)
+        finally:
+            self._together = False
+        if self.recovery is None and self.queued:
+            out += self._start()
+        return out
+
     def on_replica_failed(self, operator: str | None, replica: str) -> list[Effect]:
         """The failure signal (process death, missed heartbeats, RPC timeout)."""
         if replica in self.dead or self.config is None:
@@ -149,7 +167,7 @@ class Coordinator:
         out: list[Effect] = [Kill(replica)]
         rec = self.recovery
         if rec is None:
-            return out + self._start()
+            return out if self._together else out + self._start()
         if replica in rec.awaiting:
             rec.awaiting.discard(replica)
             if not rec.awaiting:

@@ -135,3 +135,14 @@ def test_refused_standbys_make_the_coordinator_ask_for_another() -> None:
     mgr.on_spare_ready("spare.2", "127.0.0.1:9")
     assert mgr.config.placements["sentiment"].backup == "spare.2"
     assert mgr.spares == ["spare.0"]
+
+
+def test_replicas_of_one_server_fail_in_one_recovery() -> None:
+    mgr = Coordinator(clock=lambda: 0.0)
+    mgr.deploy(initial_config(sp_graph(8), RuntimeOptions()), spares=["spare.0"])
+    out = mgr.on_replicas_failed([("predict", "predict.s0"), ("sentiment", "sentiment.p0"),
+                                  ("stock", "stock.b0"), (None, "spare.0")])
+    assert mgr.recovery is not None and mgr.recovery.failed == \
+        {"predict.s0", "sentiment.p0", "stock.b0"}
+    assert mgr.recoveries == 1 and not mgr.queued
+    assert any(isinstance(e, LaunchSpare) for e in out)  # the lost standby is replaced
