@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,28 @@ class TestbedState:
         return cls(**data)
 
 
+PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
+                        STATE_FILE)
+"""What a testbed leaves in its run directory that a new one must not inherit (Redis would
+reload the old apps from its append-only file). An artifact store there is kept."""
+
+
+def _clear_previous_run(run_dir: Path) -> None:
+    """Remove a stopped testbed's state from ``run_dir``; refuse while one still runs there."""
+    if (run_dir / STATE_FILE).exists():
+        previous = TestbedState.load(run_dir)
+        running = [name for name, info in previous.processes.items() if _alive(info.pid)]
+        if running:
+            raise TestbedError(f"a testbed still runs in {run_dir} ({', '.join(running)}); "
+                               "run `understudy testbed down` first")
+    for name in PREVIOUS_RUN_ENTRIES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def _set_niceness(nice: int) -> None:
     """Absolute niceness of the calling (child) process; a refused raise keeps the current one."""
     with contextlib.suppress(PermissionError):
@@ -157,6 +180,7 @@ class Testbed:
            clients: bool = True, client_rate: float = 5.0, timeout_s: float = 300.0) -> Testbed:
         """Start everything, register the apps, wait until all serve with their backups."""
         run_dir = run_dir.resolve()
+        _clear_previous_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         families = load_families()
         store = (artifacts or run_dir / "artifacts").resolve()
