@@ -193,10 +193,15 @@ class Testbed:
         capacity = dict(cluster.servers[0].capacity)
         state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
                              token=token, artifacts=str(store), policy=policy)
-        testbed = cls._start_processes(state, topology, capacity, heartbeat_ms, timeout_s)
-        testbed.register(cluster, timeout_s)
-        if clients:
-            testbed.start_clients(client_rate)
+        testbed = cls(state)
+        try:
+            testbed = cls._start_processes(state, topology, capacity, heartbeat_ms, timeout_s)
+            testbed.register(cluster, timeout_s)
+            if clients:
+                testbed.start_clients(client_rate)
+        except BaseException:
+            testbed.down()  # nothing half-started is left running
+            raise
         return testbed
 
     @classmethod
