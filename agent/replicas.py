@@ -80,7 +80,12 @@ def _read_line(process: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop
     """In a thread: the replica's first stdout line (EOF when it dies or is killed)."""
     assert process.stdout is not None  # noqa: S101 - we asked for a pipe
     line = process.stdout.readline()
-    loop.call_soon_threadsafe(lambda: future.done() or future.set_result(line))
+
+    def deliver() -> None:
+        if not future.done():
+            future.set_result(line)
+
+    loop.call_soon_threadsafe(deliver)
 
 
 @dataclass

@@ -96,7 +96,7 @@ def graph_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
 
     @app.get("/v1/graphs", tags=["graphs"])
     async def list_graphs() -> list[GraphRecord]:
-        return await controller.graphs.list()
+        return await controller.graphs.registered()
 
     @app.get("/v1/graphs/{name}", tags=["graphs"])
     async def get_graph(name: str) -> GraphRecord:

@@ -305,7 +305,7 @@ class GraphManager:
 
     # --- queries -----------------------------------------------------------------------------
 
-    async def list(self) -> list[GraphRecord]:
+    async def registered(self) -> list[GraphRecord]:
         """Every registered graph (live ones with their current placement)."""
         stored = await self.store.graphs()
         return [self.view(name) if name in self.live else record
@@ -477,4 +477,4 @@ class GraphManager:
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._tasks.discard)  # type: ignore[arg-type]
+        task.add_done_callback(self._tasks.discard)
