@@ -130,6 +130,12 @@ class SubprocessLauncher:
             line = await asyncio.wait_for(process.stdout.readline(), self.ready_timeout_s)
         except TimeoutError:
             line = b""
+        except asyncio.CancelledError:
+            # The graph stopped while this standby started: do not leave it behind (it runs
+            # in its own session, so nothing else would stop it).
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise
         word, _, address = line.decode().strip().partition(" ")
         if word != READY or not address:
             with contextlib.suppress(ProcessLookupError):
@@ -329,6 +335,10 @@ class LocalGraph:
     async def _launch(self, node: str) -> ReplicaHandle:
         assert self.launcher is not None
         handle = await self.launcher.launch(node)
+        if self._stopping:
+            # Started while stop() was stopping the others (it took their list before this).
+            await handle.stop()
+            raise LaunchError(f"replica {node} started while the graph stopped")
         self.handles[node] = handle
         self._spawn(self._watch(handle))
         return handle
