@@ -278,6 +278,12 @@ class Orchestrator:
         self.metrics.loads.labels("ok").inc()
         self.metrics.load_seconds.observe(result.timings.get("load_s",
                                                              time.perf_counter() - started))
+        t = result.timings
+        logger.info("loaded %s/%s on %s%s in %.0f ms (agent: queued %.0f, materialise %.0f, "
+                    "Triton load %.0f ms)", app_id, variant, server_id,
+                    " (urgent)" if urgent else "", (time.perf_counter() - started) * 1000,
+                    t.get("queued_s", 0) * 1000, t.get("materialise_s", 0) * 1000,
+                    t.get("load_s", 0) * 1000)
         keep = False
         async with self.app_lock(app_id):
             record = await self.store.get_app(app_id)
