@@ -170,6 +170,7 @@ class Agent:
                 task.cancel()
             self._expected_exit = True
             await self.replicas.close()
+            self.repository.close()
             await asyncio.to_thread(self.triton.stop)
             logger.info("agent %s stopped", self.config.server_id)
 
