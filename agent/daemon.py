@@ -92,7 +92,9 @@ class AgentConfig(BaseModel):
     http_port: int = Field(0, ge=0, lt=65536)
     grpc_port: int = Field(0, ge=0, lt=65536)
     metrics_port: int = Field(0, ge=0, lt=65536)
-    model_load_threads: int = Field(2, ge=1)
+    model_load_threads: int = Field(3, ge=1)
+    """Triton's load threads; one is kept for urgent loads (agent/load_slots.py), so the
+    default leaves two for routine ones."""
     use_runtime: bool = True
     triton_nice: int = Field(0, ge=0, le=19)
     triton_host: str = "127.0.0.1"

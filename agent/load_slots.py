@@ -4,8 +4,8 @@ Triton loads at most ``model_load_threads`` models at once and queues the rest i
 order, so an interim variant sent during a failover used to wait behind warm-backup, target and
 fail-back loads already in flight (7 s in the live demo). The agent therefore admits loads
 itself: routine loads may use every slot but one, and that last slot is kept for urgent loads,
-which also go first whenever a slot frees. With two load threads (the default) one routine load
-runs at a time and an urgent one always starts at once.
+which also go first whenever a slot frees. With the agent's three load threads (the default)
+two routine loads run at a time, as before the reservation, and an urgent one starts at once.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--http-port", type=int, default=0)
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--model-load-threads", type=int, default=2)
+    parser.add_argument("--model-load-threads", type=int, default=3,
+                        help="Triton load threads (one is kept for urgent loads)")
     parser.add_argument("--server-type", default="testbed")
     parser.add_argument("--triton-host", default="127.0.0.1",
                         help="address Triton binds to (0.0.0.0 in a container)")
