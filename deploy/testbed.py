@@ -90,6 +90,8 @@ class TestbedState:
         return cls(**data)
 
 
+AGENT_ARTIFACT_CACHE = "artifact-cache"
+"""The agent's cache of downloaded, sha256-verified weights (agent/daemon.py)."""
 PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
                         STATE_FILE)
 """What a testbed leaves in its run directory that a new one must not inherit (Redis would
@@ -106,10 +108,31 @@ def _clear_previous_run(run_dir: Path) -> None:
                                "run `understudy testbed down` first")
     for name in PREVIOUS_RUN_ENTRIES:
         path = run_dir / name
-        if path.is_dir():
+        if name == "agents" and path.is_dir():
+            _clear_agents_keeping_caches(path)
+        elif path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def _clear_agents_keeping_caches(agents: Path) -> None:
+    """Remove the agents' run state but keep their verified artifact caches.
+
+    Without them every agent downloads its weights again through the controller at once
+    (2 GB for the demo set), which loads the controller and the agents while they register.
+    """
+    for agent_dir in agents.iterdir():
+        if not agent_dir.is_dir():
+            agent_dir.unlink()
+            continue
+        for entry in agent_dir.iterdir():
+            if entry.name == AGENT_ARTIFACT_CACHE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
 
 def _set_niceness(nice: int) -> None:
