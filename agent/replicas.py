@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.processes import child_setup
 from understudy.protocol import (
     CommandResult,
     ErrorInfo,
@@ -46,25 +46,12 @@ READY = "READY"
 """First stdout word of a replica that listens (``stateful.replica.READY``; not imported, so
 the agent does not load torch)."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_PR_SET_PDEATHSIG = 1
 
 
 class ReplicaStartError(RuntimeError):
     """A replica process exited or stayed silent before it printed ``READY``."""
 
 
-def _child_setup(nice: int) -> Callable[[], None]:
-    def setup() -> None:
-        """In the child before exec: SIGKILL us when the agent's thread that forked us dies."""
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if nice:
-            # Absolute, like Triton's: an agent at a raised priority must not lift its replicas.
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-
-    return setup
 
 
 @dataclass
@@ -157,7 +144,7 @@ class ReplicaSupervisor:
         with (log_dir / f"{command.node}.log").open("ab") as log:
             return subprocess.Popen(  # noqa: S603 - our own module and arguments
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
-                cwd=str(REPO_ROOT), preexec_fn=_child_setup(self.nice))
+                cwd=str(REPO_ROOT), preexec_fn=child_setup(self.nice))
 
     async def _handshake(self, command: StartReplicaCommand,
                          process: subprocess.Popen[bytes]) -> str:

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.processes import child_setup
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_PR_SET_PDEATHSIG = 1
 
 
 class TritonError(RuntimeError):
@@ -141,22 +142,6 @@ class TritonConfig(BaseModel):
         return f"{self.advertise_host or self.local_host}:{port}"
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _child_setup(nice: int) -> Callable[[], None]:
-    def setup() -> None:
-        _die_with_parent()
-        if nice:
-            # Absolute, not relative: an agent running at a raised priority must not lift its
-            # data plane with it.
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-
-    return setup
 
 
 def _python_paths() -> list[str]:
@@ -241,7 +226,7 @@ class TritonServer:
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
-                preexec_fn=_child_setup(self.config.nice))
+                preexec_fn=child_setup(self.config.nice))
         finally:
             log.close()
         self._close_client()
@@ -278,7 +263,7 @@ class TritonServer:
                  str(self.runtime_socket)],
                 stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_paths())},
-                preexec_fn=_child_setup(self.config.nice))
+                preexec_fn=child_setup(self.config.nice))
         finally:
             log.close()
         deadline = time.monotonic() + self.config.start_timeout_s
