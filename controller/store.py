@@ -36,6 +36,14 @@ logger = logging.getLogger(__name__)
 EVENT_STREAM_MAXLEN = 100_000
 
 
+def _apps_from(raw: dict[str, str]) -> dict[str, AppRecord]:
+    return {k: AppRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+
+
+def _servers_from(raw: dict[str, str]) -> dict[str, ServerRecord]:
+    return {k: ServerRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+
+
 class Store:
     """Async Redis store of the controller's state."""
 
@@ -82,8 +90,7 @@ class Store:
 
     async def apps(self) -> dict[str, AppRecord]:
         """Every app record by id."""
-        raw = await self.redis.hgetall(self._key("apps"))
-        return {k: AppRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+        return _apps_from(await self.redis.hgetall(self._key("apps")))
 
     async def delete_app(self, app_id: str) -> None:
         """Forget an app."""
@@ -97,8 +104,7 @@ class Store:
 
     async def servers(self) -> dict[str, ServerRecord]:
         """Every server record by id."""
-        raw = await self.redis.hgetall(self._key("servers"))
-        return {k: ServerRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+        return _servers_from(await self.redis.hgetall(self._key("servers")))
 
     async def apps_and_servers(self) -> tuple[dict[str, AppRecord], dict[str, ServerRecord]]:
         """Every app and server record, read in one round trip."""
@@ -106,8 +112,7 @@ class Store:
             pipe.hgetall(self._key("apps"))
             pipe.hgetall(self._key("servers"))
             raw_apps, raw_servers = await pipe.execute()
-        return ({k: AppRecord.model_validate_json(v) for k, v in sorted(raw_apps.items())},
-                {k: ServerRecord.model_validate_json(v) for k, v in sorted(raw_servers.items())})
+        return _apps_from(raw_apps), _servers_from(raw_servers)
 
     async def commit(self, *, apps: Sequence[AppRecord] = (),
                      servers: Sequence[ServerRecord] = (), intent: dict[str, Any] | None = None,
@@ -166,12 +171,8 @@ class Store:
 
     async def append_event(self, event: Event) -> Event:
         """Give the event the next sequence number and append it to the stream."""
-        async with self._event_lock:  # seq order == stream order
-            seq = int(await self.redis.incr(self._key("event_seq")))
-            stored = event.model_copy(update={"seq": seq})
-            await self.redis.xadd(self._key("events"), {"data": stored.model_dump_json()},
-                                  id=f"{seq}-0", maxlen=EVENT_STREAM_MAXLEN, approximate=True)
-        return stored
+        _, stored = await self.commit(events=[event])
+        return stored[0]
 
     async def events(self, since: int = 0, app_id: str | None = None,
                      limit: int = 1000) -> list[Event]:
