@@ -29,7 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.load_slots import LoadSlots
 from agent.replicas import ReplicaSupervisor
-from agent.repository import ArtifactFetchError, ModelRepository, UnknownVariantError
+from agent.repository import (
+    CACHE_DIR,
+    ArtifactFetchError,
+    ModelRepository,
+    UnknownVariantError,
+)
 from agent.triton import TritonConfig, TritonError, TritonServer
 from understudy.ports import free_ports
 from understudy.protocol import (
@@ -133,7 +138,7 @@ class Agent:
         self.triton = triton_factory(triton_config)
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
-                                          config.run_dir / "artifact-cache", token=config.token)
+                                          config.run_dir / CACHE_DIR, token=config.token)
         self.models: dict[str, InventoryItem] = {}
         # Service-graph replicas listen where Triton does and are advertised like it.
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,

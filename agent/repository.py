@@ -31,6 +31,11 @@ from model_repo.artifacts import (
 logger = logging.getLogger(__name__)
 
 
+CACHE_DIR = "artifact-cache"
+"""Name of the directory, in an agent's run directory, of its downloaded, sha256-verified
+weights (kept across testbed runs by ``deploy.testbed``)."""
+
+
 class UnknownVariantError(ArtifactError):
     """The artifact source does not hold the requested variant (a final error)."""
 

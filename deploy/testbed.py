@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from agent.repository import CACHE_DIR
 from deploy.topology import Topology
 from model_repo.artifacts import DEFAULT_SCALE, build_store
 from model_repo.profiles import load_families
@@ -90,8 +91,6 @@ class TestbedState:
         return cls(**data)
 
 
-AGENT_ARTIFACT_CACHE = "artifact-cache"
-"""The agent's cache of downloaded, sha256-verified weights (agent/daemon.py)."""
 PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
                         STATE_FILE)
 """What a testbed leaves in its run directory that a new one must not inherit (Redis would
@@ -127,7 +126,7 @@ def _clear_agents_keeping_caches(agents: Path) -> None:
             agent_dir.unlink()
             continue
         for entry in agent_dir.iterdir():
-            if entry.name == AGENT_ARTIFACT_CACHE:
+            if entry.name == CACHE_DIR:
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
