@@ -2,7 +2,9 @@
 
 Redis (append-only file on a volume), a one-shot ``artifacts`` job that writes the model-variant
 artifacts into a named volume, the controller (which serves that volume to the agents), one agent
-per server in the official Triton image, and one load-generating client per app::
+per server in the official Triton image, a one-shot ``register`` job that registers the generated
+apps (``understudy testbed register``, the registration ``understudy testbed up`` does), and one
+load-generating client per app, started once the apps are registered::
 
     python -m deploy.compose > docker-compose.yml
 
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.topology import DEFAULT_SERVERS, DEFAULT_SITES, ServerSpec, Topology, make_topology
+from deploy.workload import DEFAULT_SEED, Workload, generate_workload
 
 CONTROLLER_IMAGE = "understudy-controller:local"
 AGENT_IMAGE = "understudy-agent:local"
@@ -147,13 +150,35 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
     }
 
 
+def register_service(topology: Topology, seed: int) -> dict[str, Any]:
+    """One-shot job registering the generated apps once every agent has connected.
+
+    The same generator arguments as ``understudy testbed up``; the command waits for the agents
+    itself (a started container is not yet a connected agent), and is idempotent, so a re-run
+    against the persisted state succeeds.
+    """
+    return {
+        **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
+        "command": ["understudy", "testbed", "register", "--controller-url", CONTROLLER_URL,
+                    "--token", TOKEN_REF, "--servers", str(len(topology.servers)),
+                    "--sites", str(len(topology.sites)), "--apps", str(topology.apps),
+                    "--headroom", f"{topology.headroom!r}",
+                    "--critical", f"{topology.critical_fraction!r}", "--seed", str(seed)],
+        "depends_on": {
+            "controller": {"condition": "service_healthy"},
+            **{agent_name(s): {"condition": "service_started"} for s in topology.servers},
+        },
+        "restart": "on-failure",
+    }
+
+
 def client_service(app: str, rate: float) -> dict[str, Any]:
-    """A load-generating client for one app."""
+    """A load-generating client for one app, started once the apps are registered."""
     return {
         **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
         "command": ["understudy", "testbed", "client", "--controller-url", CONTROLLER_URL,
                     "--token", TOKEN_REF, "--app", app, "--rate", f"{rate:g}"],
-        "depends_on": {"controller": {"condition": "service_healthy"}},
+        "depends_on": {"register": {"condition": "service_completed_successfully"}},
         "restart": "on-failure",
     }
 
@@ -164,25 +189,33 @@ def agent_name(server: ServerSpec) -> str:
 
 
 def client_name(app: str) -> str:
-    """Service name of an app's client: ``client-app-1``."""
+    """Service name of an app's client: ``client-app-0000``."""
     return f"client-{app}"
 
 
-def app_names(topology: Topology) -> list[str]:
-    """The testbed's app ids, ``app-1..app-N``."""
-    return [f"app-{i + 1}" for i in range(topology.apps)]
+def app_names(workload: Workload) -> list[str]:
+    """The app ids the ``register`` job creates, in id order (``app-0000`` ...)."""
+    return sorted(workload.app_ids)
 
 
-def build_compose(topology: Topology, rate: float = DEFAULT_CLIENT_RATE) -> dict[str, Any]:
-    """The compose document (a plain dict) for ``topology``."""
+def build_compose(topology: Topology, rate: float = DEFAULT_CLIENT_RATE,
+                  seed: int = DEFAULT_SEED) -> dict[str, Any]:
+    """The compose document (a plain dict) for ``topology`` and the generator's ``seed``.
+
+    Server capacities are the generator's for these apps (``deploy.workload``), as in
+    ``understudy testbed up``.
+    """
+    workload = generate_workload(topology, seed=seed)
+    sized = workload.sized(topology)
     services: dict[str, Any] = {
         "redis": redis_service(),
         "artifacts": artifacts_service(),
         "controller": controller_service(),
     }
-    for i, server in enumerate(topology.servers):
+    for i, server in enumerate(sized.servers):
         services[agent_name(server)] = agent_service(server, builds_image=i == 0)
-    for app in app_names(topology):
+    services["register"] = register_service(sized, seed)
+    for app in app_names(workload):
         services[client_name(app)] = client_service(app, rate)
     return {
         "name": "understudy",
@@ -270,27 +303,34 @@ def to_yaml(document: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(topology: Topology | None = None, rate: float = DEFAULT_CLIENT_RATE) -> str:
+def render(topology: Topology | None = None, rate: float = DEFAULT_CLIENT_RATE,
+           seed: int = DEFAULT_SEED) -> str:
     """The full ``docker-compose.yml`` text (header comment included)."""
     topology = topology if topology is not None else make_topology()
-    return HEADER + "\n" + to_yaml(build_compose(topology, rate))
+    return HEADER + "\n" + to_yaml(build_compose(topology, rate, seed))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m deploy.compose [--servers N --sites M --apps K --rate R]``: YAML on stdout."""
+    """``python -m deploy.compose [--servers N --sites M --apps K ...]``: YAML on stdout."""
     parser = argparse.ArgumentParser(prog="python -m deploy.compose", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", type=int, default=DEFAULT_SERVERS)
     parser.add_argument("--sites", type=int, default=DEFAULT_SITES)
-    parser.add_argument("--apps", type=int, default=make_topology().apps)
+    defaults = make_topology()
+    parser.add_argument("--apps", type=int, default=defaults.apps)
+    parser.add_argument("--headroom", type=float, default=defaults.headroom)
+    parser.add_argument("--critical", type=float, default=defaults.critical_fraction)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--rate", type=float, default=DEFAULT_CLIENT_RATE,
                         help="requests/s per app client")
     options = parser.parse_args(argv)
     try:
-        topology = make_topology(servers=options.servers, sites=options.sites, apps=options.apps)
-    except ValueError as exc:
+        topology = make_topology(servers=options.servers, sites=options.sites, apps=options.apps,
+                                 critical_fraction=options.critical, headroom=options.headroom)
+        text = render(topology, options.rate, options.seed)
+    except (ValueError, RuntimeError) as exc:
         parser.error(str(exc))
-    sys.stdout.write(render(topology, options.rate))
+    sys.stdout.write(text)
     return 0
 
 

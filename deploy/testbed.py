@@ -24,10 +24,18 @@ from typing import Any
 import httpx
 
 from agent.repository import CACHE_DIR
-from deploy.topology import Topology
+from deploy.topology import Topology, capacity_arg
+from deploy.workload import (
+    DEFAULT_RATE_RPS,
+    DEFAULT_SEED,
+    RegistrationError,
+    Workload,
+    generate_workload,
+    register_apps,
+    wait_converged,
+)
 from model_repo.artifacts import DEFAULT_SCALE, build_store
 from model_repo.profiles import load_families
-from sim.generator import generate_cluster
 from understudy.ports import free_port
 
 logger = logging.getLogger(__name__)
@@ -196,39 +204,41 @@ class Testbed:
     # --- start ----------------------------------------------------------------------------
 
     @classmethod
-    def up(cls, run_dir: Path, topology: Topology, *, seed: int = 0, scale: float = DEFAULT_SCALE,
-           artifacts: Path | None = None, token: str = "testbed-token", policy: str = "understudy",
-           heartbeat_ms: float = 20.0, rate_rps: tuple[float, float] = (1.0, 5.0),
-           clients: bool = True, client_rate: float = 5.0, timeout_s: float = 300.0) -> Testbed:
-        """Start everything, register the apps, wait until all serve with their backups."""
+    def up(cls, run_dir: Path, topology: Topology, *, seed: int = DEFAULT_SEED,
+           scale: float = DEFAULT_SCALE, artifacts: Path | None = None,
+           token: str = "testbed-token", policy: str = "understudy", heartbeat_ms: float = 20.0,
+           rate_rps: tuple[float, float] = DEFAULT_RATE_RPS, clients: bool = True,
+           client_rate: float = 5.0, timeout_s: float = 300.0,
+           register: bool = True) -> Testbed:
+        """Start everything, register the apps, wait until all serve with their backups.
+
+        With ``register=False`` only the processes start (servers sized for the generated
+        apps), for a caller that registers them itself (``understudy testbed register``).
+        """
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         families = load_families()
         store = (artifacts or run_dir / "artifacts").resolve()
         build_store(store, [families[f] for f in topology.families], scale=scale)
-        cluster = generate_cluster(families, servers=len(topology.servers),
-                                   sites=len(topology.sites), apps=topology.apps,
-                                   headroom=topology.headroom,
-                                   critical_fraction=topology.critical_fraction, seed=seed,
-                                   family_names=topology.families, rate_rps=rate_rps)
-        capacity = dict(cluster.servers[0].capacity)
+        workload = generate_workload(topology, seed=seed, rate_rps=rate_rps)
         state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
                              token=token, artifacts=str(store), policy=policy)
         testbed = cls(state)
         try:
-            testbed = cls._start_processes(state, topology, capacity, heartbeat_ms, timeout_s)
-            testbed.register(cluster, timeout_s)
-            if clients:
-                testbed.start_clients(client_rate)
+            testbed = cls._start_processes(state, workload.sized(topology), heartbeat_ms,
+                                           timeout_s)
+            if register:
+                testbed.register(workload, timeout_s)
+                if clients:
+                    testbed.start_clients(client_rate)
         except BaseException:
             testbed.down()  # nothing half-started is left running
             raise
         return testbed
 
     @classmethod
-    def _start_processes(cls, state: TestbedState, topology: Topology,
-                         capacity: dict[str, float], heartbeat_ms: float,
+    def _start_processes(cls, state: TestbedState, topology: Topology, heartbeat_ms: float,
                          timeout_s: float) -> Testbed:
         run_dir = Path(state.run_dir)
         _spawn(state, "redis", ["redis-server", "--bind", "127.0.0.1", "--port",
@@ -241,9 +251,8 @@ class Testbed:
         testbed = cls(state)
         testbed.start_controller(heartbeat_ms)
         for spec in topology.servers:
-            server_capacity = {**capacity}
             state.servers[spec.server_id] = {"site_id": spec.site_id,
-                                             "capacity": server_capacity}
+                                             "capacity": spec.capacity}
             testbed.start_agent(spec.server_id)
         state.save()
         wait_until("every agent to connect", lambda: testbed._servers_up(len(topology.servers)),
@@ -265,7 +274,7 @@ class Testbed:
     def start_agent(self, server_id: str) -> ProcessInfo:
         """Start (or restart) one server's agent."""
         server = self.state.servers[server_id]
-        capacity = ",".join(f"{k}={v!r}" for k, v in server["capacity"].items())
+        capacity = capacity_arg(server["capacity"])
         return _spawn(self.state, f"agent-{server_id}", _understudy(
             "agent", "--server-id", server_id, "--site", server["site_id"],
             "--controller-url", self.state.controller_url, "--capacity", capacity,
@@ -294,42 +303,22 @@ class Testbed:
             return sum(1 for s in servers if s["state"] == "up" and s["connected"]) >= count
         return False
 
-    def register(self, cluster: Any, timeout_s: float) -> None:
-        """Register the generated apps (largest first: better worst-fit packing)."""
-        apps = sorted(cluster.apps, key=lambda a: -cluster.primary_variant(a).memory_mb)
-        for app in apps:
-            spec = {"app_id": app.app_id, "family": app.family, "critical": app.critical,
-                    "max_rate_rps": app.max_rate_rps, "latency_slo_ms": app.latency_slo_ms,
-                    "variant": cluster.primary_variant(app).name}
-            response = self.http.post("/v1/apps", json=spec, params={"wait": "true"},
-                                      timeout=300.0)
-            if response.status_code != 201:
-                raise TestbedError(f"registering {app.app_id}: {response.status_code} "
-                                   f"{response.text}")
-            self.state.apps.append(spec)
+    def register(self, workload: Workload, timeout_s: float) -> None:
+        """Register the generated apps (``deploy.workload``) and wait until they converge."""
+        try:
+            register_apps(self.http, workload.specs, load_timeout_s=timeout_s)
+        except RegistrationError as exc:
+            raise TestbedError(str(exc)) from exc
+        self.state.apps.extend(workload.specs)
         self.state.save()
         self.wait_converged(timeout_s)
 
     def wait_converged(self, timeout_s: float) -> None:
         """Wait until every app serves its home variant and every planned backup is ready."""
-        def converged() -> bool:
-            try:
-                apps = self.apps()
-                plan = self.http.get("/v1/plan")
-            except httpx.HTTPError:
-                return False
-            if any(a["status"] not in ("serving", "unavailable") for a in apps):
-                return False
-            if any(r["state"] != "ready" for a in apps for r in a["replicas"]):
-                return False
-            if plan.status_code != 200:
-                return not any(a["spec"]["critical"] for a in apps)
-            planned = {(p["app_id"], p["server_id"], p["variant"])
-                       for p in plan.json()["assignments"]}
-            present = {(a["app_id"], b["server_id"], b["variant"]) for a in apps
-                       for b in a["backups"]}
-            return planned == present
-        wait_until("apps and warm backups to converge", converged, timeout_s, 0.25)
+        try:
+            wait_converged(self.http, timeout_s)
+        except RegistrationError as exc:
+            raise TestbedError(str(exc)) from exc
 
     def start_clients(self, rate: float) -> ProcessInfo:
         """One load-generating process with a client thread per app."""

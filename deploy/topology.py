@@ -2,6 +2,8 @@
 
 One description shared by the local testbed (``understudy testbed up``) and the container
 topology (``docker-compose.yml``), so the two cannot drift apart silently (a test checks it).
+Server capacity is not chosen here: ``deploy.workload`` sizes it for the generated apps
+(``Workload.sized``), as the FailLite generator does for a given headroom.
 """
 
 from __future__ import annotations
@@ -10,10 +12,6 @@ from dataclasses import dataclass, field
 
 DEFAULT_SERVERS = 6
 DEFAULT_SITES = 3
-DEFAULT_SERVER_MEMORY_MB = 2400.0
-"""Per-server memory capacity of the testbed (model memory in MB, as the profiles count it)."""
-DEFAULT_SERVER_COMPUTE = 100.0
-"""Per-server compute capacity, in percent of one reference GPU."""
 
 
 @dataclass(frozen=True)
@@ -22,13 +20,31 @@ class ServerSpec:
 
     server_id: str
     site_id: str
-    memory_mb: float = DEFAULT_SERVER_MEMORY_MB
-    compute: float = DEFAULT_SERVER_COMPUTE
+    memory_mb: float | None = None
+    """Model memory in MB, as the profiles count it; None until sized (``deploy.workload``)."""
+    compute: float | None = None
+    """Compute in percent of one reference GPU; None until sized."""
+
+    @property
+    def capacity(self) -> dict[str, float]:
+        """``{"memory_mb": ..., "compute": ...}``; ValueError for a server not sized yet."""
+        if self.memory_mb is None or self.compute is None:
+            raise ValueError(f"server {self.server_id} has no capacity yet; size the topology "
+                             "with deploy.workload.generate_workload(...).sized(topology)")
+        return {"memory_mb": self.memory_mb, "compute": self.compute}
 
     @property
     def capacity_arg(self) -> str:
         """The ``--capacity`` argument of ``understudy agent``."""
-        return f"memory_mb={self.memory_mb:g},compute={self.compute:g}"
+        return capacity_arg(self.capacity)
+
+
+def capacity_arg(capacity: dict[str, float]) -> str:
+    """The ``--capacity`` argument for ``capacity``: ``memory_mb=787.7,compute=8.7713955``.
+
+    Exact (``repr``) figures, so an agent gets the capacity the generator sized, not a rounding.
+    """
+    return ",".join(f"{key}={float(value)!r}" for key, value in capacity.items())
 
 
 @dataclass(frozen=True)
@@ -54,15 +70,12 @@ class Topology:
 
 
 def make_topology(servers: int = DEFAULT_SERVERS, sites: int = DEFAULT_SITES, apps: int = 12,
-                  critical_fraction: float = 0.5, headroom: float = 0.2,
-                  memory_mb: float = DEFAULT_SERVER_MEMORY_MB,
-                  compute: float = DEFAULT_SERVER_COMPUTE) -> Topology:
-    """``servers`` servers named ``s1..sN`` over ``sites`` sites ``site-1..site-M``."""
+                  critical_fraction: float = 0.5, headroom: float = 0.2) -> Topology:
+    """``servers`` servers named ``s1..sN`` over ``sites`` sites ``site-1..site-M`` (not sized)."""
     if servers < 1 or sites < 1 or sites > servers:
         raise ValueError("need at least one server, at least one site, and no more sites "
                          "than servers")
     site_ids = tuple(f"site-{i + 1}" for i in range(sites))
-    specs = tuple(ServerSpec(f"s{i + 1}", site_ids[i % sites], memory_mb, compute)
-                  for i in range(servers))
+    specs = tuple(ServerSpec(f"s{i + 1}", site_ids[i % sites]) for i in range(servers))
     return Topology(servers=specs, sites=site_ids, apps=apps,
                     critical_fraction=critical_fraction, headroom=headroom)

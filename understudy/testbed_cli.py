@@ -1,4 +1,4 @@
-"""``understudy testbed up|fail|revive|report|status|down|client``: the local testbed."""
+"""``understudy testbed up|fail|revive|report|status|down|register|client``: the testbed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 COMMAND = "testbed"
 DEFAULT_RUN_DIR = Path("runs/testbed")
+TOKEN_ENV = "UNDERSTUDY_TOKEN"
 
 
 def register(commands: Any) -> None:
@@ -22,12 +23,7 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("testbed", help="local testbed: Redis, controller, agents")
     actions = parser.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="start everything and register generated apps")
-    up.add_argument("--servers", type=int, default=6)
-    up.add_argument("--sites", type=int, default=3)
-    up.add_argument("--apps", type=int, default=12)
-    up.add_argument("--headroom", type=float, default=0.2)
-    up.add_argument("--critical", type=float, default=0.5)
-    up.add_argument("--seed", type=int, default=0)
+    _workload_arguments(up)
     up.add_argument("--scale", type=float, default=None, help="artifact scale")
     up.add_argument("--artifacts", type=Path, default=Path("runs/artifacts"),
                     help="artifact store (built if missing)")
@@ -49,6 +45,18 @@ def register(commands: Any) -> None:
     demo.add_argument("--artifacts", type=Path, default=Path("runs/artifacts"))
     actions.add_parser("status", help="processes and their logs")
     actions.add_parser("down", help="stop everything")
+    registration = actions.add_parser(
+        "register", help="register the generated apps with a running controller (the compose "
+        "register job); idempotent")
+    registration.add_argument("--controller-url", required=True)
+    registration.add_argument("--token", default=None,
+                              help=f"bearer token (default ${TOKEN_ENV})")
+    _workload_arguments(registration)
+    registration.add_argument("--timeout-s", type=float, default=300.0,
+                              help="for the servers to connect, and again for convergence")
+    registration.add_argument("--no-wait", action="store_true",
+                              help="return once each app serves, without waiting for the warm "
+                              "backups")
     client = actions.add_parser("client", help="run load-generating clients (foreground)")
     client.add_argument("--controller-url", required=True)
     client.add_argument("--token", default=None)
@@ -60,6 +68,16 @@ def register(commands: Any) -> None:
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     for name in ("status", "down"):
         actions.choices[name].add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+
+
+def _workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The topology and generator arguments; ``up`` and ``register`` must agree on them."""
+    parser.add_argument("--servers", type=int, default=6)
+    parser.add_argument("--sites", type=int, default=3)
+    parser.add_argument("--apps", type=int, default=12)
+    parser.add_argument("--headroom", type=float, default=0.2)
+    parser.add_argument("--critical", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
 
 
 def run(options: argparse.Namespace) -> int:
@@ -165,6 +183,40 @@ def _down(options: argparse.Namespace) -> int:
     return 0
 
 
+def _register(options: argparse.Namespace) -> int:
+    """Register the apps ``testbed up`` would, with the controller at ``--controller-url``."""
+    import os
+
+    import httpx
+
+    from deploy.topology import make_topology
+    from deploy.workload import (
+        RegistrationError,
+        generate_workload,
+        register_apps,
+        wait_converged,
+        wait_for_servers,
+    )
+
+    topology = make_topology(options.servers, options.sites, options.apps, options.critical,
+                             options.headroom)
+    workload = generate_workload(topology, seed=options.seed)
+    token = options.token or os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=options.controller_url, headers=headers, timeout=10.0) as http:
+        try:
+            wait_for_servers(http, len(topology.servers), options.timeout_s)
+            created = register_apps(http, workload.specs, load_timeout_s=options.timeout_s)
+            if not options.no_wait:
+                wait_converged(http, options.timeout_s)
+        except (RegistrationError, httpx.HTTPError) as exc:
+            logger.error("%s", exc)
+            return 1
+    sys.stdout.write(f"{len(created)} apps registered, {len(workload.specs) - len(created)} "
+                     f"already there: {', '.join(workload.app_ids)}\n")
+    return 0
+
+
 def _client(options: argparse.Namespace) -> int:
     from deploy.loadgen import run_clients
 
@@ -232,4 +284,4 @@ def _demo(options: argparse.Namespace) -> int:
 
 
 _ACTIONS = {"up": _up, "demo": _demo, "fail": _fail, "revive": _revive, "report": _report,
-            "status": _status, "down": _down, "client": _client}
+            "status": _status, "down": _down, "register": _register, "client": _client}

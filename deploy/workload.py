@@ -1,0 +1,154 @@
+"""The testbed's workload: the generated apps, the server capacity they need, and registering them.
+
+One definition for the local testbed (``understudy testbed up``), the container topology
+(``docker-compose.yml``, whose ``register`` job runs ``understudy testbed register``) and the
+tests that check the two agree: the same topology and seed give the same app ids, specs and
+per-server capacity everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from deploy.topology import ServerSpec, Topology
+from model_repo.profiles import load_families
+from policies.model import ClusterSnapshot
+from sim.generator import generate_cluster
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEED = 0
+DEFAULT_RATE_RPS = (1.0, 5.0)
+"""Range of the generated apps' ``max_rate_rps`` (the testbed's clients send 5 req/s)."""
+
+
+class RegistrationError(RuntimeError):
+    """The controller refused an app, or an app registered earlier has a different spec."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The generated cluster of a topology: app specs in registration order, server capacity."""
+
+    cluster: ClusterSnapshot
+    specs: tuple[dict[str, Any], ...]
+    capacity: dict[str, float]
+
+    @property
+    def app_ids(self) -> list[str]:
+        """The ids the registration creates, in registration order."""
+        return [spec["app_id"] for spec in self.specs]
+
+    def sized(self, topology: Topology) -> Topology:
+        """``topology`` with every server's capacity set to what the generator sized."""
+        servers = tuple(ServerSpec(s.server_id, s.site_id, self.capacity["memory_mb"],
+                                   self.capacity["compute"]) for s in topology.servers)
+        return Topology(servers=servers, sites=topology.sites, apps=topology.apps,
+                        critical_fraction=topology.critical_fraction,
+                        headroom=topology.headroom, families=topology.families)
+
+
+def generate_workload(topology: Topology, seed: int = DEFAULT_SEED,
+                      rate_rps: tuple[float, float] = DEFAULT_RATE_RPS) -> Workload:
+    """The apps and server capacity of ``topology`` (deterministic for a given ``seed``)."""
+    families = load_families()
+    cluster = generate_cluster(families, servers=len(topology.servers),
+                               sites=len(topology.sites), apps=topology.apps,
+                               headroom=topology.headroom,
+                               critical_fraction=topology.critical_fraction, seed=seed,
+                               family_names=topology.families, rate_rps=rate_rps)
+    # Largest first: better worst-fit packing when the controller places them one by one.
+    apps = sorted(cluster.apps, key=lambda a: -cluster.primary_variant(a).memory_mb)
+    specs = tuple({"app_id": app.app_id, "family": app.family, "critical": app.critical,
+                   "max_rate_rps": app.max_rate_rps, "latency_slo_ms": app.latency_slo_ms,
+                   "variant": cluster.primary_variant(app).name} for app in apps)
+    capacity = {key: float(value) for key, value in cluster.servers[0].capacity.items()}
+    return Workload(cluster=cluster, specs=specs, capacity=capacity)
+
+
+def wait_for_servers(http: httpx.Client, count: int, timeout_s: float,
+                     interval_s: float = 0.5) -> None:
+    """Wait until ``count`` servers are up and connected (placement needs them all)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            servers = http.get("/v1/servers").json()
+            up = sum(1 for s in servers if s["state"] == "up" and s["connected"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            up = 0
+        if up >= count:
+            return
+        if time.monotonic() > deadline:
+            raise RegistrationError(f"timed out after {timeout_s:.0f} s waiting for {count} "
+                                    f"servers to connect ({up} up)")
+        time.sleep(interval_s)
+
+
+def register_apps(http: httpx.Client, specs: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+                  load_timeout_s: float = 300.0) -> list[str]:
+    """Register ``specs`` in order, each waiting until it serves; returns the ids registered now.
+
+    Idempotent: an app already registered with the same spec is skipped (a re-run of the
+    compose ``register`` job after a restart), one registered with another spec is an error.
+    """
+    created = []
+    for spec in specs:
+        response = http.post("/v1/apps", json=spec, params={"wait": "true"},
+                             timeout=load_timeout_s)
+        if response.status_code == 409:
+            _check_existing(http, spec)
+            logger.info("app %s was already registered with this spec", spec["app_id"])
+            continue
+        if response.status_code != 201:
+            raise RegistrationError(f"registering {spec['app_id']}: {response.status_code} "
+                                    f"{response.text}")
+        created.append(spec["app_id"])
+        logger.info("registered %s (%s, %s)", spec["app_id"], spec["variant"],
+                    "critical" if spec["critical"] else "not critical")
+    return created
+
+
+def _check_existing(http: httpx.Client, spec: dict[str, Any]) -> None:
+    response = http.get(f"/v1/apps/{spec['app_id']}")
+    if response.status_code != 200:
+        raise RegistrationError(f"{spec['app_id']} conflicts but cannot be read: "
+                                f"{response.status_code} {response.text}")
+    existing = response.json()["spec"]
+    different = {key: (existing.get(key), value) for key, value in spec.items()
+                 if existing.get(key) != value}
+    if different:
+        raise RegistrationError(f"{spec['app_id']} is registered with another spec "
+                                f"(field: (registered, wanted)): {different}")
+
+
+def converged(http: httpx.Client) -> bool:
+    """Whether every app serves its home variant and every planned warm backup is ready."""
+    try:
+        apps = http.get("/v1/apps").json()
+        plan = http.get("/v1/plan")
+    except (httpx.HTTPError, ValueError):
+        return False
+    if any(a["status"] not in ("serving", "unavailable") for a in apps):
+        return False
+    if any(r["state"] != "ready" for a in apps for r in a["replicas"]):
+        return False
+    if plan.status_code != 200:
+        return not any(a["spec"]["critical"] for a in apps)
+    planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan.json()["assignments"]}
+    present = {(a["app_id"], b["server_id"], b["variant"]) for a in apps for b in a["backups"]}
+    return planned == present
+
+
+def wait_converged(http: httpx.Client, timeout_s: float, interval_s: float = 0.25) -> None:
+    """Wait until :func:`converged`; RegistrationError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not converged(http):
+        if time.monotonic() > deadline:
+            raise RegistrationError(f"timed out after {timeout_s:.0f} s waiting for apps and "
+                                    "warm backups to converge")
+        time.sleep(interval_s)
