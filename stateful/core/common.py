@@ -70,7 +70,15 @@ class Durability:
         return self.seqs.get(op, 0)
 
     def covers(self, op: str, entry: LineageEntry) -> bool:
-        """Whether ``op``'s output ``entry`` is durable as far as this node knows."""
+        """Whether ``op``'s output ``entry`` is durable as far as this node knows.
+
+        A fenced-off output (an older epoch's speculation past the fence) never is, however far
+        the new epoch's durable point has moved: its seq was reused by a re-execution, and a
+        notify for that seq covers the new value, not this one.
+        """
+        point = self.fences.get(op)
+        if point is not None and entry.epoch < point.epoch and entry.seq > point.seq:
+            return False
         return entry.seq <= self.seqs.get(op, 0)
 
     def notify(self, msg: Durable) -> bool:

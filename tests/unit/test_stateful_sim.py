@@ -205,3 +205,18 @@ def test_a_failure_at_every_protocol_step_is_recovered_consistently(op: str, rol
         assert drive(c, "ol", 5, [(step, op, role)]), step
         report = c.report()
         assert report.ok, f"crash of {op} {role} after step {step}: {report.summary()}"
+
+
+def test_a_backup_never_applies_a_state_built_on_fenced_speculation() -> None:
+    """Regression (hypothesis counterexample): SP's sentiment primary fails, and stock's primary
+    ships a state built on sentiment's lost seq 3 just before failing too. The re-executed
+    sentiment's new epoch later announces seq 3 durable; that notify covers the new value, not
+    the fenced-off one, so stock's backup must not apply the old state (it did: stock then
+    promoted a state holding the lost output, a conflicting seq 3 and a lost request)."""
+    c = cluster("sp", Mode.NSPB, seed=0, batch=1, drop=0.05, max_delay_s=0.01)
+    assert sorted(c.graph.topology.stateful) == ["sentiment", "stock"]
+    assert drive(c, "sp", 24, [(347, "sentiment", "primary"), (419, "stock", "primary")])
+    report = c.report()
+    assert report.ok, report.summary()
+    assert report.replied == 24
+    assert [r.failed for r in c.recoveries] == [("sentiment.p0",), ("stock.p0",)]
