@@ -390,7 +390,8 @@ class Agent:
             try:
                 async with self.load_slots.slot(command.urgent):
                     admitted = time.perf_counter()
-                    await asyncio.to_thread(self.repository.materialise, name, command.variant)
+                    await asyncio.to_thread(self.repository.materialise, name, command.variant,
+                                            command.manifest)
                     materialised = time.perf_counter()
                     load_s = await asyncio.to_thread(self.triton.load, name)
             except UnknownVariantError as exc:
@@ -404,13 +405,22 @@ class Agent:
             memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
             self.models[name] = InventoryItem(
                 model_name=name, app_id=command.app_id, variant=command.variant,
-                state=ModelState.READY, memory_mb=memory, load_s=load_s)
+                state=ModelState.READY, load_s=load_s)
+            # The reply ends an outage for an interim; measuring memory can wait for it.
+            self._spawn(self._record_memory(name))
             return reply.ok(ModelState.READY, queued_s=admitted - started,
                             materialise_s=materialised - admitted, load_s=load_s)
 
     async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
         name = command.model_name
         reply = _Reply(command, "unload", started)
+    async def _record_memory(self, name: str) -> None:
+        """Fill in a freshly loaded model's resident memory (reported in the inventory)."""
+        memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
+        current = self.models.get(name)
+        if memory is not None and current is not None and current.state is ModelState.READY:
+            self.models[name] = current.model_copy(update={"memory_mb": memory})
+
         async with self._lock(name):
             queued = time.perf_counter()
             loaded = self._triton_alive and await asyncio.to_thread(

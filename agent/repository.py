@@ -69,9 +69,15 @@ class ModelRepository:
         """Whether the source is an HTTP URL."""
         return self.source.startswith(("http://", "https://"))
 
-    def materialise(self, model_name: str, variant: str) -> Manifest:
-        """Write (or refresh) the model directory; returns the variant's manifest."""
-        manifest, weights = self._weights(variant)
+    def materialise(self, model_name: str, variant: str,
+                    manifest: Manifest | None = None) -> Manifest:
+        """Write (or refresh) the model directory; returns the variant's manifest.
+
+        ``manifest``, sent by the controller with the load, spares an HTTP source the manifest
+        request: weights cached with its sha256 are used at once (a load on the failover's
+        critical path asks the controller nothing). A local store is always read directly.
+        """
+        manifest, weights = self._weights(variant, manifest)
         target = self.repository / model_name
         work = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=self.repository))
         try:
@@ -92,23 +98,28 @@ class ModelRepository:
         """Delete a model directory (after its unload)."""
         shutil.rmtree(self.repository / model_name, ignore_errors=True)
 
-    def _weights(self, variant: str) -> tuple[Manifest, Path]:
+    def _weights(self, variant: str, known: Manifest | None) -> tuple[Manifest, Path]:
         if not self.remote:
             try:
                 entry = find_variant(Path(self.source), variant)
             except ArtifactError as exc:
                 raise UnknownVariantError(str(exc)) from exc
             return entry.manifest, (entry.directory / WEIGHTS_FILE).resolve()
-        return self._fetch(variant)
+        if known is not None and known.variant != variant:
+            raise UnknownVariantError(f"the manifest sent for {variant!r} is {known.variant!r}'s")
+        return self._fetch(variant, known)
 
-    def _fetch(self, variant: str) -> tuple[Manifest, Path]:
+    def _fetch(self, variant: str, known: Manifest | None) -> tuple[Manifest, Path]:
         base = self.source.rstrip("/")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         directory = self.cache / variant
         with self._locks_guard:
             lock = self._fetch_locks.setdefault(variant, threading.Lock())
         with lock:
-            return self._fetch_locked(variant, base, headers, directory)
+            return self._fetch_locked(variant, base, headers, directory, known)
+        weights = directory / WEIGHTS_FILE
+        if known is not None and _verified_sha256(weights) == known.weights_sha256:
+            return known, weights.resolve()  # no lock needed: nothing to write
 
     def _http(self, headers: dict[str, str]) -> object:
         """The repository's one HTTP client, made on first use.
@@ -131,17 +142,19 @@ class ModelRepository:
             client.close()  # type: ignore[attr-defined]
 
     def _fetch_locked(self, variant: str, base: str, headers: dict[str, str],
-                      directory: Path) -> tuple[Manifest, Path]:
+                      directory: Path, known: Manifest | None) -> tuple[Manifest, Path]:
         import httpx
 
         client = self._http(headers)
         assert isinstance(client, httpx.Client)  # noqa: S101 - built by _http
         try:
-            response = client.get(f"{base}/{variant}/{MANIFEST_FILE}")
-            if response.status_code == 404:
-                raise UnknownVariantError(f"variant {variant!r} is not served by {base}")
-            response.raise_for_status()
-            manifest = Manifest.model_validate_json(response.content)
+            manifest = known
+            if manifest is None:
+                response = client.get(f"{base}/{variant}/{MANIFEST_FILE}")
+                if response.status_code == 404:
+                    raise UnknownVariantError(f"variant {variant!r} is not served by {base}")
+                response.raise_for_status()
+                manifest = Manifest.model_validate_json(response.content)
             weights = directory / WEIGHTS_FILE
             if _verified_sha256(weights) != manifest.weights_sha256:
                 self._download(client, f"{base}/{variant}/{WEIGHTS_FILE}", weights,

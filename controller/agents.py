@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.detector import FailureDetector
 from controller.errors import AgentCommandError, AgentUnavailableError
+from model_repo.artifacts import Manifest
 from understudy.protocol import (
     CommandResult,
     Configure,
@@ -173,12 +174,15 @@ class AgentHub:
         """A fresh command id."""
         return f"cmd-{next(self._ids)}"
 
-    async def load(self, server_id: str, app_id: str, variant: str,
-                   urgent: bool = False) -> CommandResult:
-        """Load ``<app>__<variant>`` on a server (``urgent``: ahead of routine loads)."""
+    async def load(self, server_id: str, app_id: str, variant: str, urgent: bool = False,
+                   manifest: Manifest | None = None) -> CommandResult:
+        """Load ``<app>__<variant>`` on a server (``urgent``: ahead of routine loads).
+
+        With the variant's ``manifest`` an agent holding verified weights asks nothing back.
+        """
         return await self.command(server_id, LoadCommand(command_id=self.next_id(),
                                                          app_id=app_id, variant=variant,
-                                                         urgent=urgent))
+                                                         urgent=urgent, manifest=manifest))
 
     async def unload(self, server_id: str, app_id: str, variant: str) -> CommandResult:
         """Unload ``<app>__<variant>`` from a server."""

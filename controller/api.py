@@ -7,7 +7,6 @@ Reads are open; everything that changes state, and agent connections, need the b
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
@@ -231,14 +230,12 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
 
     @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"])
     async def artifact(variant: str, name: str) -> FileResponse:
-        from model_repo.artifacts import ArtifactError, find_variant
+        from model_repo.artifacts import ArtifactError
 
-        store = controller.settings.artifacts
-        if store is None or name not in ARTIFACT_FILES:
+        if name not in ARTIFACT_FILES:
             raise NotFoundError(f"no artifact {variant}/{name}")
         try:
-            # A directory scan and a manifest parse: off the event loop the detector runs on.
-            entry = await asyncio.to_thread(find_variant, store, variant)
+            entry = await controller.artifacts.entry(variant)
         except ArtifactError as exc:
             raise NotFoundError(str(exc)) from exc
         return FileResponse(entry.directory / name)

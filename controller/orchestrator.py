@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.agents import AgentHub
+from controller.artifacts import ArtifactCatalog
 from controller.errors import (
     AgentCommandError,
     AgentUnavailableError,
@@ -70,8 +71,9 @@ class Orchestrator:
 
     def __init__(self, store: Store, events: EventHub, agents: AgentHub,
                  families: Mapping[str, Family], metrics: Metrics,
-                 config: RuntimeConfig) -> None:
+                 config: RuntimeConfig, artifacts: ArtifactCatalog | None = None) -> None:
         self.store = store
+        self.artifacts = artifacts or ArtifactCatalog(None)
         self.events = events
         self.agents = agents
         self.families = families
@@ -264,7 +266,9 @@ class Orchestrator:
         """
         started = time.perf_counter()
         try:
-            result = await self.agents.load(server_id, app_id, variant, urgent=urgent)
+            manifest = await self.artifacts.manifest(variant)
+            result = await self.agents.load(server_id, app_id, variant, urgent=urgent,
+                                            manifest=manifest)
         except AgentUnavailableError as exc:
             # Left LOADING: the agent's next hello (reconcile) re-issues it.
             logger.warning("load %s/%s on %s deferred: %s", app_id, variant, server_id, exc)

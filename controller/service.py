@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.agents import AgentHub
+from controller.artifacts import ArtifactCatalog
 from controller.detector import FailureDetector
 from controller.events import EventHub
 from controller.failures import ServerLifecycle
@@ -60,6 +61,7 @@ class Controller:
         self.store: Store | None = None
         self.metrics = Metrics()
         self.families = load_families(settings.profiles_dir)
+        self.artifacts = ArtifactCatalog(settings.artifacts)
         self.ready = False
 
     async def start(self) -> None:
@@ -80,7 +82,7 @@ class Controller:
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
         self.orchestrator = Orchestrator(self.store, self.events, self.agents, self.families,
-                                         self.metrics, config)
+                                         self.metrics, config, self.artifacts)
         self.lifecycle = ServerLifecycle(self.orchestrator)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,

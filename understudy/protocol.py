@@ -19,6 +19,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from model_repo.artifacts import Manifest
+
 PROTOCOL_VERSION = 1
 AGENT_WS_PATH = "/v1/agents/connect"
 """Where the controller accepts agent websockets."""
@@ -227,6 +229,9 @@ class LoadCommand(_ModelCommand):
     """The load ends an outage (a progressive interim, an app with nothing serving): the agent
     starts it before routine loads (warm backups, targets, fail-backs) and keeps a load slot
     free for it."""
+    manifest: Manifest | None = None
+    """The variant's manifest, from the controller's artifact store: an agent whose cache holds
+    weights with this sha256 loads them without asking the controller anything."""
 
 
 class UnloadCommand(_ModelCommand):
