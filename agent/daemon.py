@@ -85,6 +85,9 @@ class AgentConfig(BaseModel):
     capacity: dict[str, float]
     artifacts: str
     """Local artifact store directory or HTTP base URL."""
+    artifacts_mirror: Path | None = None
+    """A local copy of an HTTP source's store (same host or shared file system): verified
+    weights are linked from it instead of downloaded (``agent.repository``)."""
     run_dir: Path
     token: str | None = None
     server_type: str = "testbed"
@@ -138,7 +141,8 @@ class Agent:
         self.triton = triton_factory(triton_config)
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
-                                          config.run_dir / CACHE_DIR, token=config.token)
+                                          config.run_dir / CACHE_DIR, token=config.token,
+                                          mirror=config.artifacts_mirror)
         self.models: dict[str, InventoryItem] = {}
         # Service-graph replicas listen where Triton does and are advertised like it.
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,

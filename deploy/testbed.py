@@ -80,6 +80,8 @@ class TestbedState:
     apps: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     policy: str = "understudy"
+    artifact_mirror: bool = True
+    """Agents link verified weights from the local store instead of downloading them."""
 
     def save(self) -> None:
         """Write atomically to ``<run_dir>/testbed.json``."""
@@ -208,12 +210,16 @@ class Testbed:
            scale: float = DEFAULT_SCALE, artifacts: Path | None = None,
            token: str = "testbed-token", policy: str = "understudy", heartbeat_ms: float = 20.0,
            rate_rps: tuple[float, float] = DEFAULT_RATE_RPS, clients: bool = True,
-           client_rate: float = 5.0, timeout_s: float = 300.0,
-           register: bool = True) -> Testbed:
+           client_rate: float = 5.0, timeout_s: float = 300.0, register: bool = True,
+           artifact_mirror: bool = True) -> Testbed:
         """Start everything, register the apps, wait until all serve with their backups.
 
         With ``register=False`` only the processes start (servers sized for the generated
         apps), for a caller that registers them itself (``understudy testbed register``).
+        Agents fetch manifests over HTTP from the controller, as agents on other hosts do; with
+        ``artifact_mirror`` (default) they link the weights from the store on this machine once
+        the served sha256 matches, instead of all downloading gigabytes at once while they
+        register (which starved heartbeats into false alarms on a small machine).
         """
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
@@ -223,7 +229,8 @@ class Testbed:
         build_store(store, [families[f] for f in topology.families], scale=scale)
         workload = generate_workload(topology, seed=seed, rate_rps=rate_rps)
         state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
-                             token=token, artifacts=str(store), policy=policy)
+                             token=token, artifacts=str(store), policy=policy,
+                             artifact_mirror=artifact_mirror)
         testbed = cls(state)
         try:
             testbed = cls._start_processes(state, workload.sized(topology), heartbeat_ms,
@@ -278,8 +285,10 @@ class Testbed:
         return _spawn(self.state, f"agent-{server_id}", _understudy(
             "agent", "--server-id", server_id, "--site", server["site_id"],
             "--controller-url", self.state.controller_url, "--capacity", capacity,
-            # Over HTTP from the controller, as agents on other hosts would fetch them.
+            # Over HTTP from the controller, as agents on other hosts would fetch them; the
+            # weights linked from the local store once their sha256 matches (see up()).
             "--artifacts", f"{self.state.controller_url}/v1/artifacts",
+            *(["--artifacts-mirror", self.state.artifacts] if self.state.artifact_mirror else []),
             "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
             "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)),
             nice=CONTROL_PLANE_NICE)

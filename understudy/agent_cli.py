@@ -50,6 +50,9 @@ def register(commands: Any) -> None:
                         help="resources, e.g. memory_mb=8000,compute=100")
     parser.add_argument("--artifacts", required=True,
                         help="artifact store directory or HTTP base URL")
+    parser.add_argument("--artifacts-mirror", type=Path, default=None,
+                        help="local copy of the HTTP store (same host or shared file system): "
+                        "weights matching the served sha256 are linked, not downloaded")
     parser.add_argument("--run-dir", type=Path, required=True,
                         help="where Triton's repository, logs and caches live")
     parser.add_argument("--token", default=None,
@@ -79,7 +82,8 @@ def run(options: argparse.Namespace) -> int:
         config = AgentConfig(
             server_id=options.server_id, site_id=options.site_id,
             controller_url=options.controller_url, capacity=options.capacity,
-            artifacts=options.artifacts, run_dir=options.run_dir,
+            artifacts=options.artifacts, artifacts_mirror=options.artifacts_mirror,
+            run_dir=options.run_dir,
             token=options.token or os.environ.get(TOKEN_ENV),
             heartbeat_interval_ms=options.heartbeat_ms, triton_restart=options.triton_restart,
             max_restarts=options.max_restarts, http_port=options.http_port,

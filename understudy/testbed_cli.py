@@ -31,6 +31,9 @@ def register(commands: Any) -> None:
                     default="understudy")
     up.add_argument("--rate", type=float, default=5.0, help="client requests/s per app")
     up.add_argument("--no-clients", action="store_true")
+    up.add_argument("--no-artifact-mirror", action="store_true",
+                    help="agents download every weight over HTTP instead of linking it from "
+                    "the local store")
     fail = actions.add_parser("fail", help="SIGKILL a server (agent + Triton) or a site")
     fail.add_argument("server", nargs="?")
     fail.add_argument("--site", default=None)
@@ -101,7 +104,8 @@ def _up(options: argparse.Namespace) -> int:
     testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
                          scale=options.scale or DEFAULT_SCALE, policy=options.policy,
                          artifacts=options.artifacts,
-                         clients=not options.no_clients, client_rate=options.rate)
+                         clients=not options.no_clients, client_rate=options.rate,
+                         artifact_mirror=not options.no_artifact_mirror)
     _print_apps(testbed)
     sys.stdout.write(f"testbed up in {options.run_dir}; controller {testbed.state.controller_url}"
                      "\n")
