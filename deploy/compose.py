@@ -126,6 +126,9 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
     """One server: our agent and the Triton it supervises, in the official Triton image.
 
     No restart policy: a killed agent container is a failed server until it is started again.
+    The agents take manifests over HTTP from the controller and copy the weights from the
+    ``artifacts`` volume (read-only) once the served sha256 matches (``--artifacts-mirror``),
+    so six agents registering at once do not pull gigabytes through the controller.
     ``shm_size`` and ``ulimits`` are what NVIDIA recommends for Triton containers (the Python
     backend passes tensors through ``/dev/shm``, 64 MB by default in Docker).
     """
@@ -136,11 +139,13 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
                     "--site", server.site_id, "--controller-url", CONTROLLER_URL,
                     "--capacity", server.capacity_arg,
                     "--artifacts", f"{CONTROLLER_URL}/v1/artifacts",
+                    "--artifacts-mirror", ARTIFACTS_DIR,
                     "--run-dir", AGENT_RUN_DIR, "--token", TOKEN_REF,
                     "--http-port", str(TRITON_PORTS["http"]),
                     "--grpc-port", str(TRITON_PORTS["grpc"]),
                     "--metrics-port", str(TRITON_PORTS["metrics"]),
                     "--triton-host", "0.0.0.0", "--advertise-host", agent_name(server)],
+        "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro"],
         "expose": [str(port) for port in TRITON_PORTS.values()],
         "shm_size": "1gb",
         "ulimits": {"memlock": -1, "stack": 67108864},

@@ -200,6 +200,8 @@ def test_one_agent_per_server(services: dict[str, Any], topology: Topology) -> N
         assert options["--capacity"] == server.capacity_arg
         assert options["--controller-url"] == "http://controller:8000"
         assert options["--artifacts"] == "http://controller:8000/v1/artifacts"
+        assert options["--artifacts-mirror"] == "/artifacts"  # as testbed up: weights linked
+        assert service["volumes"] == ["artifacts:/artifacts:ro"]
         assert options["--run-dir"] == "/var/lib/understudy-agent"
         assert (options["--http-port"], options["--grpc-port"], options["--metrics-port"]) \
             == ("8000", "8001", "8002")
