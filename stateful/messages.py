@@ -312,6 +312,17 @@ class Fence(BaseModel):
     fences: dict[str, FencePoint]
 
 
+class RollbackPoint(BaseModel):
+    """A complete state a tainted primary retains and could roll back to."""
+
+    model_config = _FROZEN
+
+    seq: int
+    """The last output seq the state reflects; no output up to it is purged speculation."""
+    deps: dict[str, int] = Field(default_factory=dict)
+    """The largest seq of every other stateful operator in those outputs' lineages."""
+
+
 class FenceAck(BaseModel):
     type: Literal["fence_ack"] = "fence_ack"
     model_config = _FROZEN
@@ -320,6 +331,8 @@ class FenceAck(BaseModel):
     node: str
     tainted: tuple[str, ...] = ()
     """Stateful primaries whose state holds a purged output: they must be rolled back."""
+    points: tuple[RollbackPoint, ...] = ()
+    """A tainted primary's retained states that hold no purged output, oldest first."""
 
 
 class Resume(BaseModel):

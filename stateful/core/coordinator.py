@@ -14,15 +14,17 @@ stop being waited for at once). A recovery is three broadcast rounds to every li
    nodes purge every queued input, log entry and pending reply built on its output after D, and
    a stateful primary whose state holds such an output reports itself tainted (§IV-E "stateful
    models that have processed requests whose lineage shows a larger sequence than max_seq").
-   Tainted operators are fenced in the next round at their own D, until no new taint: an
-   operator rolled back to D re-executes its outputs after D, so whoever consumed those is
-   tainted too (the paper checks one level; the fixpoint is what the proof of §IV-F needs).
+   Tainted operators are fenced in the next round at their own D (one that rolls back: at its
+   rollback point, see 3), until no new taint: an operator rolled back to D re-executes its
+   outputs after D, so whoever consumed those is tainted too (the paper checks one level; the
+   fixpoint is what the proof of §IV-F needs).
 3. ``Resume``: the new placements. A fenced operator's backup is promoted and its old primary,
    if alive, rejoins as backup by state overwrite; if the backup is gone (correlated failure) the
-   primary rolls back to its snapshot at D. A failed stateless operator (or, in ``bare``, a
-   stateful one) restarts on a warm standby, numbering after the largest seq seen. Every node
-   then resends its output log and the frontend its unanswered requests (predecessors "resend
-   according to the lineage"; receivers drop duplicates by request id).
+   primary rolls back to a snapshot it retained: the newest that holds no purged output and
+   depends only on durable outputs (its fence point; at least D). A failed stateless operator
+   (or, in ``bare``, a stateful one) restarts on a warm standby, numbering after the largest seq
+   seen. Every node then resends its output log and the frontend its unanswered requests
+   (predecessors "resend according to the lineage"; receivers drop duplicates by request id).
 
 Rounds that a node does not answer within ``round_timeout_s`` treat that node as failed.
 """
@@ -49,6 +51,7 @@ from stateful.messages import (
     Placement,
     Resume,
     ResumeAck,
+    RollbackPoint,
     RuntimeOptions,
 )
 
@@ -76,6 +79,8 @@ class _Recovery:
     """Whether every live node has been frozen already."""
     backup_applied: dict[str, int] = field(default_factory=dict)
     """What each fenced operator's current backup has applied (absent: nothing yet)."""
+    points: dict[str, tuple[RollbackPoint, ...]] = field(default_factory=dict)
+    """The states each tainted primary could roll back to (its latest report)."""
     promoted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -208,6 +213,8 @@ class Coordinator:
             rec.reports.append(msg)
         elif isinstance(msg, FenceAck) and (msg.recovery, msg.round) == (rec.id, rec.round):
             rec.tainted.update(msg.tainted)
+            for op in msg.tainted:
+                rec.points[op] = msg.points
         elif not (isinstance(msg, ResumeAck) and msg.recovery == rec.id
                   and rec.phase == "resume"):
             return []
@@ -322,7 +329,7 @@ class Coordinator:
         assert rec is not None and self.config is not None
         if not ops:
             return self._resume(rec)
-        fences = {op: FencePoint(self.config.placements[op].epoch + 1, rec.durable.get(op, 0))
+        fences = {op: FencePoint(self.config.placements[op].epoch + 1, self._fence_seq(op, rec))
                   for op in ops}
         rec.fenced.update(fences)
         rec.phase = "fence"
@@ -330,6 +337,33 @@ class Coordinator:
         logger.info("recovery %d round %d fences %s", rec.id, rec.round, fences)
         return self._broadcast(rec, Fence(recovery=rec.id, round=rec.round, fences=fences),
                                self._live())
+
+    def _fence_seq(self, op: str, rec: _Recovery) -> int:
+        """Where ``op``'s new epoch starts: the durable point D, or later for a rollback.
+
+        A promoted backup starts from what it applied (D). A primary that rolls back instead
+        (its backup is gone or behind, §IV-C) goes to its newest retained state that holds no
+        purged output and whose inputs from other stateful operators are durable: HAMS's
+        s_b^{n-1}. That state is at least D, and at least any state the lost backup applied
+        without anyone hearing of it, which a rollback to D would silently undo.
+        """
+        assert self.config is not None
+        durable = rec.durable.get(op, 0)
+        where = self.config.placements[op]
+        primary_alive = where.primary is not None and where.primary not in self.dead
+        backup_alive = where.backup is not None and where.backup not in self.dead
+        promotes = backup_alive and rec.backup_applied.get(op, -1) >= durable
+        if not primary_alive or promotes or not rec.everyone:
+            return durable
+        known = dict(rec.durable)  # every durable point: an everyone-freeze pinned them down
+        for other, point in rec.fenced.items():
+            known[other] = max(known.get(other, 0), point.seq)
+        newest = max((p.seq for p in rec.points.get(op, ())
+                      if all(seq <= known.get(m, 0) for m, seq in p.deps.items())), default=0)
+        if newest > durable:
+            logger.info("recovery %d: %s rolls back to its retained state at seq %d (durable "
+                        "point %d)", rec.id, op, newest, durable)
+        return max(durable, newest)
 
     def _resume(self, rec: _Recovery) -> list[Effect]:
         assert self.config is not None

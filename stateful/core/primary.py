@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from stateful.core.common import is_dead
 from stateful.core.effects import Effect, Retrieve, Send, Update
 from stateful.core.operator import Batch, NodeContext, OperatorRole
-from stateful.messages import FencePoint, Mode, OutputRecord, Payload, StateAck, StateUpdate
+from stateful.messages import (
+    FencePoint,
+    Mode,
+    OutputRecord,
+    Payload,
+    RollbackPoint,
+    StateAck,
+    StateUpdate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,3 +213,30 @@ class PrimaryRole(OperatorRole):
         if tainted:
             self.frozen = True
         return tainted
+
+    def rollback_points(self, fences: Mapping[str, FencePoint]) -> list[RollbackPoint]:
+        """The retained states this (tainted, frozen) primary could roll back to, oldest first.
+
+        A state qualifies while no output up to its last seq is dead under ``fences``; each
+        comes with the largest seq of every other stateful operator its outputs depend on, so
+        the manager can keep the newest one whose dependencies are durable (§IV-C: M_b's
+        primary rolls back to s_b^{n-1}, the state before the lost speculation, which is not
+        necessarily the last state its backup was heard to apply).
+        """
+        stateful = self.ctx.config.graph.topology.stateful
+        records = sorted(self.log.values(), key=lambda r: r.seq)
+        points: list[RollbackPoint] = []
+        deps: dict[str, int] = {}
+        i = 0
+        for batch_no in sorted(self.retained):
+            snap = self.retained[batch_no]
+            while i < len(records) and records[i].seq <= snap.last_seq:
+                record = records[i]
+                if is_dead(record.lineage, fences):
+                    return points  # every later state holds this output too
+                for op, entry in record.lineage.items():
+                    if op != self.op and op in stateful and entry.seq > deps.get(op, 0):
+                        deps[op] = entry.seq
+                i += 1
+            points.append(RollbackPoint(seq=snap.last_seq, deps=dict(deps)))
+        return points

@@ -117,8 +117,10 @@ class ReplicaNode:
             tainted = self.role.on_fence(msg.fences) if isinstance(
                 self.role, StatelessRole | PrimaryRole) else False
             op = self.role.op if tainted and self.role is not None else None
+            points = self.role.rollback_points(self.durability.fences) if tainted and isinstance(
+                self.role, PrimaryRole) else []
             return [Send(src, FenceAck(recovery=msg.recovery, round=msg.round, node=self.node,
-                                       tainted=(op,) if op else ()))]
+                                       tainted=(op,) if op else (), points=tuple(points)))]
         if isinstance(msg, Resume):
             out = self._install(msg.config)
             self.durability.thaw()

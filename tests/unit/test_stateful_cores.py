@@ -39,6 +39,7 @@ from stateful.messages import (
     RequestMeta,
     Resume,
     ResumeAck,
+    RollbackPoint,
     RuntimeOptions,
     StateAck,
     StateUpdate,
@@ -213,6 +214,36 @@ def test_fence_taints_a_primary_that_consumed_lost_speculation() -> None:
         "dead inputs arriving after the fence are dropped"
 
 
+def test_a_backup_never_applies_a_state_built_on_fenced_speculation() -> None:
+    """a's new epoch announcing seq 6 durable covers its own seq 5, not the lost epoch-0 seq 5
+    this buffered state was built on (a's fence: epoch 1 from seq 4)."""
+    b, _ = node("b.b0", config())
+    b.on_message("b.p0", state(0, overwrite=True))
+    b.on_message("b.p0", state(1, rec(1, 1, a=5, s=1, b=1)))
+    b.on_message("manager", Fence(recovery=1, round=1, fences={"a": FencePoint(1, 4)}))
+    out = b.on_message("a.b0", Durable(op="a", epoch=1, seq=6))
+    assert not applied(out, receipt=False)
+
+
+def test_a_tainted_primary_reports_the_retained_states_it_can_roll_back_to() -> None:
+    b, _ = node("b.p0", config())
+    gen = b.generation
+    b.on_retrieved(gen, 0, {"h:x": P})
+    for batch_no, (first, a_seqs) in enumerate([(1, (2, 3)), (3, (5, 6))], start=1):
+        records = tuple(rec(first + i, first + i, a=a, s=first + i) for i, a in enumerate(a_seqs))
+        assert [type(e) for e in b.on_message("s.s0", Data(src_op="s", records=records, cv=1))] \
+            == [Compute]
+        assert Update in [type(e) for e in b.on_compute_done(gen, batch_no, [P, P])]
+        assert [type(e) for e in b.on_update_done(gen, batch_no)] == [Retrieve]
+        b.on_retrieved(gen, batch_no, {"h:x": P})
+        b.on_message("b.b0", StateAck(op="b", epoch=0, received_batch=batch_no, applied_batch=0))
+    out = b.on_message("manager", Fence(recovery=1, round=1, fences={"a": FencePoint(1, 4)}))
+    ack = sends(out, FenceAck)[0].msg
+    assert ack.tainted == ("b",)
+    assert ack.points == (RollbackPoint(seq=0), RollbackPoint(seq=2, deps={"a": 3})), \
+        "the state after batch 2 holds a's lost seq 5"
+
+
 # -- frontend ----------------------------------------------------------------------------------
 
 def test_frontend_releases_a_reply_only_when_durable() -> None:
@@ -269,6 +300,39 @@ def test_recovery_rounds_promote_the_backup_and_follow_taint() -> None:
         out = mgr.on_message(s.dst, ResumeAck(recovery=1, node=s.dst))
     done = [e for e in out if isinstance(e, RecoveryDone)]
     assert done and done[0].promoted == ("a", "b") and not mgr.busy
+
+
+def test_a_rollback_keeps_the_newest_retained_state_whose_inputs_are_durable() -> None:
+    """a's primary and b's backup fail together; b's primary consumed a's lost speculation.
+    b rolls back to the newest state it retained that depends only on durable outputs of a
+    (HAMS §IV-C's s_b^{n-1}), not to the last state anyone heard b's dead backup apply: that
+    backup may have applied more before it died, unheard, and a rollback below it would undo a
+    durable state."""
+    mgr = Coordinator(clock=lambda: 0.0)
+    mgr.deploy(config(), spares=["spare.0", "spare.1"])
+    out = mgr.on_replicas_failed([("a", "a.p0"), ("b", "b.b0")])
+    freeze = sends(out, Freeze)
+    assert {s.dst for s in freeze} == {"a.b0", "s.s0", "b.p0", FRONTEND}
+    for s in freeze:
+        report = FreezeAck(recovery=1, node=s.dst, applied={"a": 4} if s.dst == "a.b0" else {},
+                           durable={"b": 3} if s.dst == FRONTEND else {})
+        out = mgr.on_message(s.dst, report)
+    fence = sends(out, Fence)
+    assert fence[0].msg.fences == {"a": FencePoint(1, 4)}
+    points = (RollbackPoint(seq=3, deps={"a": 2}), RollbackPoint(seq=5, deps={"a": 4}),
+              RollbackPoint(seq=7, deps={"a": 6}))
+    for s in fence:
+        tainted = s.dst == "b.p0"
+        out = mgr.on_message(s.dst, FenceAck(recovery=1, round=1, node=s.dst,
+                                             tainted=("b",) if tainted else (),
+                                             points=points if tainted else ()))
+    fence = sends(out, Fence)
+    assert fence[0].msg.fences == {"b": FencePoint(1, 5)}, "state 7 holds a's lost seq 6"
+    for s in fence:
+        out = mgr.on_message(s.dst, FenceAck(recovery=1, round=2, node=s.dst))
+    new = sends(out, Resume)[0].msg.config.placements
+    assert (new["b"].primary, new["b"].start_seq) == ("b.p0", 5)
+    assert new["b"].backup in {"spare.0", "spare.1"}
 
 
 def test_a_silent_node_is_declared_failed_after_the_round_timeout() -> None:
