@@ -9,7 +9,9 @@ the next failure. A websocket subscriber in this process stands in for the clien
 "client notified" instant is when it receives the event.
 
 Figures (FailLite §5.1/§5.2): warm notify = injected failure -> client receives the warm
-switch; interim first serving = injected failure -> client told the interim variant serves;
+switch; interim first serving = injected failure -> client told the interim variant serves
+(judged against the interim variant's load time twice: the profile's figure, and a median of 5
+loads measured by this run on a fresh Triton once the testbeds are down);
 upgrade done = injected failure -> client told the target serves; MTTR = detection -> client
 notification (the paper's definition); recovery rate = recovered / affected apps; accuracy
 reduction = mean over recovered apps of 1 - accuracy(final) / accuracy(before). The last line
@@ -139,7 +141,7 @@ def outcomes(run: dict[str, Any], families: Any) -> list[dict[str, Any]]:
             final = serving[-1] if serving else None
             upgraded = next(((t, e) for t, e in serving if e["kind"] in ("upgraded", "serving")),
                             None)
-            interim_load_ms = None
+            interim_load_ms, variant = None, None
             if first is not None and first[1]["kind"] in ("interim_serving", "serving"):
                 variant = first[1]["variant"]
                 family = next(f for f in families.values()
@@ -156,11 +158,36 @@ def outcomes(run: dict[str, Any], families: Any) -> list[dict[str, Any]]:
                 "detect_ms": ((mine[0][1]["failure_at"] - at) * 1000
                               if mine and mine[0][1].get("failure_at") else None),
                 "upgrade_ms": (upgraded[0] - at) * 1000 if upgraded else None,
+                "interim_variant": variant,
                 "interim_load_ms": interim_load_ms,
                 "accuracy_before": before[-1]["accuracy"] if before else None,
                 "accuracy_after": final[1]["accuracy"] if final else None,
                 "variant_after": final[1]["variant"] if final else None})
     return rows
+
+
+def measure_load_times(variants: set[str]) -> dict[str, float]:
+    """Median load time (s) of each variant on a fresh Triton on this machine, now.
+
+    The profiles' figures were measured by an earlier build; the interim target is judged
+    against both them and this same-run measurement (5 loads each, the profiler's method).
+    """
+    from model_repo.profiler import ProfileSettings, profile_store
+
+    if not variants:
+        return {}
+    results, _ = profile_store(REPO / "runs" / "artifacts",
+                               REPO / "runs" / "bench-failover-profile", sorted(variants),
+                               ProfileSettings(repeats=5, latency_requests=5))
+    return {variant: measurement.load_s for variant, (_, measurement) in results.items()}
+
+
+def add_fresh_load_times(rows: list[dict[str, Any]], load_s: dict[str, float]) -> None:
+    """Each progressive row gets the same-run load time of its interim variant."""
+    for row in rows:
+        variant = row.get("interim_variant")
+        row["interim_load_now_ms"] = (round(load_s[variant] * 1000, 1)
+                                      if variant in load_s else None)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -176,6 +203,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     interim = [r["notify_ms"] for r in rows if r["how"] == "progressive"]
     excess = [r["notify_ms"] - r["interim_load_ms"] for r in rows
               if r["how"] == "progressive" and r["interim_load_ms"] is not None]
+    excess_now = [r["notify_ms"] - r["interim_load_now_ms"] for r in rows
+                  if r["how"] == "progressive" and r.get("interim_load_now_ms") is not None]
     upgrades = [r["upgrade_ms"] for r in rows if r["how"] == "progressive" and r["upgrade_ms"]]
     mttr = [r["mttr_ms"] for r in rows if r["mttr_ms"] is not None]
     detect = [r["detect_ms"] for r in rows if r["detect_ms"] is not None]
@@ -189,6 +218,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "warm_notify_p50_ms": _pct(warm, 50), "warm_notify_p99_ms": _pct(warm, 99),
         "interim_first_serving_p50_ms": _pct(interim, 50),
         "interim_minus_load_time_p50_ms": _pct(excess, 50),
+        "interim_minus_load_time_now_p50_ms": _pct(excess_now, 50),
         "upgrade_done_p50_ms": _pct(upgrades, 50),
         "detection_p50_ms": _pct(detect, 50),
         "mttr_mean_ms": round(statistics.fmean(mttr), 1) if mttr else None,
@@ -206,10 +236,15 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     families = load_families()
+    all_rows = {policy: outcomes(run_policy(policy, args), families)
+                for policy in ("understudy", "full-size-warm-k")}
+    # Measured after both testbeds are down, so nothing else loads the machine meanwhile.
+    load_now = measure_load_times({r["interim_variant"] for rows in all_rows.values()
+                                   for r in rows if r["interim_variant"]})
+    print(f"interim load times measured now (s): {json.dumps(load_now)}", flush=True)
     results = {}
-    for policy in ("understudy", "full-size-warm-k"):
-        run = run_policy(policy, args)
-        rows = outcomes(run, families)
+    for policy, rows in all_rows.items():
+        add_fresh_load_times(rows, load_now)
         results[policy] = figures(rows)
         (REPO / "runs" / f"bench-failover-{policy}" / "outcomes.json").write_text(
             json.dumps(rows, indent=2))
@@ -221,6 +256,7 @@ def main() -> int:
         "warm_notify_p99_ms": ours["warm_notify_p99_ms"],
         "interim_first_serving_p50_ms": ours["interim_first_serving_p50_ms"],
         "interim_minus_load_time_p50_ms": ours["interim_minus_load_time_p50_ms"],
+        "interim_minus_load_time_now_p50_ms": ours["interim_minus_load_time_now_p50_ms"],
         "upgrade_done_p50_ms": ours["upgrade_done_p50_ms"],
         "detection_p50_ms": ours["detection_p50_ms"],
         "recovery_rate": ours["recovery_rate"],
