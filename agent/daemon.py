@@ -406,7 +406,6 @@ class Agent:
                 await asyncio.to_thread(self.repository.remove, name)
                 code = "artifact_fetch" if isinstance(exc, ArtifactFetchError) else "load_failed"
                 return reply.fail(_error(code, exc, getattr(exc, "retryable", False)))
-            memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
             self.models[name] = InventoryItem(
                 model_name=name, app_id=command.app_id, variant=command.variant,
                 state=ModelState.READY, load_s=load_s)
@@ -415,9 +414,6 @@ class Agent:
             return reply.ok(ModelState.READY, queued_s=admitted - started,
                             materialise_s=materialised - admitted, load_s=load_s)
 
-    async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
-        name = command.model_name
-        reply = _Reply(command, "unload", started)
     async def _record_memory(self, name: str) -> None:
         """Fill in a freshly loaded model's resident memory (reported in the inventory)."""
         memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
@@ -425,6 +421,9 @@ class Agent:
         if memory is not None and current is not None and current.state is ModelState.READY:
             self.models[name] = current.model_copy(update={"memory_mb": memory})
 
+    async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
+        name = command.model_name
+        reply = _Reply(command, "unload", started)
         async with self._lock(name):
             queued = time.perf_counter()
             loaded = self._triton_alive and await asyncio.to_thread(

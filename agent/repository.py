@@ -117,13 +117,13 @@ class ModelRepository:
         base = self.source.rstrip("/")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         directory = self.cache / variant
+        weights = directory / WEIGHTS_FILE
+        if known is not None and _verified_sha256(weights) == known.weights_sha256:
+            return known, weights.resolve()  # no lock needed: nothing to write
         with self._locks_guard:
             lock = self._fetch_locks.setdefault(variant, threading.Lock())
         with lock:
             return self._fetch_locked(variant, base, headers, directory, known)
-        weights = directory / WEIGHTS_FILE
-        if known is not None and _verified_sha256(weights) == known.weights_sha256:
-            return known, weights.resolve()  # no lock needed: nothing to write
 
     def _http(self, headers: dict[str, str]) -> object:
         """The repository's one HTTP client, made on first use.
