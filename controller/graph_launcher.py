@@ -183,6 +183,10 @@ class AgentReplicaLauncher:
         except (AgentUnavailableError, AgentCommandError) as exc:
             logger.info("graph %s: stopping %s on %s: %s", self.graph, node, server_id, exc)
 
+    async def stop_node(self, node: str, server_id: str) -> None:
+        """Kill a process of this graph that has no handle (not adopted after a restart)."""
+        await self._stop_on(node, server_id, kill=True)
+
     def fail_server(self, server_id: str) -> list[str]:
         """The server failed: end every replica handle there, abandon starts on it."""
         failed = []

@@ -2,14 +2,16 @@
 
 A :class:`GraphRecord` is written before the graph is deployed (write-ahead, status
 ``deploying``) and again after the deployment and every recovery, with the placement of every
-replica process. The live part of a graph — its frontend and recovery manager, which hold the
-request log and the protocol state — lives in the controller process only (see
-``controller/graphs.py`` on what a controller restart does to it).
+replica process. Every config the graph's manager sends (and every failure it acts on) is
+written here first (``config``, ``dead``, ``spares``, ...): a restarted controller rebuilds the
+manager and the frontend from that and the replicas the agents still run (see
+``controller/graph_restore.py``).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,8 +29,11 @@ class GraphStatus(StrEnum):
     """A recovery round runs, or a replica is missing (requests wait, none is lost)."""
     FAILED = "failed"
     """The deployment failed (see ``reason``); delete it and register again."""
+    RESTORING = "restoring"
+    """The controller restarted: rebuilding the manager and frontend from Redis and the agents."""
     INTERRUPTED = "interrupted"
-    """The controller restarted: the in-process frontend and manager are gone."""
+    """The controller stopped (or restarted before the deployment's first config was written):
+    the in-process frontend and manager are gone; delete and register the graph again."""
 
 
 class GraphRegistration(BaseModel):
@@ -88,6 +93,24 @@ class GraphRecord(BaseModel):
     recoveries: list[RecoveryView] = Field(default_factory=list)
     config_version: int = 0
     requests: int = 0
-    """Client requests answered (since this controller deployed it)."""
+    """Client requests answered (written at most ``PERSIST_INTERVAL_S`` late)."""
     created_at: float = 0.0
     updated_at: float = 0.0
+    # What a restarted controller needs to rebuild the manager and the frontend (written before
+    # the manager acts on it).
+    config: dict[str, Any] | None = None
+    """The newest ``GraphConfig`` the manager sent (JSON)."""
+    dead: list[str] = Field(default_factory=list)
+    """Replicas the manager declared failed."""
+    spares: list[str] = Field(default_factory=list)
+    """Blank standbys in the manager's pool."""
+    synced: dict[str, tuple[str, int]] = Field(default_factory=dict)
+    """Operator -> (backup, epoch) that has applied a state."""
+    seen: dict[str, int] = Field(default_factory=dict)
+    """Largest seq per operator any freeze reported."""
+    request_ids: int = 0
+    """Request ids reserved so far: the frontend never uses one above it before writing more, so
+    a restarted frontend numbers after every request the replicas may have seen."""
+    incarnation: int = 0
+    """How many times a restarted controller rebuilt the frontend and manager (their node names
+    carry it: replicas keep per-link sequence numbers with the old ones)."""

@@ -19,12 +19,15 @@ Replica processes are started and stopped by ``controller/graph_launcher.py``.
 
 Knows nothing of HTTP (``controller/graph_api.py`` is the REST layer).
 
-**Controller restarts.** The frontend (request log, pending replies) and the manager (epochs,
-durable points) live only in this process and are not rebuilt: on start-up every graph Redis
-remembers as live is marked ``interrupted``; its replicas are stopped as their agents reconnect
-and list them in their hello. The spec and last placement stay listed; delete and register the
-graph again to redeploy it (its operators' state starts fresh). HAMS replicates the manager and
-frontend with SMR; we do not.
+**Controller restarts.** The manager writes every config it sends (and every failure it acts
+on) to Redis first (``controller/graph_runtime.py``), and the agents keep their replicas running
+while no controller is there. On start-up every graph Redis remembers as live is ``restoring``:
+once the agents that ran its replicas said hello again (or ``RESTORE_WAIT_S`` passed), a new
+incarnation of the manager and frontend adopts the replicas that still run — their state goes on
+— and fails the ones that do not, so their backups are promoted as after a server failure
+(``controller/graph_restore.py``). Client requests in flight at the crash are lost with their
+HTTP connections (clients retry them); replies already sent stay consistent. HAMS replicates the
+manager and frontend with SMR; we rebuild them from the replicas and Redis instead.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from controller.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from controller.graph_launcher import SERVER_GONE, AgentReplicaLauncher
+from controller.graph_launcher import SERVER_GONE, AgentReplicaHandle, AgentReplicaLauncher
 from controller.graph_placement import (
     Host,
     OperatorSlots,
@@ -62,6 +65,8 @@ from controller.graph_records import (
     RecoveryView,
     ReplicaView,
 )
+from controller.graph_restore import Inventories, plan_adoption
+from controller.graph_runtime import ClusterGraph
 from controller.records import ServerState, now
 from controller.store import Store
 from stateful.core.coordinator import initial_config
@@ -69,7 +74,6 @@ from stateful.core.frontend import ClientRequest
 from stateful.graph import GraphSpec
 from stateful.messages import NoiseSpec, Payload, RuntimeOptions
 from stateful.operators import check_kinds
-from stateful.runtime import LocalGraph
 from understudy.protocol import Hello, ReplicaExited, StopReplicaCommand
 
 logger = logging.getLogger(__name__)
@@ -77,6 +81,13 @@ logger = logging.getLogger(__name__)
 TRITON_KIND = "triton"
 PERSIST_INTERVAL_S = 0.5
 """How often a live graph's placement is compared with what Redis has (written on change)."""
+RESTORE_WAIT_S = 15.0
+"""After a controller restart, how long a graph waits for the agents that ran its replicas to
+reconnect before the replicas there count as failed."""
+REQUEST_ID_BLOCK = 1000
+"""Request ids reserved in Redis at a time (one write per block, before the first id is used)."""
+LIVE_STATUSES = (GraphStatus.DEPLOYING, GraphStatus.SERVING, GraphStatus.RECOVERING,
+                 GraphStatus.RESTORING)
 
 
 class GraphTimeoutError(ControllerError):
@@ -97,7 +108,7 @@ class LiveGraph:
     """A deployed graph: its record, runtime and launcher."""
 
     record: GraphRecord
-    graph: LocalGraph
+    graph: ClusterGraph
     launcher: AgentReplicaLauncher
     plan: dict[str, str]
     """Server of each initial replica (standbys are placed as they start)."""
@@ -105,6 +116,12 @@ class LiveGraph:
     """Primary <-> backup node of each stateful operator in the initial placement."""
     watcher: asyncio.Task[None] | None = None
     answered: int = 0
+    past_recoveries: list[RecoveryView] = field(default_factory=list)
+    """Recoveries of earlier incarnations (before a controller restart)."""
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Record writes one at a time, each a snapshot taken when its turn comes (no older
+    snapshot overwrites a newer one)."""
+    id_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def runtime_options(reg: GraphRegistration) -> RuntimeOptions:
@@ -129,23 +146,85 @@ class GraphManager:
         """Servers whose record is up (not drained); liveness is asked of the detector."""
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.inventories = Inventories()
+        self.restoring: dict[str, asyncio.Task[None]] = {}
 
     # --- life cycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """After a (re)start: graphs Redis remembers as live lost their frontend and manager."""
+        """After a (re)start: rebuild every graph Redis remembers as live (in the background)."""
         for record in (await self.store.graphs()).values():
-            if record.status in (GraphStatus.DEPLOYING, GraphStatus.SERVING,
-                                 GraphStatus.RECOVERING):
+            if record.status not in LIVE_STATUSES:
+                continue
+            if record.config is None:
                 record.status = GraphStatus.INTERRUPTED
-                record.reason = ("the controller restarted: the graph's frontend and recovery "
-                                 "manager were lost; its replicas are stopped as their agents "
-                                 "reconnect; delete and register it again to redeploy")
+                record.reason = ("the controller restarted before the graph's first config was "
+                                 "written; its replicas are stopped as their agents reconnect; "
+                                 "delete and register it again")
                 await self.store.put_graph(record)
                 logger.warning("graph %s: %s", record.name, record.reason)
+                continue
+            record.status, record.reason = GraphStatus.RESTORING, "the controller restarted"
+            await self.store.put_graph(record)
+            self.restoring[record.name] = asyncio.ensure_future(self._restore(record))
+
+    async def _restore(self, record: GraphRecord) -> None:
+        """Adopt the replicas that still run; fail (and so replace) the ones that do not."""
+        name = record.name
+        servers = {r.server_id for r in record.replicas if r.alive}
+        absent = await self.inventories.wait_for(servers, RESTORE_WAIT_S)
+        if absent:
+            logger.warning("graph %s: servers %s did not reconnect within %g s; their replicas "
+                           "count as failed", name, sorted(absent), RESTORE_WAIT_S)
+        try:
+            async with self._lock:
+                if self.restoring.pop(name, None) is None:
+                    return  # deleted meanwhile
+                await self._hosts()
+                plan = plan_adoption(record, self.inventories.running(name))
+                record.incarnation += 1
+                live = self._build(record, {}, incarnation=record.incarnation, fresh=False)
+                live.answered = record.requests
+                live.past_recoveries = list(record.recoveries)
+                live.partners = {**{w.primary: w.backup for w in plan.config.placements.values()
+                                    if w.primary and w.backup},
+                                 **{w.backup: w.primary for w in plan.config.placements.values()
+                                    if w.primary and w.backup}}
+                self.live[name] = live
+            for server, node in plan.stop:
+                logger.warning("graph %s: stopping replica %s on %s (no role after the "
+                               "restart)", name, node, server)
+                live.launcher.spawn(live.launcher.stop_node(node, server))
+            handles = [AgentReplicaHandle(n, r.address, r.server_id, live.launcher)
+                       for n, r in plan.adopt.items()]
+            live.launcher.handles.update({h.node: h for h in handles})
+            coordinator = live.graph.coordinator
+            coordinator.synced = {op: (node, epoch) for op, (node, epoch) in record.synced.items()}
+            coordinator.seen = dict(record.seen)
+            coordinator.recoveries = len(record.recoveries)
+            await live.graph.adopt(plan.config, handles, plan.spares, plan.failed,
+                                   next_spare=plan.next_spare, first_request=record.request_ids)
+            live.graph.add_spares(plan.missing_spares)
+        except Exception as exc:  # noqa: BLE001 - this graph only; the others restore on
+            logger.exception("graph %s: restore failed", name)
+            live_now = self.live.pop(name, None)
+            if live_now is not None:
+                await self._stop(live_now)
+            record.status, record.reason = GraphStatus.INTERRUPTED, f"restore failed: {exc}"
+            await self.store.put_graph(record)
+            return
+        if self.live.get(name) is not live:
+            return
+        live.record.status, live.record.reason = GraphStatus.SERVING, ""
+        await self._persist(live)
+        live.watcher = asyncio.ensure_future(self._watch(live))
+        logger.info("graph %s restored (incarnation %d): adopted %s, failed %s", name,
+                    record.incarnation, sorted(plan.adopt), [n for _, n in plan.failed])
 
     async def close(self) -> None:
         """Controller shutdown: stop every live graph's replicas, mark the graphs interrupted."""
+        for task in self.restoring.values():
+            task.cancel()
         for name in list(self.live):
             live = self.live.pop(name)
             await self._stop(live)
@@ -208,18 +287,21 @@ class GraphManager:
         check_kinds(spec)  # unknown kinds or a stateful flag that disagrees: 422
         return spec
 
-    def _build(self, record: GraphRecord, plan: dict[str, str]) -> LiveGraph:
+    def _build(self, record: GraphRecord, plan: dict[str, str], incarnation: int = 0,
+               fresh: bool = True) -> LiveGraph:
         reg = record.registration
         run_dir = self.run_dir / "graphs" / record.name
-        shutil.rmtree(run_dir / "observe", ignore_errors=True)  # an earlier graph's files
+        if fresh:
+            shutil.rmtree(run_dir / "observe", ignore_errors=True)  # an earlier graph's files
         run_dir.mkdir(parents=True, exist_ok=True)
         observe_dir = (run_dir / "observe").resolve() if reg.observe else None
         holder: list[LiveGraph] = []
         launcher = AgentReplicaLauncher(record.name, self.agents,
                                         lambda node, avoid: self._choose(holder[0], node, avoid),
                                         observe_dir)
-        graph = LocalGraph(reg.spec, runtime_options(reg), launcher=launcher, run_dir=run_dir,
-                           spares=reg.spares, host=self.host)
+        graph = ClusterGraph(reg.spec, runtime_options(reg), launcher=launcher, run_dir=run_dir,
+                             spares=reg.spares, host=self.host, incarnation=incarnation,
+                             persist=lambda: self._persist(holder[0]))
 
         def rank(candidate: str, partner: str | None) -> int | None:
             return spare_rank(launcher.server_of(candidate), launcher.server_of(partner),
@@ -283,25 +365,31 @@ class GraphManager:
             await self._stop(live)  # deleted while it deployed
             return False
         live.record.status, live.record.reason = GraphStatus.SERVING, ""
-        await self.store.put_graph(self._snapshot(live))
+        await self._persist(live)
         live.watcher = asyncio.ensure_future(self._watch(live))
         return True
 
     async def _watch(self, live: LiveGraph) -> None:
         """Persist the placement after every recovery (and any standby change), once a second."""
-        seen = (-1, -1, -1)
+        seen = (-1, -1, -1, -1)
         while self.live.get(live.record.name) is live:
             await asyncio.sleep(PERSIST_INTERVAL_S)
             config = live.graph.config
             state = (len(live.graph.recoveries), config.version if config else 0,
-                     len(live.launcher.handles))
+                     len(live.launcher.handles), live.answered)
             if state == seen:
                 continue
             seen = state
             try:
-                await self.store.put_graph(self._snapshot(live))
+                await self._persist(live)
             except Exception:  # noqa: BLE001 - keep watching; the next pass writes again
                 logger.exception("graph %s: could not persist its placement", live.record.name)
+
+    async def _persist(self, live: LiveGraph) -> None:
+        """Write a live graph's record (the manager's state with it), newest snapshot last."""
+        async with live.write_lock:
+            if self.live.get(live.record.name) is live:
+                await self.store.put_graph(self._snapshot(live))
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -336,6 +424,11 @@ class GraphManager:
             record.config_version = config.version
             record.placements = {op: {"primary": w.primary, "backup": w.backup,
                                       "epoch": w.epoch} for op, w in config.placements.items()}
+            record.config = config.model_dump(mode="json")
+        record.dead = sorted(coordinator.dead)
+        record.spares = list(coordinator.spares)
+        record.synced = dict(coordinator.synced)
+        record.seen = dict(coordinator.seen)
         roles = config.roles if config is not None else {}
         replicas = []
         for node, handle in sorted(live.launcher.handles.items()):
@@ -347,7 +440,7 @@ class GraphManager:
                                         address=handle.address, operator=op,
                                         role=role if alive else "dead", alive=alive))
         record.replicas = replicas
-        record.recoveries = [RecoveryView(
+        record.recoveries = live.past_recoveries + [RecoveryView(
             recovery=r.recovery, failed=list(r.failed), promoted=list(r.promoted),
             rolled_back=list(r.rolled_back), restarted=list(r.restarted),
             duration_ms=round((r.finished_at - r.started_at) * 1e3, 3))
@@ -382,12 +475,22 @@ class GraphManager:
             raise ConflictError(f"graph {name!r} is {record.status.value}: {record.reason}")
         if live.graph.frontend.config is None:
             raise ConflictError(f"graph {name!r} is still deploying")
+        await self._reserve_id(live)
         try:
             outputs = await live.graph.submit(request, timeout_s=timeout_s)
         except TimeoutError as exc:
             raise GraphTimeoutError(f"graph {name!r}: no reply within {timeout_s:g} s") from exc
         live.answered += 1
         return dict(outputs)
+
+    async def _reserve_id(self, live: LiveGraph) -> None:
+        """Write a new block of request ids before the frontend uses the first one of it."""
+        if live.graph.frontend.next_id < live.record.request_ids:
+            return
+        async with live.id_lock:
+            if live.graph.frontend.next_id >= live.record.request_ids:
+                live.record.request_ids = live.graph.frontend.next_id + REQUEST_ID_BLOCK
+                await self._persist(live)
 
     async def consistency(self, name: str) -> dict[str, Any]:
         """Run the consistency checker over the graph's observations (``observe`` graphs)."""
@@ -410,6 +513,10 @@ class GraphManager:
             if live is None and await self.store.get_graph(name) is None:
                 raise NotFoundError(f"graph {name!r} is not registered")
             await self.store.delete_graph(name)
+            restoring = self.restoring.pop(name, None)
+        if restoring is not None:
+            restoring.cancel()
+            await self._stop_strays(name)
         if live is not None:
             await self._stop(live)
         logger.info("graph %s deleted", name)
@@ -427,6 +534,7 @@ class GraphManager:
 
     def on_server_failed(self, server_id: str) -> None:
         """The detector declared a server failed: every replica there failed with it."""
+        self.inventories.forget(server_id)
         for name, live in self.live.items():
             failed = live.launcher.fail_server(server_id)
             if failed:
@@ -440,6 +548,7 @@ class GraphManager:
 
     def on_replica_exited(self, server_id: str, message: ReplicaExited) -> None:
         """An agent saw a replica process end."""
+        self.inventories.exited(server_id, message.graph, message.node)
         live = self.live.get(message.graph)
         handle = live.launcher.handles.get(message.node) if live is not None else None
         if handle is None or handle.server_id != server_id:
@@ -454,7 +563,10 @@ class GraphManager:
         """An agent (re)connected: learn its site; stop replicas no live graph counts on."""
         self._sites[hello.server_id] = hello.site_id
         self._usable.add(hello.server_id)
+        self.inventories.hello(hello.server_id, hello.replicas)
         for info in hello.replicas:
+            if info.graph in self.restoring:
+                continue  # its restore adopts it or stops it
             live = self.live.get(info.graph)
             handle = live.launcher.handles.get(info.node) if live is not None else None
             wanted = handle is not None and handle.server_id == hello.server_id and \
@@ -464,10 +576,18 @@ class GraphManager:
                 continue
             logger.warning("server %s runs replica %s/%s that no live graph uses; stopping it",
                            hello.server_id, info.graph, info.node)
-            command = StopReplicaCommand(command_id=self.agents.next_id(), graph=info.graph,
-                                         node=info.node, kill=True)
-            self._keep(asyncio.ensure_future(self._quiet(
-                self.agents.command(hello.server_id, command))))  # type: ignore[arg-type]
+            self._keep(asyncio.ensure_future(self._stop_stray(hello.server_id, info.graph,
+                                                              info.node)))
+
+    async def _stop_strays(self, graph: str) -> None:
+        """Kill every process of a graph the agents listed (a graph deleted while restoring)."""
+        await asyncio.gather(*(self._stop_stray(r.server_id, graph, node)
+                               for node, r in self.inventories.running(graph).items()))
+
+    async def _stop_stray(self, server_id: str, graph: str, node: str) -> None:
+        command = StopReplicaCommand(command_id=self.agents.next_id(), graph=graph, node=node,
+                                     kill=True)
+        await self._quiet(self.agents.command(server_id, command))  # type: ignore[arg-type]
 
     async def _quiet(self, coroutine: Any) -> None:
         try:

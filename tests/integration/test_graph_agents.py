@@ -6,11 +6,13 @@ the graph shows the promoted backup (issue 6, "on the cluster")."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,8 +76,8 @@ def _stream(http: httpx.Client, start: int, count: int, midway: threading.Event 
         return list(pool.map(one, range(start, start + count)))
 
 
-def _graph(bed: Testbed) -> dict[str, Any]:
-    response = bed.http.get(f"/v1/graphs/{GRAPH}")
+def _graph(bed: Testbed, name: str = GRAPH) -> dict[str, Any]:
+    response = bed.http.get(f"/v1/graphs/{name}")
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -189,27 +191,105 @@ def test_deleting_a_live_graph_stops_its_replicas(testbed: Testbed) -> None:
     assert testbed.http.get("/v1/graphs/tiny").status_code == 404
 
 
-def test_controller_restart_lists_the_graph_interrupted_and_stops_its_replicas(
-        testbed: Testbed) -> None:
-    assert _replica_processes(testbed)
+COUNT_SPEC = {"name": "count", "batch_size": 2, "operators": [
+    {"name": "count", "kind": "lstm", "stateful": True,
+     "params": {"in_dim": 4, "hidden": 4, "out_dim": 4}}],
+    "edges": [["frontend", "count"], ["count", "frontend"]]}
+
+
+def _count_inputs(i: int) -> list[float]:
+    return [((i * 7 + j) % 5) / 5.0 - 0.4 for j in range(4)]
+
+
+def _count_reference(steps: int) -> list[list[float]]:
+    """What the ``count`` LSTM answers to its first ``steps`` requests, state carried along."""
+    import torch
+
+    from stateful.core.effects import BatchItem
+    from stateful.graph import GraphSpec
+    from stateful.host import ModelHost
+    from stateful.messages import RequestMeta
+    from stateful.tensors import to_payload
+
+    host = ModelHost(GraphSpec.model_validate(COUNT_SPEC), "reference")
+    host.load("count", None)
+    out = []
+    for i in range(steps):
+        item = BatchItem(i + 1, i + 1, RequestMeta(stream="s", entries=("count",)),
+                         (to_payload(torch.tensor(_count_inputs(i))),))
+        out.append(from_payload(host.compute(i, [item])[0]).reshape(-1).tolist())
+        host.update(i)
+    return out
+
+
+def _ask_count(bed: Testbed, i: int) -> list[float]:
+    reply = bed.http.post("/v1/graphs/count/requests", timeout=90, json={
+        "inputs": {"count": {"values": _count_inputs(i)}}, "stream": "s", "timeout_s": 60})
+    assert reply.status_code == 200, reply.text
+    return list(reply.json()["outputs"]["count"]["values"])
+
+
+def test_controller_restart_rebuilds_graphs_and_keeps_their_state(testbed: Testbed) -> None:
+    response = testbed.http.post("/v1/graphs", timeout=300, json={
+        "spec": COUNT_SPEC, "mode": "nspb", "spares": 1, "observe": True})
+    assert response.status_code == 201, response.text
+    wait_until("count to be replicated",
+               lambda: _graph(testbed, "count")["status"] == "serving", 120, 0.2)
+    reference = _count_reference(10)
+    for i in range(5):
+        assert _ask_count(testbed, i) == pytest.approx(reference[i], abs=1e-5)
+    assert len(_stream(testbed.http, 3000, 8)) == 8
+    before = _graph(testbed)
+    count_before = _graph(testbed, "count")
+    primary = count_before["placements"]["count"]["primary"]
+    backup = count_before["placements"]["count"]["backup"]
+    pids = set(_replica_processes(testbed)) | set(_replica_processes(testbed, "count"))
+
     testbed.kill_process("controller", signal.SIGKILL)
+    # While no controller watches, the count operator's primary dies: the restarted controller
+    # must promote its backup, as the detector would have.
+    victim = _replica_pid(testbed, "count", primary)
+    os.kill(victim, signal.SIGKILL)
+    restarted = time.monotonic()
     testbed.start_controller(HEARTBEAT_MS)
-    graph = _graph(testbed)  # still listed: the spec and last placement are in Redis
-    assert graph["status"] == "interrupted" and "restarted" in graph["reason"]
-    assert graph["placements"]["sentiment"]["primary"]
-    # The agents reconnect and list their replicas; no live graph counts on them.
-    wait_until("the replica processes to exit", lambda: not _replica_processes(testbed), 60, 0.2)
-    refused = testbed.http.post(f"/v1/graphs/{GRAPH}/requests", json=_body(0))
-    assert refused.status_code == 409 and "interrupted" in refused.text
-    assert testbed.http.delete(f"/v1/graphs/{GRAPH}").status_code == 204
-    assert testbed.http.get(f"/v1/graphs/{GRAPH}").status_code == 404
+    for name in (GRAPH, "count"):
+        wait_until(f"{name} to be restored",
+                   lambda n=name: _graph(testbed, n)["status"] == "serving", 120, 0.2)
+    print(f"restored in {time.monotonic() - restarted:.1f} s")
+    count = _graph(testbed, "count")
+    assert count["placements"]["count"]["primary"] == backup  # promoted
+    assert any("count" in r["promoted"] for r in count["recoveries"])
+    for i in range(5, 10):  # the state goes on from the fifth request, not from zero
+        assert _ask_count(testbed, i) == pytest.approx(reference[i], abs=1e-5)
+    graph = _graph(testbed)
+    assert graph["placements"] == before["placements"]  # nothing moved: every replica adopted
+    assert {r["node"] for r in graph["replicas"] if r["alive"]} >= \
+        {r["node"] for r in before["replicas"] if r["alive"]}
+    assert len(_stream(testbed.http, 4000, 16)) == 16
+    still = set(_replica_processes(testbed)) | set(_replica_processes(testbed, "count"))
+    assert pids - {victim} <= still  # the same processes, not new ones
+    report = testbed.http.get(f"/v1/graphs/{GRAPH}/consistency").json()
+    assert report["ok"], report
+    assert report["inconsistency_count"] == 0 and report["submitted"] == 24 + 60 + 16 + 8 + 16
+    report = testbed.http.get("/v1/graphs/count/consistency").json()
+    assert report["ok"] and report["submitted"] == 10, report
+
+    for name in (GRAPH, "count"):
+        assert testbed.http.delete(f"/v1/graphs/{name}").status_code == 204
     assert testbed.http.get("/v1/graphs").json() == []
+    assert not _replica_processes(testbed) and not _replica_processes(testbed, "count")
+
+
+def _replica_pid(bed: Testbed, graph: str, node: str) -> int:
+    for pid in _replica_processes(bed, graph):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if node.encode() in args:
+            return pid
+    raise AssertionError(f"no process for {graph}/{node}")
 
 
 def _replica_processes(bed: Testbed, graph: str = GRAPH) -> list[int]:
     """Pids of ``stateful.replica`` processes of a graph started under this testbed's agents."""
-    from pathlib import Path
-
     found = []
     root = str(Path(bed.state.run_dir).resolve() / "ctl" / "graphs" / graph) + "/"
     for proc in Path("/proc").iterdir():
