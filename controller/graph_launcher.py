@@ -199,6 +199,12 @@ class AgentReplicaLauncher:
                 task.cancel()
         return failed
 
+    async def settle(self, timeout_s: float = 20.0) -> None:
+        """Wait for the stops and kills sent so far (a start undone while the graph stopped)."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
     def spawn(self, coroutine: Any) -> None:
         """Run a fire-and-forget agent command (kill)."""
         task = asyncio.ensure_future(coroutine)

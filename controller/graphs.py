@@ -529,6 +529,8 @@ class GraphManager:
         for target, task in list(live.launcher.starting.values()):
             logger.info("graph %s: abandoning a start on %s", live.record.name, target)
             task.cancel()
+        await asyncio.sleep(0)  # the abandoned starts send their kills
+        await live.launcher.settle()
 
     # --- failure signals (called on the event loop) ------------------------------------------
 

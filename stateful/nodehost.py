@@ -32,6 +32,9 @@ from stateful.transport import Transport
 
 logger = logging.getLogger(__name__)
 
+CLOSE_TIMEOUT_S = 1.0
+"""Longest a stop waits for the transport's connections to close."""
+
 Outcome = Callable[[str, Effect], None]
 """Called for effects the host does not carry out itself (Reply, Observe, Kill, ...)."""
 
@@ -124,10 +127,14 @@ class NodeHost:
     def learn(self, addresses: dict[str, str]) -> None:
         self.transport.learn(addresses)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the model threads and close every connection (bounded: a stop must not hang)."""
         for executor in self.executors.values():
             executor.close()
-        await self.transport.close()
+        try:
+            await asyncio.wait_for(self.transport.close(), timeout_s)
+        except TimeoutError:
+            logger.warning("closing the transport took over %g s; leaving it", timeout_s)
 
     # -- driving the cores -------------------------------------------------------------------
 

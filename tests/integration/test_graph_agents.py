@@ -7,6 +7,7 @@ the graph shows the promoted backup (issue 6, "on the cluster")."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -186,8 +187,12 @@ def test_deleting_a_live_graph_stops_its_replicas(testbed: Testbed) -> None:
                               json={"inputs": {"count": {"values": [0.5] * 4}}})
     assert reply.status_code == 200 and reply.json()["outputs"]["count"]["shape"] == [4]
     assert len(_replica_processes(testbed, "tiny")) == 1
+    started = time.monotonic()
     assert testbed.http.delete("/v1/graphs/tiny").status_code == 204
+    took = time.monotonic() - started
     assert not _replica_processes(testbed, "tiny")  # stopped before the delete answered
+    assert _stop_exits(testbed, "tiny") == {"count.p0": "0"}  # SIGTERM was enough
+    print(f"delete took {took:.2f} s")
     assert testbed.http.get("/v1/graphs/tiny").status_code == 404
 
 
@@ -274,10 +279,26 @@ def test_controller_restart_rebuilds_graphs_and_keeps_their_state(testbed: Testb
     report = testbed.http.get("/v1/graphs/count/consistency").json()
     assert report["ok"] and report["submitted"] == 10, report
 
+    started = time.monotonic()
     for name in (GRAPH, "count"):
         assert testbed.http.delete(f"/v1/graphs/{name}").status_code == 204
+    took = time.monotonic() - started
     assert testbed.http.get("/v1/graphs").json() == []
     assert not _replica_processes(testbed) and not _replica_processes(testbed, "count")
+    # Every replica left on SIGTERM (exit 0), none had to be killed after the stop timeout.
+    stopped = _stop_exits(testbed, GRAPH)
+    assert stopped and set(stopped.values()) == {"0"}, stopped
+    print(f"deleting both graphs took {took:.2f} s ({len(stopped)} sp replicas stopped)")
+
+
+def _stop_exits(bed: Testbed, graph: str) -> dict[str, str]:
+    """Node -> exit code of the replicas of ``graph`` the agents stopped on request."""
+    found = re.compile(rf"replica {graph}/(\S+) pid \d+ exited with code (-?\d+) \(stopped\)")
+    exits = {}
+    for log in (Path(bed.state.run_dir) / "logs").glob("agent-*.log"):
+        for match in found.finditer(log.read_text(errors="replace")):
+            exits[match.group(1)] = match.group(2)
+    return exits
 
 
 def _replica_pid(bed: Testbed, graph: str, node: str) -> int:
