@@ -51,6 +51,12 @@ class GraphRegistration(BaseModel):
     """Inject seeded float non-determinism (a re-execution differs, as on a GPU)."""
     batch_size: int | None = Field(None, ge=1, le=4096)
     """Overrides ``spec.batch_size``."""
+    replica_memory_mb: float = Field(0.0, ge=0)
+    """Memory each replica process needs on its server (in the servers' ``memory_mb`` unit):
+    a replica only goes where that is left after the apps and the other replicas there. 0:
+    not declared (servers with more free memory are still preferred)."""
+    replica_compute: float = Field(0.0, ge=0)
+    """Compute share each replica needs, likewise."""
 
 
 class ReplicaView(BaseModel):

@@ -35,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import shutil
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ from controller.graph_placement import (
     Host,
     OperatorSlots,
     PlacementError,
+    ReplicaDemand,
     place_graph,
     place_spare,
     spare_rank,
@@ -69,6 +72,7 @@ from controller.graph_restore import Inventories, plan_adoption
 from controller.graph_runtime import ClusterGraph
 from controller.records import ServerState, now
 from controller.store import Store
+from policies.resources import COMPUTE, MEMORY_MB
 from stateful.core.coordinator import initial_config
 from stateful.core.frontend import ClientRequest
 from stateful.graph import GraphSpec
@@ -124,6 +128,11 @@ class LiveGraph:
     id_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def replica_demand(reg: GraphRegistration) -> ReplicaDemand:
+    """What each replica of a registration needs on its server."""
+    return ReplicaDemand(memory_mb=reg.replica_memory_mb, compute=reg.replica_compute)
+
+
 def runtime_options(reg: GraphRegistration) -> RuntimeOptions:
     """The NSPB runtime options of a registration."""
     noise = NoiseSpec(seed=reg.noise_seed) if reg.noise_seed is not None else None
@@ -147,6 +156,9 @@ class GraphManager:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.inventories = Inventories()
+        self.free_of: Callable[[], Awaitable[Mapping[str, Mapping[str, float]]]] | None = None
+        """Each live server's capacity left after the apps placed there (set by the service)."""
+        self._free: dict[str, Mapping[str, float]] = {}
         self.restoring: dict[str, asyncio.Task[None]] = {}
 
     # --- life cycle ----------------------------------------------------------------------
@@ -248,7 +260,7 @@ class GraphManager:
             slots = [OperatorSlots(op, where.primary or "", where.backup)
                      for op, where in config.placements.items()]
             try:
-                plan = place_graph(slots, [], hosts)
+                plan = place_graph(slots, [], hosts, replica_demand(reg))
             except PlacementError as exc:
                 await self.store.delete_graph(spec.name)
                 raise ConflictError(f"graph {spec.name!r}: {exc}") from exc
@@ -330,7 +342,8 @@ class GraphManager:
             for starting, (server, _) in other.launcher.starting.items():
                 if starting not in other.plan:
                     spares_on[server] = spares_on.get(server, 0) + 1
-        return place_spare(hosts, spares_on, self._waiting_for_backup(live))
+        return place_spare(hosts, spares_on, self._waiting_for_backup(live),
+                           replica_demand(live.record.registration))
 
     @staticmethod
     def _waiting_for_backup(live: LiveGraph) -> set[str]:
@@ -381,6 +394,7 @@ class GraphManager:
                 continue
             seen = state
             try:
+                await self._refresh_free()
                 await self._persist(live)
             except Exception:  # noqa: BLE001 - keep watching; the next pass writes again
                 logger.exception("graph %s: could not persist its placement", live.record.name)
@@ -447,7 +461,12 @@ class GraphManager:
             for r in graph.recoveries]
         return record
 
+    async def _refresh_free(self) -> None:
+        if self.free_of is not None:
+            self._free = {s: dict(r) for s, r in (await self.free_of()).items()}
+
     async def _hosts(self) -> list[Host]:
+        await self._refresh_free()
         servers = await self.store.servers()
         self._sites.update({s.server_id: s.site_id for s in servers.values()})
         self._usable = {s.server_id for s in servers.values() if s.state is ServerState.UP}
@@ -455,14 +474,23 @@ class GraphManager:
 
     def _live_hosts(self) -> list[Host]:
         load: dict[str, int] = {}
+        memory: dict[str, float] = {}
+        compute: dict[str, float] = {}
         for live in self.live.values():
+            demand = replica_demand(live.record.registration)
             for handle in live.launcher.handles.values():
                 if not handle.exited.done():
-                    load[handle.server_id] = load.get(handle.server_id, 0) + 1
+                    server = handle.server_id
+                    load[server] = load.get(server, 0) + 1
+                    memory[server] = memory.get(server, 0.0) + demand.memory_mb
+                    compute[server] = compute.get(server, 0.0) + demand.compute
         # Fresh every time: a server the detector failed (even a false alarm) gets nothing new.
         up = [s for s in self._usable
               if self.agents.connected(s) and self.agents.detector.watching(s)]
-        return [Host(s, self._sites.get(s, s), load.get(s, 0)) for s in sorted(up)]
+        free = {s: self._free.get(s, {}) for s in up}
+        return [Host(s, self._sites.get(s, s), load.get(s, 0),
+                     free[s].get(MEMORY_MB, math.inf) - memory.get(s, 0.0),
+                     free[s].get(COMPUTE, math.inf) - compute.get(s, 0.0)) for s in sorted(up)]
 
     # --- requests ----------------------------------------------------------------------------
 

@@ -88,6 +88,7 @@ class Controller:
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
+        self.graphs.free_of = self._free_capacity
         await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
@@ -95,6 +96,11 @@ class Controller:
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
+
+    async def _free_capacity(self) -> dict[str, dict[str, float]]:
+        """Each live server's capacity left after its app placements (graph replicas' room)."""
+        snapshot, _, _ = await self.orchestrator.snapshot()
+        return {server: dict(free) for server, free in snapshot.free.items()}
 
     def _on_failure(self, server_id: str, reason: str, detected_at: float,
                     last_seen: float) -> None:

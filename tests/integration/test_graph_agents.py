@@ -34,10 +34,15 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     base = make_topology(servers=3, sites=3, apps=1, critical_fraction=1.0, headroom=0.3)
     topology = type(base)(servers=base.servers, sites=base.sites, apps=1, critical_fraction=1.0,
                           headroom=0.3, families=("mobilenet_v3",))
-    # 200 ms heartbeats (failed after 500 ms of silence): on this shared 2-core machine nine
-    # replicas importing torch next to the agents (run at niceness 10 beside other people's
-    # benchmarks) starve 20 ms heartbeats into false alarms. A false alarm is survived (the
-    # server's replicas are failed over) but it would move replicas this test looks at.
+    # 200 ms heartbeats (failed after 500 ms of silence), not the default 20 ms (k = 2): measured
+    # on this 2-core machine shared with other test suites, a server starting three replicas
+    # (torch imports at niceness 5 next to its Triton) went silent for 64-67 ms, twice in a row,
+    # at T = 20 ms -> false alarms (the detector then doubles that server's timeout; the graph
+    # recovers: the whole module passed at 20 ms). The agent's loop itself stalls up to ~18 ms
+    # while its spawner thread forks a replica (measured alone); the rest is CPU contention.
+    # A false alarm fails the server's replicas over, which would make this module's
+    # placement assertions (nothing moved across a controller restart) depend on the load; an
+    # operator running replicas on such an overcommitted host would configure a longer T too.
     bed = Testbed.up(tmp_path_factory.mktemp("graphbed"), topology, seed=1, scale=0.05,
                      clients=False, timeout_s=300, heartbeat_ms=HEARTBEAT_MS)
     try:
@@ -279,6 +284,7 @@ def test_controller_restart_rebuilds_graphs_and_keeps_their_state(testbed: Testb
     report = testbed.http.get("/v1/graphs/count/consistency").json()
     assert report["ok"] and report["submitted"] == 10, report
 
+    alive = {r["node"] for r in _graph(testbed)["replicas"] if r["alive"]}
     started = time.monotonic()
     for name in (GRAPH, "count"):
         assert testbed.http.delete(f"/v1/graphs/{name}").status_code == 204
@@ -286,8 +292,8 @@ def test_controller_restart_rebuilds_graphs_and_keeps_their_state(testbed: Testb
     assert testbed.http.get("/v1/graphs").json() == []
     assert not _replica_processes(testbed) and not _replica_processes(testbed, "count")
     # Every replica left on SIGTERM (exit 0), none had to be killed after the stop timeout.
-    stopped = _stop_exits(testbed, GRAPH)
-    assert stopped and set(stopped.values()) == {"0"}, stopped
+    stopped = {n: code for n, code in _stop_exits(testbed, GRAPH).items() if n in alive}
+    assert stopped.keys() == alive and set(stopped.values()) == {"0"}, stopped
     print(f"deleting both graphs took {took:.2f} s ({len(stopped)} sp replicas stopped)")
 
 

@@ -11,6 +11,7 @@ from controller.graph_placement import (
     Host,
     OperatorSlots,
     PlacementError,
+    ReplicaDemand,
     place_graph,
     place_spare,
     spare_rank,
@@ -146,3 +147,51 @@ def test_replicas_of_one_server_fail_in_one_recovery() -> None:
         {"predict.s0", "sentiment.p0", "stock.b0"}
     assert mgr.recoveries == 1 and not mgr.queued
     assert any(isinstance(e, LaunchSpare) for e in out)  # the lost standby is replaced
+
+
+# --- memory and compute -----------------------------------------------------------------------
+
+def roomy(memory: dict[str, float], sites: dict[str, str] | None = None,
+          compute: dict[str, float] | None = None) -> list[Host]:
+    """Hosts with the free memory (and compute) left after their apps."""
+    return [Host(s, (sites or {}).get(s, f"site-{s}"), 0, m,
+                 (compute or {}).get(s, float("inf"))) for s, m in memory.items()]
+
+
+def test_replicas_go_where_memory_is_left_and_never_past_it() -> None:
+    demand = ReplicaDemand(memory_mb=100)
+    where = place_graph(sp_slots(), ["spare.0"], roomy({"s1": 1000, "s2": 250, "s3": 450}),
+                        demand)
+    used = Counter(where.values())
+    assert used["s2"] * 100 <= 250 and used["s3"] * 100 <= 450 and sum(used.values()) == 8
+    assert used["s1"] > used["s3"] > used["s2"]  # worst-fit: the most free memory first
+    for primary, backup in (("sentiment.p0", "sentiment.b0"), ("stock.p0", "stock.b0")):
+        assert where[primary] != where[backup]
+
+
+def test_a_graph_that_fits_nowhere_is_refused_with_what_is_left() -> None:
+    with pytest.raises(PlacementError, match="room for a replica"):
+        place_graph(sp_slots(), [], roomy({"s1": 150, "s2": 150}), ReplicaDemand(memory_mb=100))
+    # The pair rule still holds when only one server has room for the backup.
+    with pytest.raises(PlacementError, match="two live servers with room"):
+        place_graph([OperatorSlots("lstm", "lstm.p0", "lstm.b0")], [],
+                    roomy({"s1": 1000, "s2": 50}), ReplicaDemand(memory_mb=100))
+
+
+def test_compute_is_a_limit_too() -> None:
+    where = place_graph([OperatorSlots("mlp", "mlp.s0")], [],
+                        roomy({"s1": 1000, "s2": 10}, compute={"s1": 0.05, "s2": 1.0}),
+                        ReplicaDemand(memory_mb=5, compute=0.1))
+    assert where == {"mlp.s0": "s2"}
+
+
+def test_undeclared_demand_still_prefers_free_memory() -> None:
+    where = place_graph([OperatorSlots("mlp", "mlp.s0")], [], roomy({"s1": 10, "s2": 900}))
+    assert where == {"mlp.s0": "s2"}
+
+
+def test_standbys_only_start_where_they_fit() -> None:
+    demand = ReplicaDemand(memory_mb=100)
+    assert place_spare(roomy({"s1": 50, "s2": 120}), {"s2": 3}, demand=demand) == "s2"
+    with pytest.raises(PlacementError, match="room"):
+        place_spare(roomy({"s1": 50, "s2": 60}), {}, demand=demand)
