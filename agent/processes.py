@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from collections.abc import Callable
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL the calling process when the thread that forked it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+from understudy.lifetime import die_with_parent
 
 
 def child_setup(nice: int) -> Callable[[], None]:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from model_repo.network import NetworkSpec, build_network
+from understudy.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ RUNTIME_SOCKET_ENV = "UNDERSTUDY_RUNTIME_SOCKET"
 """Environment variable naming the runtime's Unix socket, read by the generated model.py."""
 _FRAME = struct.Struct("!II")
 MAX_HEADER_BYTES = 1 << 20
-_PR_SET_PDEATHSIG = 1
 
 
 class RuntimeError_(RuntimeError):
@@ -318,15 +318,6 @@ def runtime_stats(socket_path: str | Path, timeout_s: float = 5.0) -> list[dict[
     return list(header.get("workers", []))
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL us when our parent (the agent) dies, so no runtime is orphaned."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m model_repo.runtime --socket PATH``."""
     parser = argparse.ArgumentParser(prog="python -m model_repo.runtime")
@@ -334,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit if this process is not our parent at start-up")
     options = parser.parse_args(argv)
-    _die_with_parent()
-    if options.parent_pid is not None and os.getppid() != options.parent_pid:
+    die_with_parent()  # no runtime outlives its agent
+    if options.parent_pid is not None and orphaned(options.parent_pid):
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)

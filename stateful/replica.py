@@ -26,6 +26,7 @@ from stateful.core.replica import ReplicaNode
 from stateful.host import ModelHost
 from stateful.messages import Configure, GraphConfig, Resume
 from stateful.nodehost import NodeHost
+from understudy.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="write checker observations to DIR/<node>.jsonl")
     parser.add_argument("--log-level", default="WARNING")
     options = parser.parse_args(argv)
+    # Started by an agent or by a local graph's runtime: never outlive it (a SIGKILLed
+    # launcher used to leave its replicas running, holding ports and CPU).
+    die_with_parent()
+    if orphaned():
+        return 1
     logging.basicConfig(level=options.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s {options.node} %(name)s: %(message)s")
     asyncio.run(serve(options.node, options.host, options.observe_dir))

@@ -1,0 +1,52 @@
+"""Stateful replicas never outlive the process that launched them (real processes, SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A launcher like a local graph's runtime: starts one replica, reports its pid, then waits.
+LAUNCHER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-m", "stateful.replica", "--node", "lifetime.p0"],
+                         stdout=subprocess.PIPE)
+print(child.pid, flush=True)
+child.stdout.readline()  # the replica's address: it is up
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split(") ", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_replica_exits_when_its_launcher_is_killed() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE,
+                                text=True, env=env, cwd=REPO)
+    assert launcher.stdout is not None
+    replica = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        assert _alive(replica)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(replica) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(replica), "the replica outlived its SIGKILLed launcher"
+    finally:
+        if _alive(replica):
+            os.kill(replica, signal.SIGKILL)
+        launcher.kill()
