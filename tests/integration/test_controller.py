@@ -194,17 +194,22 @@ def test_redis_restart_loses_nothing(testbed: Testbed) -> None:
     testbed.http.delete("/v1/apps/after-redis")
 
 
-def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
-    for server, state in [(s["server_id"], s["state"]) for s in testbed.servers()]:
-        if state == "failed":
-            testbed.start_agent(server)
+def _all_back_and_busiest(bed: Testbed) -> tuple[str, list[str]]:
+    """Restart the agents of failed servers, wait until converged; returns the server serving
+    the most apps, and those apps."""
+    for server in [s["server_id"] for s in bed.servers() if s["state"] == "failed"]:
+        bed.start_agent(server)
     wait_until("every server back", lambda: all(
-        s["state"] == "up" and s["connected"] for s in testbed.servers()), 120, 0.25)
-    testbed.wait_converged(180)
-    apps = _apps(testbed)
-    victim = max({a["serving"]["server_id"] for a in apps.values()},
-                 key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
-    affected = [a for a, v in apps.items() if v["serving"]["server_id"] == victim]
+        s["state"] == "up" and s["connected"] for s in bed.servers()), 120, 0.25)
+    bed.wait_converged(180)
+    apps = _apps(bed)
+    busiest = max({a["serving"]["server_id"] for a in apps.values()},
+                  key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
+    return busiest, [a for a, v in apps.items() if v["serving"]["server_id"] == busiest]
+
+
+def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
+    victim, affected = _all_back_and_busiest(testbed)
     testbed.fail([victim])
     time.sleep(0.15)  # the failover is under way
     testbed.kill_process("controller", signal.SIGKILL)
@@ -219,15 +224,7 @@ def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
 
 
 def test_drain_moves_every_app_off_without_losing_requests(testbed: Testbed) -> None:
-    for server in [s["server_id"] for s in testbed.servers() if s["state"] == "failed"]:
-        testbed.start_agent(server)
-    wait_until("every server back", lambda: all(
-        s["state"] == "up" and s["connected"] for s in testbed.servers()), 120, 0.25)
-    testbed.wait_converged(180)
-    apps = _apps(testbed)
-    target = max({a["serving"]["server_id"] for a in apps.values()},
-                 key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
-    moved = [a for a, v in apps.items() if v["serving"]["server_id"] == target]
+    target, moved = _all_back_and_busiest(testbed)
     load = _Load(testbed, moved)
     time.sleep(0.5)
     response = testbed.http.post(f"/v1/servers/{target}/drain")
