@@ -24,6 +24,7 @@ from model_repo.artifacts import (
     WEIGHTS_FILE,
     ArtifactError,
     Manifest,
+    file_sha256,
     find_variant,
     list_store,
     render_config,
@@ -190,12 +191,17 @@ class ModelRepository:
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
-        _marker(target).write_text(f"{target.stat().st_size} {sha256}\n", encoding="ascii")
+        _mark_verified(target, sha256)
         logger.info("fetched %s (%.1f MB)", url, target.stat().st_size / 1e6)
 
 
 def _marker(weights: Path) -> Path:
     return weights.with_name(weights.name + ".sha256")
+
+
+def _mark_verified(weights: Path, sha256: str) -> None:
+    """Record that ``weights`` (as they are now) were checked against ``sha256``."""
+    _marker(weights).write_text(f"{weights.stat().st_size} {sha256}\n", encoding="ascii")
 
 
 def _verified_sha256(weights: Path) -> str | None:
@@ -240,11 +246,7 @@ def _link_from_mirror(mirror: Path, target: Path, sha256: str) -> bool:
             os.link(source, partial)
         except OSError:  # another file system, or links not allowed
             shutil.copyfile(source, partial)
-        digest = hashlib.sha256()
-        with partial.open("rb") as handle_in:
-            for block in iter(lambda: handle_in.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != sha256:
+        if file_sha256(partial) != sha256:
             logger.warning("%s in the artifact mirror does not match its manifest; downloading",
                            source)
             return False
@@ -255,7 +257,7 @@ def _link_from_mirror(mirror: Path, target: Path, sha256: str) -> bool:
         return False
     finally:
         partial.unlink(missing_ok=True)
-    _marker(target).write_text(f"{target.stat().st_size} {sha256}\n", encoding="ascii")
+    _mark_verified(target, sha256)
     logger.info("linked %s from the artifact mirror (%.1f MB)", source,
                 target.stat().st_size / 1e6)
     return True

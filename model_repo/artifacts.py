@@ -96,7 +96,8 @@ def render_config(model_name: str, spec: NetworkSpec, weights: str,
     )
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -123,7 +124,7 @@ def build_variant(store: Path, family: str, variant: str, size_mb: float, scale:
         manifest = Manifest(
             family=family, variant=variant, profiled_size_mb=size_mb, scale=scale,
             weights_mb=round(weights_path.stat().st_size / 1e6, 3),
-            weights_sha256=_sha256(weights_path), spec=spec.to_dict(),
+            weights_sha256=file_sha256(weights_path), spec=spec.to_dict(),
             max_batch_size=max_batch_size)
         (work / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2) + "\n",
                                           encoding="utf-8")
