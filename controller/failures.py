@@ -30,6 +30,7 @@ from controller.records import (
     ServerState,
 )
 from controller.snapshot import build_snapshot
+from controller.takeback import take_back
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
 from understudy.protocol import Hello, InventoryItem, TritonUp, UnloadCommand
@@ -265,10 +266,41 @@ class ServerLifecycle:
                 FIRST_HEARTBEAT_GRACE_S, o.agents.detector.timeout_s))
         logger.info("server %s (%s) %s with %d models", hello.server_id, hello.site_id,
                     "returned" if was_failed else "connected", len(hello.inventory))
+        if was_failed:
+            o.spawn(self._return(hello.server_id, hello.inventory),
+                    f"return of {hello.server_id}")
+            return
         o.spawn(self.reconcile_server(hello.server_id, hello.inventory),
                 f"reconcile {hello.server_id}")
-        if was_failed or record is None:
-            o.spawn(self._after_join(hello.server_id, was_failed), f"join {hello.server_id}")
+        if record is None:
+            o.spawn(self._after_join(hello.server_id, False), f"join {hello.server_id}")
+
+    async def _return(self, server_id: str, inventory: list[InventoryItem]) -> None:
+        """A server declared failed is back: take back what it still holds, then converge."""
+        await self._take_back(server_id, inventory)
+        await self.reconcile_server(server_id, inventory)
+        await self._after_join(server_id, True)
+
+    async def _take_back(self, server_id: str, inventory: list[InventoryItem]) -> None:
+        """Switch apps back to models a returned server still holds (controller.takeback)."""
+        o = self.o
+        async with o.plan_lock:
+            apps = await o.store.apps()
+            result = take_back(server_id, inventory, apps, o.accuracy)
+            changed = sorted({a for a, _ in result.adopted + result.backups})
+            if changed:
+                await o.store.commit(apps=[apps[a] for a in changed])
+        if not changed:
+            return
+        logger.warning("server %s returned holding models: %d serve again without a load (%s), "
+                       "%d kept as warm backups", server_id, len(result.adopted),
+                       ", ".join(f"{a}/{v}" for a, v in result.adopted), len(result.backups))
+        for app_id, replica_server, variant in result.retired:
+            o.spawn(o.unload_replica(app_id, replica_server, variant),
+                    f"retiring {app_id}/{variant} after a take-back")
+        for app_id, _ in result.adopted:
+            o.metrics.events.labels("take_back").inc()
+            await o.advance(app_id)
 
     async def _after_join(self, server_id: str, failed_before: bool) -> None:
         o = self.o
@@ -402,8 +434,7 @@ class ServerLifecycle:
         except (AgentUnavailableError, AgentCommandError) as exc:
             logger.warning("inventory of revived %s: %s", server_id, exc)
             inventory = []
-        await self.reconcile_server(server_id, inventory)
-        await self._after_join(server_id, True)
+        await self._return(server_id, inventory)
 
     async def watchdog(self, interval_s: float = 1.0) -> None:
         """Safety net: take back failed servers whose agent is connected and heartbeating.

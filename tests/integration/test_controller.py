@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +16,7 @@ import pytest
 
 from deploy.testbed import Testbed, wait_until
 from deploy.topology import make_topology
+from model_repo.runtime import runtime_stats
 from understudy.client import UnderstudyClient
 
 pytestmark = pytest.mark.timeout(600)
@@ -221,6 +224,47 @@ def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
     assert servers[victim]["state"] == "failed"
     for app in _apps(testbed).values():
         assert app["serving"] and app["serving"]["server_id"] != victim
+
+
+def _workers(bed: Testbed, server_id: str) -> dict[str, int]:
+    """Model name -> pid of its torch-runtime worker on one server (a reload changes the pid)."""
+    sock = Path(bed.state.run_dir) / "agents" / server_id / "triton" / "torch-runtime.sock"
+    return {w["model"]: w["pid"] for w in runtime_stats(sock)}
+
+
+def test_a_false_alarm_is_taken_back_without_reloading(testbed: Testbed) -> None:
+    victim, affected = _all_back_and_busiest(testbed)
+    homes = {a: v["serving"]["variant"] for a, v in _apps(testbed).items() if a in affected}
+    workers = _workers(testbed, victim)
+    since = testbed.http.get("/v1/events", params={"limit": 10000}).json()[-1]["seq"]
+    agent = testbed.state.processes[f"agent-{victim}"].pid
+    # A stopped agent: heartbeats stop but its connection stays open and its Triton keeps
+    # every model loaded, exactly what a late server looks like to the controller.
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        wait_until("the silent server to be declared failed", lambda: testbed.http.get(
+            f"/v1/servers/{victim}").json()["state"] == "failed", 20, 0.01)
+        wait_until("its apps to be moved away", lambda: all(
+            (v["serving"] or {}).get("server_id") != victim
+            for a, v in _apps(testbed).items() if a in affected), 20, 0.02)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    wait_until("the apps to be back on their home models", lambda: all(
+        v["serving"] and (v["serving"]["server_id"], v["serving"]["variant"]) ==
+        (victim, homes[a]) and v["status"] == "serving"
+        for a, v in _apps(testbed).items() if a in affected), 60, 0.1)
+    events = testbed.http.get("/v1/events", params={"since": since}).json()
+    for app_id in affected:
+        # A warm-switched app fails back; one whose interim was still loading simply serves.
+        kinds = [e["kind"] for e in events if e["app_id"] == app_id]
+        assert "failback" in kinds or "serving" in kinds, kinds
+    # The same runtime workers serve: the home models were never unloaded nor loaded again.
+    after = _workers(testbed, victim)
+    for app_id, variant in homes.items():
+        assert after[f"{app_id}__{variant}"] == workers[f"{app_id}__{variant}"]
+    metrics = testbed.http.get("/metrics").text
+    assert 'understudy_events_total{kind="take_back"}' in metrics
+    testbed.wait_converged(180)
 
 
 def test_drain_moves_every_app_off_without_losing_requests(testbed: Testbed) -> None:
