@@ -1,9 +1,19 @@
 """The local testbed: Redis, the controller, one agent (with its Triton) per server, clients.
 
-Every process runs in its own session (process group), logs to ``<run_dir>/logs`` and is
-recorded in ``<run_dir>/testbed.json``, so ``fail``/``report``/``down`` work from another
-command. ``fail`` SIGKILLs a server's whole process group (agent, Triton, torch runtime and
-stubs) at an instant it records first.
+Every process runs in its own process group, logs to ``<run_dir>/logs`` and is recorded in
+``<run_dir>/testbed.json``, so ``fail``/``report``/``down`` work from another command. ``fail``
+SIGKILLs a server's whole process group (agent, Triton, torch runtime and stubs) at an instant it
+records first.
+
+The groups stay in the launcher's session on purpose. With the kernel's autogroup scheduling
+(``/proc/sys/kernel/sched_autogroup_enabled``, on by default in desktop and many server
+kernels) every session is a scheduling group that gets an equal share of the CPU, and niceness
+only orders processes inside one group: with a session per process, the control plane's -5
+and the data plane's +5 meant nothing across processes, and a server loading interim variants
+got one share in eight of the machine while five other servers' inference took the rest
+(measured: four nice-19 busy loops in their own sessions slowed a nice-0 job 2.7x; in the same
+session, not at all). One session makes the niceness below order every testbed process, as it
+would on machines of their own.
 """
 
 from __future__ import annotations
@@ -156,7 +166,8 @@ def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> Pr
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(  # noqa: S603 - our own CLI
-            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            process_group=0, cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=(lambda: _set_niceness(nice)) if nice else None)
     info = ProcessInfo(name, process.pid, str(log_path), args)
