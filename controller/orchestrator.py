@@ -57,6 +57,11 @@ logger = logging.getLogger(__name__)
 WARM_REPLAN_DEBOUNCE_S = 0.05
 
 
+LOADED_FOR_THE_CHANGE = frozenset({"interim_serving", "serving", "upgraded", "failback"})
+"""Event kinds whose replica was loaded for that very change (their events carry its load
+time); a warm switch's or take-back's replica was loaded long before."""
+
+
 @dataclass
 class Recovery:
     """An app recovering from a server failure."""
@@ -160,7 +165,8 @@ class Orchestrator:
             role=replica.role.value if replica else None,
             accuracy=replica.accuracy if replica else None, reason=reason,
             failed_server=recovery.failed_server if recovery else None,
-            failure_at=recovery.detected_at if recovery else None)
+            failure_at=recovery.detected_at if recovery else None,
+            load_s=replica.load_s if replica and kind in LOADED_FOR_THE_CHANGE else None)
 
     # --- apps ------------------------------------------------------------------------------
 
@@ -296,6 +302,7 @@ class Orchestrator:
                     replica.state is ReplicaState.LOADING:
                 replica.state = ReplicaState.READY
                 replica.since = time.time()
+                replica.load_s = t.get("load_s")
                 await self.store.put_app(record)
                 keep = True
         if not keep:  # no longer wanted (deleted, re-planned) while it loaded

@@ -77,6 +77,8 @@ class Replica(_Doc):
     state: ReplicaState = ReplicaState.LOADING
     accuracy: float = 0.0
     since: float = Field(default_factory=now)
+    load_s: float | None = None
+    """How long the agent's Triton load of this replica took (set when it became ready)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -213,4 +215,7 @@ class Event(_Doc):
     failed_server: str | None = None
     failure_at: float | None = None
     """When the failure this event answers was detected (for notification-delay figures)."""
+    load_s: float | None = None
+    """How long the named replica took to load, when it was loaded for this change (so an
+    operator sees how much of a recovery was the load and how much the control plane)."""
     time: float = Field(default_factory=now)
