@@ -317,7 +317,11 @@ class Agent:
             due += self.heartbeat_interval_s
             now = loop.time()
             if due < now - self.heartbeat_interval_s:
-                due = now  # fell behind (a stall): resume the schedule instead of bursting
+                # A stall of the loop: the next heartbeat is already late, and with k
+                # intervals' slack the controller may have declared this server failed.
+                logger.warning("heartbeat %d is %.0f ms late: the agent's loop stalled", seq,
+                               (now - due) * 1000)
+                due = now  # resume the schedule instead of bursting
             await asyncio.sleep(max(0.0, due - now))
 
     async def _send(self, message: Any, keep: bool = False) -> None:

@@ -193,6 +193,9 @@ class TritonServer:
             lib_dirs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
         env["UNDERSTUDY_PYTHONPATH"] = os.pathsep.join(_python_paths())
+        # Each stub imports NumPy; OpenBLAS would start a thread per core in every one of them
+        # (and the stub does no linear algebra: inference runs in the torch runtime).
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         env.pop("UNDERSTUDY_RUNTIME_SOCKET", None)
         if self.config.use_runtime:
             env["UNDERSTUDY_RUNTIME_SOCKET"] = str(self.runtime_socket)

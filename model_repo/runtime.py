@@ -45,6 +45,12 @@ RUNTIME_SOCKET_ENV = "UNDERSTUDY_RUNTIME_SOCKET"
 """Environment variable naming the runtime's Unix socket, read by the generated model.py."""
 _FRAME = struct.Struct("!II")
 MAX_HEADER_BYTES = 1 << 20
+SERVING_NICE_STEP = 5
+"""How much nicer a worker becomes once its model is loaded. During a failover, interim loads
+compete for the CPU with the inference of every app still serving on the server; FailLite's
+recovery time is the load time, so loads go first. Measured on this 2-core machine: three
+concurrent loads next to two busy inference loops took 320-785 ms at equal priority and
+235-378 ms with the loops 5 steps nicer (220-425 ms with the machine otherwise quiet)."""
 
 
 class RuntimeError_(RuntimeError):
@@ -210,6 +216,7 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
         send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
     send_frame(conn, {"ok": True, "report": report.__dict__})
+    _yield_to_loads()
     while True:
         try:
             header, payload = recv_frame(conn)
@@ -221,6 +228,19 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
             send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             continue
         send_frame(conn, {"ok": True, **_array_header(logits)}, logits.tobytes())
+
+
+def _yield_to_loads() -> None:
+    """Make every thread of this (loaded) worker SERVING_NICE_STEP nicer than the loaders.
+
+    Linux applies niceness per thread, and torch may have started pool threads during the
+    warm-up, so each thread of the process is reniced, not just the calling one.
+    """
+    for entry in os.scandir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError):
+            tid = int(entry.name)
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + SERVING_NICE_STEP))
 
 
 class RuntimeServer:
