@@ -170,6 +170,13 @@ def test_killing_a_server_recovers_all_its_apps_without_losing_requests(
             final = [e for e in events if e["app_id"] == app_id and e["kind"] in
                      ("upgraded", "serving")]
             assert final, kinds
+            # Each load that ended or shortened the outage says how long the agent took.
+            loaded = [e for e in events if e["app_id"] == app_id and e["kind"] in
+                      ("interim_serving", "upgraded", "serving")]
+            assert all(e["load_s"] is not None and 0 < e["load_s"] < 60 for e in loaded), loaded
+        if app_id in backed:
+            warm = next(e for e in events if e["app_id"] == app_id)
+            assert warm["load_s"] is None  # loaded long before this failure
     assert records and all(r.ok for r in records)  # no request lost across the failover
     answered_after = [r for r in records if r.sent_at > testbed.state.failures[-1]["at"] + 5]
     assert all(r.server_id != victim for r in answered_after)
