@@ -8,11 +8,14 @@ host, so peers on other servers can reach it. A replica's exit is reported at on
 ``on_exit`` (the agent sends ``replica_exited``): that is the per-process failure signal, next to
 the controller's detector that fails every replica of a server that goes silent.
 
-Replicas are bound to the agent's life, like Triton: each child asks Linux to SIGKILL it when
-the agent dies (``PR_SET_PDEATHSIG``, set between fork and exec, so there is no window where a
-dead agent leaves a replica running; the forking thread lives as long as the agent) and stays
-in the agent's process group. A replica outliving
-its agent would keep serving a graph whose controller already promoted its backup.
+Replicas are bound to the agent's life, like Triton: each replica asks Linux to SIGKILL it when
+the agent dies (``PR_SET_PDEATHSIG``, first thing in ``stateful.replica``, which then exits if
+its parent is no longer this agent: no window where a dead agent leaves a replica running; the
+forking thread lives as long as the agent) and stays in the agent's process group. A replica
+outliving its agent would keep serving a graph whose controller already promoted its backup.
+The replica also sets its own niceness (``--nice``): with no ``preexec_fn``, CPython starts it
+with vfork instead of a fork that copies the agent's page tables while holding the GIL
+(``bench/spawn_stall.py`` measures what that costs the agent's loop).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.processes import child_setup
 from understudy.protocol import (
     CommandResult,
     ErrorInfo,
@@ -50,8 +52,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 class ReplicaStartError(RuntimeError):
     """A replica process exited or stayed silent before it printed ``READY``."""
-
-
 
 
 @dataclass
@@ -133,7 +133,10 @@ class ReplicaSupervisor:
     def _spawn(self, command: StartReplicaCommand) -> subprocess.Popen[bytes]:
         """On the spawner thread."""
         args = [self.python, "-m", "stateful.replica", "--node", command.node,
-                "--host", self.bind_host, "--log-level", command.log_level]
+                "--host", self.bind_host, "--log-level", command.log_level,
+                "--parent-pid", str(os.getpid())]
+        if self.nice:
+            args += ["--nice", str(self.nice)]
         if command.observe_dir:
             args += ["--observe-dir", command.observe_dir]
         env = dict(os.environ)
@@ -144,7 +147,7 @@ class ReplicaSupervisor:
         with (log_dir / f"{command.node}.log").open("ab") as log:
             return subprocess.Popen(  # noqa: S603 - our own module and arguments
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
-                cwd=str(REPO_ROOT), preexec_fn=child_setup(self.nice))
+                cwd=str(REPO_ROOT))  # no preexec_fn: vfork, the replica sets itself up
 
     async def _handshake(self, command: StartReplicaCommand,
                          process: subprocess.Popen[bytes]) -> str:

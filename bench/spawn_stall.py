@@ -16,7 +16,10 @@ Two phases:
   on the loop itself; isolates the process creation from whatever the child does next;
 * ``replica``: ``agent.replicas.ReplicaSupervisor.start`` of real ``stateful.replica``
   processes (one at a time, then three at once as a server gets them for a graph), the worst
-  lateness over the whole start, torch import and CPU contention included.
+  lateness over the whole start, torch import and CPU contention included; ``idle-same-window``
+  is the worst lateness over an equally long window with nothing started (the machine's own
+  noise). Run it at the agent's niceness (``nice -n -5``, as the testbed starts agents) to
+  see what the agent sees.
 
 The last line is one JSON object.
 """
@@ -122,10 +125,16 @@ async def replica_phase(ticker: Ticker, replicas: int, nice: int) -> dict[str, l
         counter += 1
         return StartReplicaCommand(command_id=str(counter), graph="bench", node=f"r{counter}")
 
+    idle: list[float] = []
     try:
         for _ in range(replicas):
+            started = time.perf_counter()
             stall, _info = await _measure(ticker, lambda: supervisor.start(command()))
+            took = time.perf_counter() - started
             serial.append(stall)
+            # The same window with nothing started: what the machine's load alone costs.
+            stall, _ = await _measure(ticker, lambda t=took: asyncio.sleep(t))
+            idle.append(stall)
     finally:
         await supervisor.close()
     together = []
@@ -137,7 +146,8 @@ async def replica_phase(ticker: Ticker, replicas: int, nice: int) -> dict[str, l
             together.append(stall)
         finally:
             await supervisor.close()
-    return {"replica-serial": serial, "replica-three-at-once": together}
+    return {"replica-serial": serial, "idle-same-window": idle,
+            "replica-three-at-once": together}
 
 
 def _summary(stalls: list[float]) -> dict[str, float]:

@@ -1,17 +1,15 @@
-"""A replica process: ``python -m stateful.replica --node NAME [--observe-dir DIR]``.
+"""A replica process once its entry point (``stateful.replica``) has set it up.
 
-Starts blank (a warm standby: torch imported, nothing loaded), listens on a free port, prints
-``READY <host:port>`` on stdout and then serves whatever role the manager's configs give it
-(stateless operator, stateful primary or backup; HAMS's proxy and model in one process). The
+It starts blank (a warm standby: torch imported, nothing loaded), listens on a free port,
+prints ``READY <host:port>`` on stdout and then serves whatever role the manager's configs give
+it (stateless operator, stateful primary or backup; HAMS's proxy and model in one process). The
 graph spec, mode and noise arrive with the first config, so the same process image serves any
 graph. SIGTERM or SIGINT stops it at once (connections closed, no interpreter teardown); the
-launcher (local subprocess or, later, the agent) watches
-it and reports its death to the manager.
+launcher (a local graph's runtime or an agent) watches it and reports its death to the manager.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -26,11 +24,9 @@ from stateful.core.replica import ReplicaNode
 from stateful.host import ModelHost
 from stateful.messages import Configure, GraphConfig, Resume
 from stateful.nodehost import NodeHost
-from understudy.lifetime import die_with_parent, orphaned
+from stateful.replica import READY
 
 logger = logging.getLogger(__name__)
-
-READY = "READY"
 
 
 class ReplicaProcess(NodeHost):
@@ -91,26 +87,3 @@ async def serve(node: str, host: str, observe_dir: Path | None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stateful.replica")
-    parser.add_argument("--node", required=True, help="replica id (never reused)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--observe-dir", type=Path, default=None,
-                        help="write checker observations to DIR/<node>.jsonl")
-    parser.add_argument("--log-level", default="WARNING")
-    options = parser.parse_args(argv)
-    # Started by an agent or by a local graph's runtime: never outlive it (a SIGKILLed
-    # launcher used to leave its replicas running, holding ports and CPU).
-    die_with_parent()
-    if orphaned():
-        return 1
-    logging.basicConfig(level=options.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s {options.node} %(name)s: %(message)s")
-    asyncio.run(serve(options.node, options.host, options.observe_dir))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

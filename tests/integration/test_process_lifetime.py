@@ -14,13 +14,20 @@ REPO = Path(__file__).resolve().parents[2]
 # A launcher like a local graph's runtime: starts one replica, reports its pid, then waits.
 LAUNCHER = """
 import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-m", "stateful.replica", "--node", "lifetime.p0"],
+import os
+child = subprocess.Popen([sys.executable, "-m", "stateful.replica", "--node", "lifetime.p0",
+                          "--nice", "7", "--parent-pid", str(os.getpid())],
                          stdout=subprocess.PIPE)
 print(child.pid, flush=True)
 child.stdout.readline()  # the replica's address: it is up
 print("ready", flush=True)
 time.sleep(600)
 """
+
+
+def _niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return int(stat.read().split(") ", 1)[1].split()[16])
 
 
 def _alive(pid: int) -> bool:
@@ -40,6 +47,7 @@ def test_a_replica_exits_when_its_launcher_is_killed() -> None:
     try:
         assert launcher.stdout.readline().strip() == "ready"
         assert _alive(replica)
+        assert _niceness(replica) == 7  # set by the replica itself: launchers need no preexec_fn
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
         deadline = time.monotonic() + 10
@@ -50,3 +58,13 @@ def test_a_replica_exits_when_its_launcher_is_killed() -> None:
         if _alive(replica):
             os.kill(replica, signal.SIGKILL)
         launcher.kill()
+
+
+def test_a_replica_whose_launcher_is_gone_exits_at_once() -> None:
+    # A launcher that died between the spawn and the replica's PR_SET_PDEATHSIG: the replica's
+    # parent is no longer the pid it was given.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "stateful.replica", "--node", "late.p0",
+                           "--parent-pid", str(os.getpid() + 1_000_000)],
+                          env=env, cwd=REPO, capture_output=True, timeout=30, check=False)
+    assert done.returncode == 1 and not done.stdout
