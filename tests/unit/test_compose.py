@@ -12,7 +12,10 @@ equal ``python -m deploy.compose`` so that it cannot drift from the generator.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +407,34 @@ def test_dockerignore_keeps_the_context_small() -> None:
                if line.strip() and not line.startswith("#")}
     assert {".git", ".venv", "runs"} <= entries
     assert "**/__pycache__" in entries
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None,
+                    reason="docker-compose (v1, Debian's package) is not installed")
+def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
+    """Docker's own validator (no daemon needed): schema, interpolation, references.
+
+    Compose v1 predates the Compose Specification's top-level ``name`` (the project name), so
+    that one line is dropped for it; everything else is validated as written.
+    """
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    assert re.search(r"^name: understudy$", text, flags=re.MULTILINE)
+    (tmp_path / "docker-compose.yml").write_text(
+        re.sub(r"^name: .*\n", "", text, flags=re.MULTILINE), encoding="utf-8")
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")  # build contexts are checked
+    env = {**os.environ, "UNDERSTUDY_TOKEN": "secret"}
+    checked = subprocess.run(["docker-compose", "config", "-q"], cwd=tmp_path, env=env,  # noqa: S603, S607
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert checked.returncode == 0, checked.stderr
+    services = subprocess.run(["docker-compose", "config", "--services"], cwd=tmp_path,  # noqa: S603, S607
+                              env=env, capture_output=True, text=True, timeout=120, check=True)
+    expected = {"redis", "artifacts", "controller", "register"} | {
+        f"agent-{s.server_id}" for s in make_topology(servers=6, sites=3, apps=12,
+                                                      critical_fraction=0.5,
+                                                      headroom=0.2).servers}
+    assert expected <= set(services.stdout.split())
+    # Without the token the file refuses to start, with a message saying why.
+    env.pop("UNDERSTUDY_TOKEN")
+    refused = subprocess.run(["docker-compose", "config", "-q"], cwd=tmp_path, env=env,  # noqa: S603, S607
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode != 0 and "UNDERSTUDY_TOKEN must be set" in refused.stderr
