@@ -4,7 +4,9 @@ A registered graph is deployed with ``stateful.runtime.LocalGraph`` — the same
 (``Coordinator``) and frontend the local runtime uses, hosted in the controller process — over an
 :class:`AgentReplicaLauncher`, which starts every replica process through the agent of a server
 chosen by ``controller.graph_placement`` (a stateful operator's primary and backup on different
-servers, different sites when there are several; standbys spread over the live servers).
+servers, different sites when there are several; standbys spread over the live servers) from
+the hosts ``controller/graph_hosts.py`` offers. A graph's record (what Redis and the API see) is
+a snapshot of its :class:`~controller.graph_live.LiveGraph` (``controller/graph_live.py``).
 
 Failure signals, all ending in ``on_replica_failed(operator, replica)`` through the replica
 handle's ``wait()`` (the death watch ``LocalGraph`` keeps on every replica):
@@ -35,10 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,32 +50,19 @@ from controller.errors import (
     InvalidRequestError,
     NotFoundError,
 )
+from controller.graph_hosts import GraphHosts
 from controller.graph_launcher import SERVER_GONE, AgentReplicaHandle, AgentReplicaLauncher
-from controller.graph_placement import (
-    Host,
-    OperatorSlots,
-    PlacementError,
-    ReplicaDemand,
-    place_graph,
-    place_spare,
-    spare_rank,
-)
-from controller.graph_records import (
-    GraphRecord,
-    GraphRegistration,
-    GraphStatus,
-    RecoveryView,
-    ReplicaView,
-)
+from controller.graph_live import LiveGraph, replica_demand, runtime_options, snapshot
+from controller.graph_placement import OperatorSlots, PlacementError, place_graph
+from controller.graph_records import GraphRecord, GraphRegistration, GraphStatus
 from controller.graph_restore import Inventories, plan_adoption
 from controller.graph_runtime import ClusterGraph
-from controller.records import ServerState, now
+from controller.records import now
 from controller.store import Store
-from policies.resources import COMPUTE, MEMORY_MB
 from stateful.core.coordinator import initial_config
 from stateful.core.frontend import ClientRequest
 from stateful.graph import GraphSpec
-from stateful.messages import NoiseSpec, Payload, RuntimeOptions
+from stateful.messages import Payload
 from stateful.operators import check_kinds
 from understudy.protocol import Hello, ReplicaExited, StopReplicaCommand
 
@@ -107,38 +93,6 @@ class GraphDeployError(ControllerError):
     retryable = True
 
 
-@dataclass
-class LiveGraph:
-    """A deployed graph: its record, runtime and launcher."""
-
-    record: GraphRecord
-    graph: ClusterGraph
-    launcher: AgentReplicaLauncher
-    plan: dict[str, str]
-    """Server of each initial replica (standbys are placed as they start)."""
-    partners: dict[str, str] = field(default_factory=dict)
-    """Primary <-> backup node of each stateful operator in the initial placement."""
-    watcher: asyncio.Task[None] | None = None
-    answered: int = 0
-    past_recoveries: list[RecoveryView] = field(default_factory=list)
-    """Recoveries of earlier incarnations (before a controller restart)."""
-    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Record writes one at a time, each a snapshot taken when its turn comes (no older
-    snapshot overwrites a newer one)."""
-    id_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def replica_demand(reg: GraphRegistration) -> ReplicaDemand:
-    """What each replica of a registration needs on its server."""
-    return ReplicaDemand(memory_mb=reg.replica_memory_mb, compute=reg.replica_compute)
-
-
-def runtime_options(reg: GraphRegistration) -> RuntimeOptions:
-    """The NSPB runtime options of a registration."""
-    noise = NoiseSpec(seed=reg.noise_seed) if reg.noise_seed is not None else None
-    return RuntimeOptions(mode=reg.mode, observe=reg.observe, noise=noise)
-
-
 class GraphManager:
     """Registered graphs: deploy, watch, recover, persist, serve requests."""
 
@@ -150,15 +104,11 @@ class GraphManager:
         self.host = host
         self.controller_url = controller_url
         self.live: dict[str, LiveGraph] = {}
-        self._sites: dict[str, str] = {}
-        self._usable: set[str] = set()
-        """Servers whose record is up (not drained); liveness is asked of the detector."""
+        self.hosts = GraphHosts(store, agents, self.live)
+        """Where replicas may go (the service sets its ``free_of``)."""
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.inventories = Inventories()
-        self.free_of: Callable[[], Awaitable[Mapping[str, Mapping[str, float]]]] | None = None
-        """Each live server's capacity left after the apps placed there (set by the service)."""
-        self._free: dict[str, Mapping[str, float]] = {}
         self.restoring: dict[str, asyncio.Task[None]] = {}
 
     # --- life cycle ----------------------------------------------------------------------
@@ -192,7 +142,7 @@ class GraphManager:
             async with self._lock:
                 if self.restoring.pop(name, None) is None:
                     return  # deleted meanwhile
-                await self._hosts()
+                await self.hosts.refresh()
                 plan = plan_adoption(record, self.inventories.running(name))
                 record.incarnation += 1
                 live = self._build(record, {}, incarnation=record.incarnation, fresh=False)
@@ -255,7 +205,7 @@ class GraphManager:
         async with self._lock:
             if spec.name in self.live or not await self.store.add_graph(record):
                 raise ConflictError(f"graph {spec.name!r} is already registered")
-            hosts = await self._hosts()
+            hosts = await self.hosts.refresh()
             config = initial_config(spec, runtime_options(reg))
             slots = [OperatorSlots(op, where.primary or "", where.backup)
                      for op, where in config.placements.items()]
@@ -309,57 +259,18 @@ class GraphManager:
         observe_dir = (run_dir / "observe").resolve() if reg.observe else None
         holder: list[LiveGraph] = []
         launcher = AgentReplicaLauncher(record.name, self.agents,
-                                        lambda node, avoid: self._choose(holder[0], node, avoid),
+                                        lambda node, avoid: self.hosts.choose(holder[0], node,
+                                                                              avoid),
                                         observe_dir)
         graph = ClusterGraph(reg.spec, runtime_options(reg), launcher=launcher, run_dir=run_dir,
                              spares=reg.spares, host=self.host, incarnation=incarnation,
                              persist=lambda: self._persist(holder[0]))
 
-        def rank(candidate: str, partner: str | None) -> int | None:
-            return spare_rank(launcher.server_of(candidate), launcher.server_of(partner),
-                              self._sites, [h.server_id for h in self._live_hosts()])
-
-        graph.coordinator.spare_rank = rank
+        graph.coordinator.spare_rank = \
+            lambda candidate, partner: self.hosts.spare_rank(holder[0], candidate, partner)
         live = LiveGraph(record=record, graph=graph, launcher=launcher, plan=plan)
         holder.append(live)
         return live
-
-    def _choose(self, live: LiveGraph, node: str, avoid: set[str]) -> str:
-        """Server for a replica: the plan for the initial ones, the spread for standbys."""
-        planned = live.plan.get(node)
-        if planned is not None and planned not in avoid:
-            return planned
-        # A retry (its server failed during the start) or a standby: never next to the
-        # operator's other replica.
-        partner = live.launcher.server_of(live.partners.get(node))
-        hosts = [h for h in self._live_hosts() if h.server_id not in avoid | {partner}]
-        spares_on: dict[str, int] = {}
-        for other in self.live.values():
-            for spare in other.graph.coordinator.spares:
-                server = other.launcher.server_of(spare)
-                if server is not None:
-                    spares_on[server] = spares_on.get(server, 0) + 1
-            for starting, (server, _) in other.launcher.starting.items():
-                if starting not in other.plan:
-                    spares_on[server] = spares_on.get(server, 0) + 1
-        return place_spare(hosts, spares_on, self._waiting_for_backup(live),
-                           replica_demand(live.record.registration))
-
-    @staticmethod
-    def _waiting_for_backup(live: LiveGraph) -> set[str]:
-        """Servers of stateful primaries whose backup is missing or dead."""
-        coordinator = live.graph.coordinator
-        config = coordinator.config
-        if config is None or live.graph.options.mode.value == "bare":
-            return set()
-        found = set()
-        for op in config.graph.topology.stateful:
-            where = config.placements[op]
-            if where.backup is None or where.backup in coordinator.dead:
-                server = live.launcher.server_of(where.primary)
-                if server is not None:
-                    found.add(server)
-        return found
 
     async def _deploy(self, live: LiveGraph) -> bool:
         """Start the replicas and the frontend; False (recorded as FAILED) when that fails."""
@@ -394,7 +305,7 @@ class GraphManager:
                 continue
             seen = state
             try:
-                await self._refresh_free()
+                await self.hosts.refresh_free()
                 await self._persist(live)
             except Exception:  # noqa: BLE001 - keep watching; the next pass writes again
                 logger.exception("graph %s: could not persist its placement", live.record.name)
@@ -427,70 +338,7 @@ class GraphManager:
         return self._snapshot(self.live[name])
 
     def _snapshot(self, live: LiveGraph) -> GraphRecord:
-        graph, coordinator = live.graph, live.graph.coordinator
-        record = live.record.model_copy(deep=True)
-        record.requests = live.answered
-        config = coordinator.config
-        if record.status in (GraphStatus.SERVING, GraphStatus.RECOVERING):
-            record.status = GraphStatus.SERVING if graph.replicated() else \
-                GraphStatus.RECOVERING
-        if config is not None:
-            record.config_version = config.version
-            record.placements = {op: {"primary": w.primary, "backup": w.backup,
-                                      "epoch": w.epoch} for op, w in config.placements.items()}
-            record.config = config.model_dump(mode="json")
-        record.dead = sorted(coordinator.dead)
-        record.spares = list(coordinator.spares)
-        record.synced = dict(coordinator.synced)
-        record.seen = dict(coordinator.seen)
-        roles = config.roles if config is not None else {}
-        replicas = []
-        for node, handle in sorted(live.launcher.handles.items()):
-            alive = not handle.exited.done() and node not in coordinator.dead
-            op, role = roles.get(node, (None, "standby" if node in coordinator.spares
-                                        else "idle"))
-            replicas.append(ReplicaView(node=node, server_id=handle.server_id,
-                                        site_id=self._sites.get(handle.server_id),
-                                        address=handle.address, operator=op,
-                                        role=role if alive else "dead", alive=alive))
-        record.replicas = replicas
-        record.recoveries = live.past_recoveries + [RecoveryView(
-            recovery=r.recovery, failed=list(r.failed), promoted=list(r.promoted),
-            rolled_back=list(r.rolled_back), restarted=list(r.restarted),
-            duration_ms=round((r.finished_at - r.started_at) * 1e3, 3))
-            for r in graph.recoveries]
-        return record
-
-    async def _refresh_free(self) -> None:
-        if self.free_of is not None:
-            self._free = {s: dict(r) for s, r in (await self.free_of()).items()}
-
-    async def _hosts(self) -> list[Host]:
-        await self._refresh_free()
-        servers = await self.store.servers()
-        self._sites.update({s.server_id: s.site_id for s in servers.values()})
-        self._usable = {s.server_id for s in servers.values() if s.state is ServerState.UP}
-        return self._live_hosts()
-
-    def _live_hosts(self) -> list[Host]:
-        load: dict[str, int] = {}
-        memory: dict[str, float] = {}
-        compute: dict[str, float] = {}
-        for live in self.live.values():
-            demand = replica_demand(live.record.registration)
-            for handle in live.launcher.handles.values():
-                if not handle.exited.done():
-                    server = handle.server_id
-                    load[server] = load.get(server, 0) + 1
-                    memory[server] = memory.get(server, 0.0) + demand.memory_mb
-                    compute[server] = compute.get(server, 0.0) + demand.compute
-        # Fresh every time: a server the detector failed (even a false alarm) gets nothing new.
-        up = [s for s in self._usable
-              if self.agents.connected(s) and self.agents.detector.watching(s)]
-        free = {s: self._free.get(s, {}) for s in up}
-        return [Host(s, self._sites.get(s, s), load.get(s, 0),
-                     free[s].get(MEMORY_MB, math.inf) - memory.get(s, 0.0),
-                     free[s].get(COMPUTE, math.inf) - compute.get(s, 0.0)) for s in sorted(up)]
+        return snapshot(live, self.hosts.sites)
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -591,8 +439,7 @@ class GraphManager:
 
     def on_hello(self, hello: Hello) -> None:
         """An agent (re)connected: learn its site; stop replicas no live graph counts on."""
-        self._sites[hello.server_id] = hello.site_id
-        self._usable.add(hello.server_id)
+        self.hosts.hello(hello.server_id, hello.site_id)
         self.inventories.hello(hello.server_id, hello.replicas)
         for info in hello.replicas:
             if info.graph in self.restoring:

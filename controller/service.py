@@ -88,7 +88,7 @@ class Controller:
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
-        self.graphs.free_of = self._free_capacity
+        self.graphs.hosts.free_of = self._free_capacity
         await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
