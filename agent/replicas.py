@@ -13,9 +13,9 @@ the agent dies (``PR_SET_PDEATHSIG``, first thing in ``stateful.replica``, which
 its parent is no longer this agent: no window where a dead agent leaves a replica running; the
 forking thread lives as long as the agent) and stays in the agent's process group. A replica
 outliving its agent would keep serving a graph whose controller already promoted its backup.
-The replica also sets its own niceness (``--nice``): with no ``preexec_fn``, CPython starts it
-with vfork instead of a fork that copies the agent's page tables while holding the GIL
-(``bench/spawn_stall.py`` measures what that costs the agent's loop).
+Its niceness (data plane) comes from ``nice -n``, which execs it: with no ``preexec_fn``,
+CPython starts it with vfork instead of a fork that copies the agent's page tables while holding
+the GIL (``bench/spawn_stall.py`` measures what that costs the agent's loop).
 """
 
 from __future__ import annotations
@@ -132,11 +132,9 @@ class ReplicaSupervisor:
 
     def _spawn(self, command: StartReplicaCommand) -> subprocess.Popen[bytes]:
         """On the spawner thread."""
-        args = [self.python, "-m", "stateful.replica", "--node", command.node,
-                "--host", self.bind_host, "--log-level", command.log_level,
-                "--parent-pid", str(os.getpid())]
-        if self.nice:
-            args += ["--nice", str(self.nice)]
+        args = [*self._nice_prefix(), self.python, "-m", "stateful.replica",
+                "--node", command.node, "--host", self.bind_host,
+                "--log-level", command.log_level, "--parent-pid", str(os.getpid())]
         if command.observe_dir:
             args += ["--observe-dir", command.observe_dir]
         env = dict(os.environ)
@@ -148,6 +146,19 @@ class ReplicaSupervisor:
             return subprocess.Popen(  # noqa: S603 - our own module and arguments
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env,
                 cwd=str(REPO_ROOT))  # no preexec_fn: vfork, the replica sets itself up
+
+    def _nice_prefix(self) -> list[str]:
+        """``nice -n ADJ``: the replica runs at ``self.nice`` from its first instruction.
+
+        Its interpreter start alone is ~50 ms of CPU before any Python of ours could lower its
+        priority, at the agent's raised one, next to the heartbeats, times every replica a
+        graph deployment starts at once. ``nice`` (coreutils) is relative and adds one small
+        exec; a ``preexec_fn`` would instead make CPython fork (see the module doc).
+        """
+        if not self.nice:
+            return []
+        adjust = self.nice - os.getpriority(os.PRIO_PROCESS, 0)
+        return ["nice", "-n", str(adjust)] if adjust else []
 
     async def _handshake(self, command: StartReplicaCommand,
                          process: subprocess.Popen[bytes]) -> str:

@@ -16,7 +16,7 @@ LAUNCHER = """
 import subprocess, sys, time
 import os
 child = subprocess.Popen([sys.executable, "-m", "stateful.replica", "--node", "lifetime.p0",
-                          "--nice", "7", "--parent-pid", str(os.getpid())],
+                          "--parent-pid", str(os.getpid())],
                          stdout=subprocess.PIPE)
 print(child.pid, flush=True)
 child.stdout.readline()  # the replica's address: it is up
@@ -47,7 +47,6 @@ def test_a_replica_exits_when_its_launcher_is_killed() -> None:
     try:
         assert launcher.stdout.readline().strip() == "ready"
         assert _alive(replica)
-        assert _niceness(replica) == 7  # set by the replica itself: launchers need no preexec_fn
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
         deadline = time.monotonic() + 10
@@ -68,3 +67,39 @@ def test_a_replica_whose_launcher_is_gone_exits_at_once() -> None:
                            "--parent-pid", str(os.getpid() + 1_000_000)],
                           env=env, cwd=REPO, capture_output=True, timeout=30, check=False)
     assert done.returncode == 1 and not done.stdout
+
+
+def test_an_agents_replica_runs_at_its_niceness_and_dies_with_it(tmp_path: Path) -> None:
+    # The agent's supervisor starts replicas without a preexec_fn (vfork): the niceness comes
+    # from `nice`, the parent-death signal from the replica itself.
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from agent.replicas import ReplicaSupervisor
+from understudy.protocol import StartReplicaCommand
+
+async def main():
+    supervisor = ReplicaSupervisor(Path({str(tmp_path)!r}), nice=7)
+    info, _ = await supervisor.start(StartReplicaCommand(command_id="1", graph="g", node="n.p0"))
+    print(info.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env=env, cwd=REPO)
+    assert agent.stdout is not None
+    replica = int(agent.stdout.readline())
+    try:
+        assert _niceness(replica) == 7
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(replica) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(replica), "the replica outlived its SIGKILLed agent"
+    finally:
+        if _alive(replica):
+            os.kill(replica, signal.SIGKILL)
+        agent.kill()
