@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from controller.graph_records import GraphRecord
 from deploy.testbed import Testbed, wait_until
 from deploy.topology import make_topology
 from stateful.services import request_maker, sp_graph
@@ -232,8 +234,8 @@ def _count_reference(steps: int) -> list[list[float]]:
     return out
 
 
-def _ask_count(bed: Testbed, i: int) -> list[float]:
-    reply = bed.http.post("/v1/graphs/count/requests", timeout=90, json={
+def _ask_count(bed: Testbed, i: int, graph: str = "count") -> list[float]:
+    reply = bed.http.post(f"/v1/graphs/{graph}/requests", timeout=90, json={
         "inputs": {"count": {"values": _count_inputs(i)}}, "stream": "s", "timeout_s": 60})
     assert reply.status_code == 200, reply.text
     return list(reply.json()["outputs"]["count"]["values"])
@@ -295,6 +297,62 @@ def test_controller_restart_rebuilds_graphs_and_keeps_their_state(testbed: Testb
     stopped = {n: code for n, code in _stop_exits(testbed, GRAPH).items() if n in alive}
     assert stopped.keys() == alive and set(stopped.values()) == {"0"}, stopped
     print(f"deleting both graphs took {took:.2f} s ({len(stopped)} sp replicas stopped)")
+
+
+def test_controller_crash_during_a_recovery_is_restored(testbed: Testbed) -> None:
+    """SIGKILL of the controller after a primary's failure is in Redis, before its promotion.
+
+    The hook: the backup is SIGSTOPped before its primary is killed, so the recovery cannot
+    get past its first round (the manager waits up to ``round_timeout_s`` for the backup's
+    answer); the controller dies once Redis records the primary as dead, with the old
+    placement still there. The restarted controller must finish the job: promote the backup
+    (it resumes meanwhile), with the state of every request answered before.
+    """
+    spec = {**COUNT_SPEC, "name": "tally"}
+    response = testbed.http.post("/v1/graphs", timeout=300, json={
+        "spec": spec, "mode": "nspb", "spares": 1, "observe": True})
+    assert response.status_code == 201, response.text
+    wait_until("tally to be replicated",
+               lambda: _graph(testbed, "tally")["status"] == "serving", 120, 0.2)
+    reference = _count_reference(10)
+    asked = [_ask_count(testbed, i, "tally") for i in range(5)]
+    assert asked == [pytest.approx(r, abs=1e-5) for r in reference[:5]]
+    placement = _graph(testbed, "tally")["placements"]["count"]
+    primary, backup = placement["primary"], placement["backup"]
+    backup_pid = _replica_pid(testbed, "tally", backup)
+    primary_pid = _replica_pid(testbed, "tally", primary)
+    store = redis.Redis(port=testbed.state.redis_port)
+
+    def stored() -> GraphRecord:
+        return GraphRecord.model_validate_json(store.hget("us:graphs", "tally"))
+
+    os.kill(backup_pid, signal.SIGSTOP)
+    try:
+        os.kill(primary_pid, signal.SIGKILL)
+        written = wait_until("the failure in Redis", lambda: primary in stored().dead, 20, 0.002)
+        testbed.kill_process("controller", signal.SIGKILL)
+    finally:
+        os.kill(backup_pid, signal.SIGCONT)
+    at_crash = stored()
+    assert written and primary in at_crash.dead
+    assert at_crash.placements["count"]["primary"] == primary  # the promotion never went out
+    restarted = time.monotonic()
+    testbed.start_controller(HEARTBEAT_MS)
+    wait_until("tally to be restored",
+               lambda: _graph(testbed, "tally")["status"] == "serving", 120, 0.2)
+    print(f"restored a recovery in flight in {time.monotonic() - restarted:.1f} s")
+    graph = _graph(testbed, "tally")
+    assert graph["placements"]["count"]["primary"] == backup  # promoted by the new manager
+    assert any("count" in r["promoted"] for r in graph["recoveries"])
+    assert _replica_pid(testbed, "tally", backup) == backup_pid  # adopted, not restarted
+    for i in range(5, 10):  # the state goes on from the fifth request
+        assert _ask_count(testbed, i, "tally") == pytest.approx(reference[i], abs=1e-5)
+    report = testbed.http.get("/v1/graphs/tally/consistency").json()
+    assert report["ok"], report
+    assert report["inconsistency_count"] == 0 and report["lost"] == []
+    assert report["submitted"] == report["replied"] == 10, report
+    assert testbed.http.delete("/v1/graphs/tally").status_code == 204
+    assert not _replica_processes(testbed, "tally")
 
 
 def _stop_exits(bed: Testbed, graph: str) -> dict[str, str]:
