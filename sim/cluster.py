@@ -34,7 +34,7 @@ from typing import Literal
 from policies.model import Application, ClusterSnapshot, Family, Server, Site
 from policies.primary import place_primaries
 from policies.resources import COMPUTE, MEMORY_MB, Resources
-from sim.generator import MAX_PRIMARY_COMPUTE_PCT, SLO_FACTOR, SLO_FLOOR_MS
+from sim.generator import SLO_FACTOR, SLO_FLOOR_MS
 
 A2_MEMORY_MB = 16384.0
 """GPU memory of one testbed server (NVIDIA A2, 16 GB; FailLite §5.1)."""
@@ -44,6 +44,23 @@ A2_COMPUTE = 100.0
 
 A2_CAPACITY = Resources({MEMORY_MB: A2_MEMORY_MB, COMPUTE: A2_COMPUTE})
 """Physical capacity of every simulated server."""
+
+# The application mix's free choices, calibrated on the paper's Fig. 7 and Fig. 8 baseline
+# recovery rates (``sim.calibrate``; never on Fig. 11). Before calibration: 20 %, (1, 10), "all".
+DEFAULT_MAX_PRIMARY_COMPUTE_PCT = 20.0
+"""An app's request rate is capped so its primary needs at most this share of one A2."""
+
+DEFAULT_RATE_RPS = (1.0, 10.0)
+"""An app's maximum request rate is drawn from this range (before the cap)..."""
+
+DEFAULT_RATE_DISTRIBUTION = "uniform"
+"""...uniformly, or "log-uniform" (uniform in log rate: more small apps, a longer tail)."""
+
+RATE_DISTRIBUTIONS = ("uniform", "log-uniform")
+
+LARGE_SCALE_MIX = "all"
+"""The mix of the 640-app cluster of Fig. 8, 9 and 11 (§5.3: "the same mixture of DNN models
+as the real experiments")."""
 
 PAPER_TESTBED_FAMILIES = ("convnext", "efficientnet", "mobilenet_v3", "regnet_y",
                           "shufflenet_v2")
@@ -94,6 +111,31 @@ def mix_families(families: Mapping[str, Family], mix: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class MixKnobs:
+    """The generator's free choices that the paper does not state (``sim.calibrate`` fits them).
+
+    ``large_scale_mix`` is the mix of the 100-server experiments (Fig. 8, 9, 11); Fig. 7
+    always uses the testbed's five families, Fig. 10 one class.
+    """
+
+    max_primary_compute_pct: float = DEFAULT_MAX_PRIMARY_COMPUTE_PCT
+    rate_rps: tuple[float, float] = DEFAULT_RATE_RPS
+    rate_distribution: str = DEFAULT_RATE_DISTRIBUTION
+    large_scale_mix: str = LARGE_SCALE_MIX
+
+    def label(self) -> str:
+        """A short name for tables: cap, rate range and distribution, mix."""
+        low, high = self.rate_rps
+        dist = "log" if self.rate_distribution == "log-uniform" else "unif"
+        return (f"cap {self.max_primary_compute_pct:g} %, {dist} {low:g}-{high:g} rps, "
+                f"mix {self.large_scale_mix}")
+
+
+CALIBRATED = MixKnobs()
+"""The defaults every experiment uses."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     """What to generate. Exactly one of ``apps`` and ``target_utilisation`` is set."""
 
@@ -103,7 +145,9 @@ class ClusterSpec:
     target_utilisation: float | None = None
     mix: str = "all"
     critical_fraction: float = 0.5
-    rate_rps: tuple[float, float] = (1.0, 10.0)
+    rate_rps: tuple[float, float] = DEFAULT_RATE_RPS
+    rate_distribution: str = DEFAULT_RATE_DISTRIBUTION
+    max_primary_compute_pct: float = DEFAULT_MAX_PRIMARY_COMPUTE_PCT
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -115,6 +159,17 @@ class ClusterSpec:
             raise ValueError("target_utilisation must be in (0, 1)")
         if not 0.0 <= self.critical_fraction <= 1.0:
             raise ValueError("critical_fraction must be in [0, 1]")
+        if not 0.0 < self.rate_rps[0] <= self.rate_rps[1]:
+            raise ValueError(f"need 0 < low <= high request rate, got {self.rate_rps}")
+        if self.rate_distribution not in RATE_DISTRIBUTIONS:
+            raise ValueError(f"rate_distribution must be one of {RATE_DISTRIBUTIONS}")
+        if not 0.0 < self.max_primary_compute_pct <= A2_COMPUTE:
+            raise ValueError("max_primary_compute_pct must be in (0, 100]")
+
+    def with_knobs(self, knobs: MixKnobs) -> ClusterSpec:
+        """The same spec with ``knobs``' request rates and cap (the mix stays as set)."""
+        return replace(self, rate_rps=knobs.rate_rps, rate_distribution=knobs.rate_distribution,
+                       max_primary_compute_pct=knobs.max_primary_compute_pct)
 
 
 def build_cluster(families: Mapping[str, Family], spec: ClusterSpec) -> ClusterSnapshot:
@@ -129,7 +184,7 @@ def build_cluster(families: Mapping[str, Family], spec: ClusterSpec) -> ClusterS
     servers = tuple(Server(f"srv-{k:03d}", sites[min(k // per_site, spec.sites - 1)].site_id,
                            A2_CAPACITY) for k in range(spec.servers))
     if spec.apps is not None:
-        apps = [_new_app(families[rng.choice(names)], index, spec.rate_rps, rng)
+        apps = [_new_app(families[rng.choice(names)], index, spec, rng)
                 for index in range(spec.apps)]
     else:
         assert spec.target_utilisation is not None
@@ -143,12 +198,17 @@ def build_cluster(families: Mapping[str, Family], spec: ClusterSpec) -> ClusterS
     return snapshot.with_placements(result.placements)
 
 
-def _new_app(family: Family, index: int, rate_rps: tuple[float, float],
+def _new_app(family: Family, index: int, spec: ClusterSpec,
              rng: random.Random) -> Application:
     primary = family.most_accurate
-    rate = rng.uniform(*rate_rps)
-    if primary.compute_per_rps > 0:
-        rate = min(rate, MAX_PRIMARY_COMPUTE_PCT / primary.compute_per_rps)
+    low, high = spec.rate_rps
+    if spec.rate_distribution == "log-uniform":
+        rate = math.exp(rng.uniform(math.log(low), math.log(high)))
+    else:
+        rate = rng.uniform(low, high)
+    if primary.compute_per_rps > 0:  # rounded down, so the rounded rate stays under the cap
+        cap = math.floor(1000.0 * spec.max_primary_compute_pct / primary.compute_per_rps)
+        rate = min(rate, cap / 1000.0)
     slo = max(SLO_FACTOR * primary.latency_ms["reference"], SLO_FLOOR_MS)
     return Application(app_id=f"app-{index:04d}", family=family.name,
                        max_rate_rps=round(rate, 3), latency_slo_ms=round(slo, 3))
@@ -162,7 +222,7 @@ def _fill(families: Mapping[str, Family], names: Sequence[str], spec: ClusterSpe
     used = Resources()
     apps: list[Application] = []
     while True:
-        app = _new_app(families[rng.choice(names)], len(apps), spec.rate_rps, rng)
+        app = _new_app(families[rng.choice(names)], len(apps), spec, rng)
         demand = families[app.family].most_accurate.demand(app.max_rate_rps)
         if not (used + demand).fits_within(limit):
             return apps

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field, replace
 from policies.model import ClusterSnapshot, Family
 from sim.cluster import (
     A2_CAPACITY,
+    CALIBRATED,
     ClusterSpec,
+    MixKnobs,
     build_cluster,
     priority_order,
     utilisation,
@@ -174,23 +176,27 @@ def units(names: Sequence[str], seeds: int, quick: bool) -> list[Unit]:
 # --- clusters and scenarios ------------------------------------------------------------------
 
 
-def _cluster(unit: Unit, families: Mapping[str, Family]) -> tuple[ClusterSnapshot,
-                                                                  PolicySettings,
-                                                                  tuple[Scenario, ...]]:
-    """The cluster (headroom applied), the policy settings and the scenarios of ``unit``."""
+def _cluster(unit: Unit, families: Mapping[str, Family],
+             knobs: MixKnobs = CALIBRATED) -> tuple[ClusterSnapshot, PolicySettings,
+                                                    tuple[Scenario, ...]]:
+    """The cluster (headroom applied), the policy settings and the scenarios of ``unit``.
+
+    ``knobs`` are the application mix's free choices (default: the calibrated ones).
+    """
     name, seed, value = unit.experiment, unit.seed, unit.value
     settings = PolicySettings()
     if name == "fig7":
         spec = ClusterSpec(servers=6, sites=3, apps=None, target_utilisation=0.5,
                            mix="testbed", critical_fraction=DEFAULT_K, seed=seed)
-        snapshot = with_headroom(build_cluster(families, spec), DEFAULT_HEADROOM)
+        snapshot = with_headroom(build_cluster(families, spec.with_knobs(knobs)),
+                                 DEFAULT_HEADROOM)
         return snapshot, settings, each_server(snapshot)
     if name == "fig10":
         spec = ClusterSpec(apps=None, target_utilisation=CLASS_UTILISATION, mix=str(value),
                            critical_fraction=DEFAULT_K, seed=seed)
     else:
-        spec = ClusterSpec(critical_fraction=DEFAULT_K, seed=seed)
-    base = build_cluster(families, spec)
+        spec = ClusterSpec(critical_fraction=DEFAULT_K, mix=knobs.large_scale_mix, seed=seed)
+    base = build_cluster(families, spec.with_knobs(knobs))
     headroom = float(value) if name == "fig8" else DEFAULT_HEADROOM
     snapshot = with_headroom(base, headroom)
     if name == "fig9":
@@ -204,8 +210,12 @@ def _cluster(unit: Unit, families: Mapping[str, Family]) -> tuple[ClusterSnapsho
 
 
 def run_unit(unit: Unit, families: Mapping[str, Family], timing: Timing,
-             tick: Callable[[], None] | None = None) -> UnitResult:
-    """Build the unit's cluster and run every policy of its experiment on every scenario."""
+             tick: Callable[[], None] | None = None, knobs: MixKnobs = CALIBRATED,
+             policies: Sequence[str] | None = None) -> UnitResult:
+    """Build the unit's cluster and run every policy of its experiment on every scenario.
+
+    ``policies`` runs a subset of the experiment's (calibration runs the baselines only).
+    """
     experiment = EXPERIMENTS[unit.experiment]
     if unit.experiment == "fig13":
         points = tuple(time_point(axis, apps, servers, variants, unit.seed,
@@ -216,10 +226,10 @@ def run_unit(unit: Unit, families: Mapping[str, Family], timing: Timing,
             tick()
         return UnitResult(unit.experiment, unit.seed, unit.value, 0, 0, 0, 0.0, 0.0,
                           scale=points)
-    snapshot, settings, scenarios = _cluster(unit, families)
+    snapshot, settings, scenarios = _cluster(unit, families, knobs)
     used = utilisation(snapshot_without_headroom(snapshot))
     results = []
-    for policy in experiment.policies:
+    for policy in experiment.policies if policies is None else policies:
         run = run_policy(policy, snapshot, scenarios, settings, timing, unit.seed)
         records = tuple(
             ScenarioRecord(r.scenario.name, len(r.scenario.failed), r.outcomes,
