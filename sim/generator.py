@@ -16,7 +16,11 @@ from policies.primary import place_primaries
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 
 MAX_PRIMARY_COMPUTE_PCT = 20.0
-"""An app's request rate is capped so its primary needs at most this share of one GPU."""
+"""An app's request rate is capped so its primary needs at most this share of one GPU.
+
+This generator makes the small live testbeds' workloads (``deploy.workload``); the
+simulator's paper-sized clusters come from ``sim.cluster``, whose cap and rates are
+calibrated on the paper's figures (``sim.cluster.MixKnobs``, 40 %)."""
 
 SLO_FACTOR = 3.0
 """A generated app's latency SLO is this multiple of its primary's reference latency..."""

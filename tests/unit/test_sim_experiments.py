@@ -52,7 +52,11 @@ def test_simulator_makes_the_controllers_decisions(name: str) -> None:
 
 
 def test_preemption_shows_up_in_big_site_failures() -> None:
-    snap = with_headroom(build_cluster(FAMILIES, ClusterSpec(seed=0)), 0.2)
+    # The pre-calibration mix (all families, uniform 1-10 req/s, primaries <= 20 % of a GPU):
+    # with the calibrated one, five failed sites leave nothing for preemption to do.
+    spec = ClusterSpec(seed=0, mix="all", rate_rps=(1.0, 10.0), rate_distribution="uniform",
+                       max_primary_compute_pct=20.0)
+    snap = with_headroom(build_cluster(FAMILIES, spec), 0.2)
     settings = PolicySettings(site_independent=True)
     scenarios = site_failures(snap, 5, 1, seed=0)
     ours = run_policy("understudy", snap, scenarios, settings, Timing(), seed=0)
