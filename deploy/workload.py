@@ -126,29 +126,42 @@ def _check_existing(http: httpx.Client, spec: dict[str, Any]) -> None:
                                 f"(field: (registered, wanted)): {different}")
 
 
-def converged(http: httpx.Client) -> bool:
-    """Whether every app serves its home variant and every planned warm backup is ready."""
+def convergence_gaps(http: httpx.Client) -> list[str]:
+    """What keeps the cluster from converging; empty when it has converged.
+
+    Apps not serving their home variant, replicas not ready, planned warm backups missing or
+    unplanned ones present.
+    """
     try:
         apps = http.get("/v1/apps").json()
         plan = http.get("/v1/plan")
-    except (httpx.HTTPError, ValueError):
-        return False
-    if any(a["status"] not in ("serving", "unavailable") for a in apps):
-        return False
-    if any(r["state"] != "ready" for a in apps for r in a["replicas"]):
-        return False
+    except (httpx.HTTPError, ValueError) as exc:
+        return [f"controller unreachable: {exc}"]
+    gaps = [f"{a['app_id']} is {a['status']}" for a in apps
+            if a["status"] not in ("serving", "unavailable")]
+    gaps += [f"{a['app_id']}/{r['variant']} on {r['server_id']} ({r['role']}) is {r['state']}"
+             for a in apps for r in a["replicas"] if r["state"] != "ready"]
     if plan.status_code != 200:
-        return not any(a["spec"]["critical"] for a in apps)
+        gaps += [f"{a['app_id']} is critical and no warm plan exists" for a in apps
+                 if a["spec"]["critical"]]
+        return gaps
     planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan.json()["assignments"]}
     present = {(a["app_id"], b["server_id"], b["variant"]) for a in apps for b in a["backups"]}
-    return planned == present
+    gaps += [f"planned backup {a}/{v} on {s} is missing" for a, s, v in sorted(planned - present)]
+    gaps += [f"backup {a}/{v} on {s} is not in the plan" for a, s, v in sorted(present - planned)]
+    return gaps
+
+
+def converged(http: httpx.Client) -> bool:
+    """Whether every app serves its home variant and every planned warm backup is ready."""
+    return not convergence_gaps(http)
 
 
 def wait_converged(http: httpx.Client, timeout_s: float, interval_s: float = 0.25) -> None:
-    """Wait until :func:`converged`; RegistrationError after ``timeout_s``."""
+    """Wait until :func:`converged`; RegistrationError (saying what is left) after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not converged(http):
+    while gaps := convergence_gaps(http):
         if time.monotonic() > deadline:
             raise RegistrationError(f"timed out after {timeout_s:.0f} s waiting for apps and "
-                                    "warm backups to converge")
+                                    f"warm backups to converge: {'; '.join(gaps[:8])}")
         time.sleep(interval_s)
