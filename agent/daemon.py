@@ -49,6 +49,7 @@ from understudy.protocol import (
     InventoryItem,
     LoadCommand,
     ModelState,
+    PrefetchCommand,
     ProtocolError,
     ReplicaExited,
     StartReplicaCommand,
@@ -361,7 +362,7 @@ class Agent:
         self._spawn(self._send(message, keep=True))
 
     async def _run_command(self, command: LoadCommand | UnloadCommand | InventoryCommand |
-                           StartReplicaCommand | StopReplicaCommand) -> None:
+                           StartReplicaCommand | StopReplicaCommand | PrefetchCommand) -> None:
         started = time.perf_counter()
         try:
             if isinstance(command, StartReplicaCommand | StopReplicaCommand):
@@ -370,6 +371,8 @@ class Agent:
                 result = await self._load(command, started)
             elif isinstance(command, UnloadCommand):
                 result = await self._unload(command, started)
+            elif isinstance(command, PrefetchCommand):
+                result = await self._prefetch(command, started)
             else:
                 result = CommandResult(command_id=command.command_id, ok=True,
                                        command="inventory", inventory=await self.inventory())
@@ -424,6 +427,24 @@ class Agent:
         current = self.models.get(name)
         if memory is not None and current is not None and current.state is ModelState.READY:
             self.models[name] = current.model_copy(update={"memory_mb": memory})
+
+    async def _prefetch(self, command: PrefetchCommand, started: float) -> CommandResult:
+        """Cache a variant's weights ahead of the load that will need them (see the command)."""
+        try:
+            fetched = await asyncio.to_thread(self.repository.prefetch, command.variant,
+                                              command.manifest)
+        except UnknownVariantError as exc:
+            return CommandResult(command_id=command.command_id, ok=False, command="prefetch",
+                                 error=_error("unknown_variant", exc))
+        except ArtifactFetchError as exc:
+            return CommandResult(command_id=command.command_id, ok=False, command="prefetch",
+                                 error=_error("artifact_fetch", exc,
+                                              getattr(exc, "retryable", False)))
+        if fetched:
+            logger.info("prefetched %s", command.variant)
+        return CommandResult(command_id=command.command_id, ok=True, command="prefetch",
+                             already=not fetched,
+                             timings={"total_s": time.perf_counter() - started})
 
     async def _unload(self, command: UnloadCommand, started: float) -> CommandResult:
         name = command.model_name

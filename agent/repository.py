@@ -99,6 +99,21 @@ class ModelRepository:
                 shutil.rmtree(work, ignore_errors=True)
         return manifest
 
+    def prefetch(self, variant: str, manifest: Manifest | None = None) -> bool:
+        """Make sure the variant's verified weights are in the cache; no model is written.
+
+        Returns whether anything had to be fetched (False: already cached, or a local store,
+        which is read in place).
+        """
+        if not self.remote:
+            self._weights(variant, manifest)  # an unknown variant still fails loudly
+            return False
+        weights = self.cache / variant / WEIGHTS_FILE
+        if manifest is not None and _verified_sha256(weights) == manifest.weights_sha256:
+            return False
+        self._fetch(variant, manifest)
+        return True
+
     def remove(self, model_name: str) -> None:
         """Delete a model directory (after its unload)."""
         shutil.rmtree(self.repository / model_name, ignore_errors=True)

@@ -24,6 +24,7 @@ from understudy.protocol import (
     InventoryCommand,
     InventoryItem,
     LoadCommand,
+    PrefetchCommand,
     ProtocolError,
     ReplicaExited,
     TritonDown,
@@ -183,6 +184,13 @@ class AgentHub:
         return await self.command(server_id, LoadCommand(command_id=self.next_id(),
                                                          app_id=app_id, variant=variant,
                                                          urgent=urgent, manifest=manifest))
+
+    async def prefetch(self, server_id: str, variant: str,
+                       manifest: Manifest | None = None) -> CommandResult:
+        """Have a server cache a variant's weights (no load)."""
+        return await self.command(server_id, PrefetchCommand(command_id=self.next_id(),
+                                                             variant=variant,
+                                                             manifest=manifest))
 
     async def unload(self, server_id: str, app_id: str, variant: str) -> CommandResult:
         """Unload ``<app>__<variant>`` from a server."""

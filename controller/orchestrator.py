@@ -29,6 +29,7 @@ from controller.errors import (
 )
 from controller.events import EventHub
 from controller.metrics import Metrics
+from controller.prefetch import InterimPrefetcher
 from controller.records import (
     AppRecord,
     AppSpec,
@@ -91,6 +92,7 @@ class Orchestrator:
         self._replan_task: asyncio.Task[Any] | None = None
         self.recoveries: dict[str, Recovery] = {}
         """Apps recovering from a failure, for the events' failure fields and MTTR."""
+        self.prefetcher = InterimPrefetcher(self)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -198,6 +200,7 @@ class Orchestrator:
         record = AppRecord(spec=spec)
         if not await self.store.add_app(record):
             raise ConflictError(f"app {spec.app_id!r} is already registered")
+        self.prefetcher.request()  # its family's interim, on every server, before any failure
         placed = await self.place(spec.app_id)
         if placed is not None and wait:
             await placed

@@ -54,6 +54,7 @@ class ServerReturns:
             # The first heartbeat follows the hello; give it a generous first deadline.
             o.agents.detector.watch(hello.server_id, grace_s=max(
                 FIRST_HEARTBEAT_GRACE_S, o.agents.detector.timeout_s))
+            o.prefetcher.server_joined(hello.server_id)
         logger.info("server %s (%s) %s with %d models", hello.server_id, hello.site_id,
                     "returned" if was_failed else "connected", len(hello.inventory))
         if was_failed:

@@ -240,6 +240,24 @@ class UnloadCommand(_ModelCommand):
     type: Literal["unload"] = "unload"
 
 
+class PrefetchCommand(_Command):
+    """Put a variant's verified weights in the agent's cache without loading anything.
+
+    The controller sends it for the variants a failover would load first (each family's
+    smallest, the interim), so that an interim load during an outage never downloads or hashes
+    weights. Disk only: no memory or GPU is used until a load asks for it.
+    """
+
+    type: Literal["prefetch"] = "prefetch"
+    variant: str
+    manifest: Manifest | None = None
+
+    @field_validator("variant")
+    @classmethod
+    def _variant(cls, value: str) -> str:
+        return _check_name(value, "variant")
+
+
 class InventoryCommand(_Command):
     """Report everything loaded, with memory per model."""
 
@@ -288,10 +306,10 @@ class Configure(_Message):
 
 
 ControllerMessage = Annotated[LoadCommand | UnloadCommand | InventoryCommand | Configure |
-                              StartReplicaCommand | StopReplicaCommand,
+                              StartReplicaCommand | StopReplicaCommand | PrefetchCommand,
                               Field(discriminator="type")]
 AgentCommand = LoadCommand | UnloadCommand | InventoryCommand | StartReplicaCommand | \
-    StopReplicaCommand
+    StopReplicaCommand | PrefetchCommand
 """Every controller -> agent frame that expects a ``result``."""
 
 _AGENT_ADAPTER: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

@@ -165,3 +165,20 @@ def test_the_controller_catalog_caches_manifests_until_the_store_changes(
         assert await ArtifactCatalog(None).manifest("mobilenet_v3_small") is None
 
     asyncio.run(scenario())
+
+
+def test_a_prefetch_caches_weights_so_the_load_asks_nothing(served: _StoreServer,
+                                                            tmp_path: Path) -> None:
+    """What the controller sends every server for each family's interim variant."""
+    repository = ModelRepository(served.url, tmp_path / "repo", tmp_path / "cache")
+    manifest = find_variant(served.store, "mobilenet_v3_small").manifest
+    assert repository.prefetch("mobilenet_v3_small", manifest) is True
+    assert served.downloads["mobilenet_v3_small"] == 1
+    assert not list((tmp_path / "repo").iterdir())  # weights only: no model directory
+    assert repository.prefetch("mobilenet_v3_small", manifest) is False  # already there
+    repository.materialise("app-0__mobilenet_v3_small", "mobilenet_v3_small", manifest)
+    assert served.requests["mobilenet_v3_small"] == 1  # the prefetch's download, nothing since
+    with pytest.raises(UnknownVariantError):
+        repository.prefetch("no_such_variant")
+    local = ModelRepository(str(served.store), tmp_path / "repo2", tmp_path / "cache2")
+    assert local.prefetch("mobilenet_v3_small") is False  # a local store is read in place

@@ -102,6 +102,24 @@ def test_warm_backups_are_where_the_plan_says(testbed: Testbed) -> None:
     assert covered == {a for a, v in apps.items() if v["spec"]["critical"]}
 
 
+def test_every_server_caches_the_interim_variants_before_any_failure(testbed: Testbed) -> None:
+    from agent.repository import CACHE_DIR
+    from model_repo.profiles import load_families
+
+    families = load_families()
+    in_use = {a["spec"]["family"] for a in _apps(testbed).values()}
+    smallest = {families[f].variants[0].name for f in in_use}
+    run_dir = Path(testbed.state.run_dir)
+
+    def cached(server_id: str) -> set[str]:
+        cache = run_dir / "agents" / server_id / CACHE_DIR
+        return {p.parent.name for p in cache.glob("*/weights.pt.sha256")}
+
+    servers = [s["server_id"] for s in testbed.servers()]
+    wait_until("interim weights on every server", lambda: all(
+        smallest <= cached(s) for s in servers), 60, 0.2)
+
+
 def test_client_gets_the_serving_endpoint_and_the_variant_answering(testbed: Testbed) -> None:
     app_id, app = next(iter(_apps(testbed).items()))
     with UnderstudyClient(testbed.state.controller_url, app_id) as client:
