@@ -143,7 +143,8 @@ class Agent:
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / CACHE_DIR, token=config.token,
-                                          mirror=config.artifacts_mirror)
+                                          mirror=config.artifacts_mirror,
+                                          backend=self.triton.model_backend)
         self.models: dict[str, InventoryItem] = {}
         # Service-graph replicas listen where Triton does and are advertised like it.
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,

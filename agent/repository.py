@@ -52,8 +52,11 @@ class ModelRepository:
     """Materialises ``<app>__<variant>`` model directories for the local Triton."""
 
     def __init__(self, source: str, repository: Path, cache: Path, token: str | None = None,
-                 timeout_s: float = 120.0, mirror: Path | None = None) -> None:
+                 timeout_s: float = 120.0, mirror: Path | None = None,
+                 backend: str = "python") -> None:
         self.source = source
+        self.backend = backend
+        """The Triton backend models are written for (the server's ``model_backend``)."""
         self.repository = repository
         self.cache = cache
         self.token = token
@@ -90,7 +93,7 @@ class ModelRepository:
             shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
             (work / "config.pbtxt").write_text(
                 render_config(model_name, manifest.network, str(weights),
-                              manifest.max_batch_size), encoding="utf-8")
+                              manifest.max_batch_size, self.backend), encoding="utf-8")
             if target.exists():
                 shutil.rmtree(target)
             os.replace(work, target)

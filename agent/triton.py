@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.processes import child_setup
+from model_repo.native_backend import NATIVE_BACKEND, BackendChoice, resolve_backend
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,10 @@ class TritonConfig(BaseModel):
     """Host name clients use to reach Triton (default: ``host``)."""
     model_load_threads: int = Field(2, ge=1)
     use_runtime: bool = True
+    model_backend: BackendChoice = "auto"
+    """Triton backend of the models: ``understudy`` (native, needs the runtime and a C++
+    compiler), ``python``, or ``auto`` (native where it can be had; see
+    ``model_repo.native_backend``)."""
     start_timeout_s: float = Field(60.0, gt=0)
     stop_timeout_s: float = Field(10.0, gt=0)
     log_verbose: int = Field(0, ge=0)
@@ -167,11 +172,17 @@ class TritonServer:
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = config.work_dir / "tritonserver.log"
         self.runtime_socket = config.work_dir / "torch-runtime.sock"
+        self.model_backend, self._native_library = resolve_backend(config.model_backend,
+                                                                   config.use_runtime)
+        """The backend name the models' config.pbtxt must carry on this server."""
 
     # --- process -------------------------------------------------------------------------
 
     def _backend_dir(self) -> Path:
-        """A backend directory with the Python backend and the stub for our Python version."""
+        """A backend directory with the Python backend (and its stub) and the native one.
+
+        The native backend is linked in only when this server's models use it.
+        """
         python_dir = self.config.work_dir / "backends" / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
         sources = list((self.install.backends / "python").iterdir()) + [self.install.python_stub]
@@ -183,6 +194,13 @@ class TritonServer:
                 link.unlink()
             # A link, not a copy: the stub finds its bundled libraries relative to itself.
             link.symlink_to(source)
+        if self._native_library is not None:
+            native_dir = python_dir.parent / NATIVE_BACKEND
+            native_dir.mkdir(exist_ok=True)
+            link = native_dir / self._native_library.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(self._native_library)
         return python_dir.parent
 
     def environment(self) -> dict[str, str]:

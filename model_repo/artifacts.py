@@ -79,13 +79,17 @@ class StoreEntry:
 
 
 def render_config(model_name: str, spec: NetworkSpec, weights: str,
-                  max_batch_size: int = DEFAULT_MAX_BATCH) -> str:
-    """The ``config.pbtxt`` of one model (complete: Triton's auto-complete is off)."""
+                  max_batch_size: int = DEFAULT_MAX_BATCH, backend: str = "python") -> str:
+    """The ``config.pbtxt`` of one model (complete: Triton's auto-complete is off).
+
+    ``backend`` is ``python`` (``1/model.py``) or ``understudy`` (the native backend,
+    ``model_repo.native_backend``); both read the same parameters.
+    """
     spec_json = json.dumps(spec.to_dict(), sort_keys=True).replace('"', '\\"')
     side = spec.image_side
     return (
         f'name: "{model_name}"\n'
-        'backend: "python"\n'
+        f'backend: "{backend}"\n'
         f"max_batch_size: {max_batch_size}\n"
         f'input [ {{ name: "image" data_type: TYPE_FP32 dims: [ 3, {side}, {side} ] }} ]\n'
         f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {spec.num_classes} ] }} ]\n'

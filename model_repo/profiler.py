@@ -54,14 +54,14 @@ def fit_load_time(points: Sequence[tuple[float, float]]) -> tuple[float, float, 
     return float(intercept), float(slope), r2
 
 
-def _link_model(repository: Path, entry: StoreEntry) -> str:
+def _link_model(repository: Path, entry: StoreEntry, backend: str) -> str:
     name = entry.variant
     directory = repository / name
     (directory / "1").mkdir(parents=True, exist_ok=True)
     (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
     (directory / "config.pbtxt").write_text(render_config(
         name, entry.manifest.network, str((entry.directory / WEIGHTS_FILE).resolve()),
-        entry.manifest.max_batch_size), encoding="utf-8")
+        entry.manifest.max_batch_size, backend), encoding="utf-8")
     return name
 
 
@@ -138,7 +138,7 @@ def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = 
     server.start()
     try:
         for entry in entries:
-            model = _link_model(server.config.model_repository, entry)
+            model = _link_model(server.config.model_repository, entry, server.model_backend)
             measurement = _measure_with_retry(server, model, entry, settings)
             results[entry.variant] = (entry, measurement)
             if progress is not None:

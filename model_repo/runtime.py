@@ -207,11 +207,31 @@ class _Worker:
     started: float = field(default_factory=time.time)
 
 
+def spawn_arguments(request: dict[str, Any]) -> tuple[Path, NetworkSpec, int]:
+    """Weights, network and threads of a spawn request.
+
+    Two forms: the Python backend's model sends ``weights``, ``spec`` and ``threads``; the
+    native backend (``model_repo/native``) sends the model's whole Triton ``config`` (JSON, its
+    ``parameters`` as the config.pbtxt gives them) and ``model_dir``, which a relative
+    ``weights`` parameter is relative to.
+    """
+    if "config" not in request:
+        return (Path(request["weights"]), NetworkSpec.from_dict(request["spec"]),
+                int(request.get("threads", 1)))
+    parameters = {key: value["string_value"]
+                  for key, value in request["config"].get("parameters", {}).items()}
+    for required in ("weights", "network_spec"):
+        if required not in parameters:
+            raise ValueError(f"the model's config has no {required!r} parameter")
+    weights = Path(request.get("model_dir", ".")) / parameters["weights"]
+    spec = NetworkSpec.from_dict(json.loads(parameters["network_spec"]))
+    return weights.resolve(), spec, int(parameters.get("threads", "1"))
+
+
 def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     """Body of a forked worker: load, report, then answer inference frames until EOF."""
     try:
-        model, report = _load_model(Path(request["weights"]), NetworkSpec.from_dict(
-            request["spec"]), int(request.get("threads", 1)))
+        model, report = _load_model(*spawn_arguments(request))
     except Exception as exc:  # noqa: BLE001 - any load failure is reported to the model
         send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
