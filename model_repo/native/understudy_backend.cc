@@ -99,6 +99,7 @@ class RuntimeConnection {
     if (path.size() >= sizeof(address.sun_path)) {
       return MakeError(TRITONSERVER_ERROR_INVALID_ARG, "runtime socket path too long: " + path);
     }
+    Close();
     fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) return Errno("socket");
     address.sun_family = AF_UNIX;
@@ -158,11 +159,17 @@ class RuntimeConnection {
     return MakeError(TRITONSERVER_ERROR_UNAVAILABLE, what + ": " + std::strerror(errno));
   }
 
+  TRITONSERVER_Error* Gone() {
+    return MakeError(TRITONSERVER_ERROR_UNAVAILABLE, "the torch runtime worker closed the "
+                     "connection (it died or the runtime stopped)");
+  }
+
   TRITONSERVER_Error* WriteAll(const void* data, size_t size) {
     const char* at = static_cast<const char*>(data);
     while (size > 0) {
       ssize_t sent = send(fd_, at, size, MSG_NOSIGNAL);
       if (sent < 0 && errno == EINTR) continue;
+      if (sent < 0 && (errno == EPIPE || errno == ECONNRESET)) return Gone();
       if (sent <= 0) return Errno("write to the torch runtime");
       at += sent;
       size -= static_cast<size_t>(sent);
@@ -175,10 +182,8 @@ class RuntimeConnection {
     while (size > 0) {
       ssize_t got = recv(fd_, at, size, 0);
       if (got < 0 && errno == EINTR) continue;
-      if (got == 0) {
-        return MakeError(TRITONSERVER_ERROR_UNAVAILABLE, "the torch runtime worker closed the "
-                         "connection (it died or the runtime stopped)");
-      }
+      if (got == 0) return Gone();
+      if (got < 0 && errno == ECONNRESET) return Gone();
       if (got < 0) return Errno("read from the torch runtime");
       at += got;
       size -= static_cast<size_t>(got);
@@ -191,6 +196,7 @@ class RuntimeConnection {
 
 // One model instance: its runtime worker's connection.
 struct InstanceState {
+  TRITONBACKEND_ModelInstance* instance = nullptr;
   std::string name;
   RuntimeConnection runtime;
 };
@@ -372,6 +378,18 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
   std::vector<char> logits;
   TRITONSERVER_Error* err = state->runtime.Send(header, payload);
   if (err == nullptr) err = state->runtime.Receive(&reply, &logits);
+  if (err != nullptr) {
+    // The worker is gone (killed, out of memory): start a new one and run the batch again,
+    // once, so a lost worker costs one slow batch rather than every later request.
+    Log(TRITONSERVER_LOG_WARN, __LINE__, "instance " + state->name + ": " +
+        TRITONSERVER_ErrorMessage(err) + "; starting a new runtime worker");
+    TRITONSERVER_ErrorDelete(err);
+    state->runtime.Close();
+    err = SpawnWorker(state->instance, state);
+    if (err == nullptr) err = state->runtime.Send(header, payload);
+    if (err == nullptr) err = state->runtime.Receive(&reply, &logits);
+    if (err != nullptr) state->runtime.Close();
+  }
   if (err == nullptr && !ReplyOk(reply)) {
     err = MakeError(TRITONSERVER_ERROR_INTERNAL, "inference failed: " + ReplyError(reply));
   }
@@ -417,6 +435,7 @@ TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
   auto state = std::make_unique<InstanceState>();
   const char* name = nullptr;
   if (TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceName(instance, &name)) return err;
+  state->instance = instance;
   state->name = name;
   if (TRITONSERVER_Error* err = SpawnWorker(instance, state.get())) return err;
   if (TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceSetState(instance, state.get())) {
