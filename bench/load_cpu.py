@@ -1,14 +1,17 @@
-"""CPU cost of one model load, by process, and wall time of 1..N concurrent loads.
+"""CPU cost of one model load, by process, and wall time of 1..N concurrent loads, per backend.
 
-Usage: ``python bench/load_cpu.py [--variant mobilenet_v3_small] [--repeats 6] [--concurrent 3]``.
+Usage: ``python bench/load_cpu.py [--variant mobilenet_v3_small] [--repeats 6] [--concurrent 3]
+[--backends understudy,python]``.
 
 Why: a failover's interim loads run at once, and on the live testbed all six servers share this
 machine's two cores. If a load is CPU-bound, N concurrent loads cannot finish in the time of
-one. This bench starts one Triton (with the torch runtime) and measures, per load, the CPU
-seconds of the Python stub Triton starts for the model, of the runtime worker that builds it,
-and of Triton and the runtime themselves (from ``/proc``, 10 ms ticks), then the wall time of
-1..N loads of distinct copies of the variant started together. Medians over the repeats; the
-last line is one JSON object.
+one. For each backend (the native ``understudy`` backend, then Triton's Python backend, in the
+same process) this bench starts one Triton (with the torch runtime) and measures, per load,
+the CPU seconds of the Python stub Triton starts for the model (Python backend only), of the
+runtime worker that builds it, and of Triton and the runtime themselves (from ``/proc``, 10 ms
+ticks), then the wall time of 1..N loads of distinct copies of the variant started together.
+Medians over the repeats; the last line is one JSON object with each backend's figures and the
+Python backend's over the native one's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ if str(REPO) not in sys.path:
 
 from agent.triton import TritonConfig, TritonServer  # noqa: E402
 from model_repo.artifacts import find_variant, render_config  # noqa: E402
+from model_repo.native_backend import NATIVE_BACKEND, PYTHON_BACKEND  # noqa: E402
 from understudy.ports import free_ports  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -74,14 +78,14 @@ def _role(pid: int, name: str, server: TritonServer) -> str:
     return "stub" if name.startswith("triton_python") else "worker"
 
 
-def _link(repository: Path, model: str, variant: str) -> None:
+def _link(repository: Path, model: str, variant: str, backend: str) -> None:
     entry = find_variant(REPO / "runs" / "artifacts", variant)
     directory = repository / model
     (directory / "1").mkdir(parents=True, exist_ok=True)
     (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
     (directory / "config.pbtxt").write_text(render_config(
         model, entry.manifest.network, str((entry.directory / "weights.pt").resolve()),
-        entry.manifest.max_batch_size), encoding="utf-8")
+        entry.manifest.max_batch_size, backend), encoding="utf-8")
 
 
 def measure_cpu(server: TritonServer, model: str) -> tuple[float, dict[str, float]]:
@@ -108,22 +112,18 @@ def measure_concurrent(server: TritonServer, models: list[str]) -> list[float]:
     return walls
 
 
-def main() -> int:
-    """Measure and print."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", default="mobilenet_v3_small")
-    parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--concurrent", type=int, default=3)
-    args = parser.parse_args()
+def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, object]:
+    """Every figure of one backend on a fresh Triton."""
     with tempfile.TemporaryDirectory(prefix="load-cpu-") as scratch:
         work = Path(scratch)
         http, grpc, metrics = free_ports(3)
         server = TritonServer(TritonConfig(
             model_repository=work / "repository", work_dir=work / "triton", http_port=http,
-            grpc_port=grpc, metrics_port=metrics, model_load_threads=args.concurrent))
+            grpc_port=grpc, metrics_port=metrics, model_load_threads=args.concurrent,
+            model_backend=backend))
         models = [f"copy{i}__{args.variant}" for i in range(args.concurrent)]
         for model in models:
-            _link(server.config.model_repository, model, args.variant)
+            _link(server.config.model_repository, model, args.variant, server.model_backend)
         server.start()
         try:
             measure_cpu(server, models[0])  # the runtime's first fork is slower; not counted
@@ -135,12 +135,10 @@ def main() -> int:
     roles = sorted({role for _, by_role in single for role in by_role})
     cpu_ms = {role: round(1000 * statistics.median(b.get(role, 0.0) for _, b in single))
               for role in roles}
-    print(f"one load of {args.variant}: wall median "
+    print(f"[{backend}] one load of {args.variant}: wall median "
           f"{1000 * statistics.median(w for w, _ in single):.0f} ms; CPU ms by process "
           f"(median): {cpu_ms}")
-    result: dict[str, object] = {"variant": args.variant, "repeats": args.repeats,
-                                 "cores": os.cpu_count(),
-                                 "load_wall_ms": round(1000 * statistics.median(
+    result: dict[str, object] = {"load_wall_ms": round(1000 * statistics.median(
                                      w for w, _ in single)),
                                  "load_cpu_ms": round(1000 * statistics.median(
                                      sum(b.values()) for _, b in single)),
@@ -148,11 +146,35 @@ def main() -> int:
     for n, runs in concurrent.items():
         mean_walls = [statistics.fmean(walls) for walls in runs]
         last_walls = [max(walls) for walls in runs]
-        print(f"{n} concurrent: mean wall {1000 * statistics.median(mean_walls):.0f} ms, "
-              f"slowest {1000 * statistics.median(last_walls):.0f} ms (medians over "
+        print(f"[{backend}] {n} concurrent: mean wall {1000 * statistics.median(mean_walls):.0f}"
+              f" ms, slowest {1000 * statistics.median(last_walls):.0f} ms (medians over "
               f"{len(runs)})")
         result[f"concurrent_{n}_mean_wall_ms"] = round(1000 * statistics.median(mean_walls))
         result[f"concurrent_{n}_slowest_wall_ms"] = round(1000 * statistics.median(last_walls))
+    return result
+
+
+def main() -> int:
+    """Measure and print."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="mobilenet_v3_small")
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--concurrent", type=int, default=3)
+    parser.add_argument("--backends", type=lambda text: text.split(","),
+                        default=[NATIVE_BACKEND, PYTHON_BACKEND])
+    args = parser.parse_args()
+    result: dict[str, object] = {"variant": args.variant, "repeats": args.repeats,
+                                 "cores": os.cpu_count()}
+    figures = {backend: measure_backend(backend, args) for backend in args.backends}
+    result.update(figures)
+    if NATIVE_BACKEND in figures and PYTHON_BACKEND in figures:
+        native, python = figures[NATIVE_BACKEND], figures[PYTHON_BACKEND]
+        last = f"concurrent_{args.concurrent}_slowest_wall_ms"
+        for key in ("load_wall_ms", "load_cpu_ms", last):
+            value = native[key]
+            assert isinstance(value, int)  # noqa: S101 - set above
+            result[f"python_over_native_{key}"] = (
+                round(float(python[key]) / value, 2) if value else None)  # type: ignore[arg-type]
     print(json.dumps(result))
     return 0
 
