@@ -71,6 +71,12 @@ class ModelRepository:
         self._client: object | None = None
         repository.mkdir(parents=True, exist_ok=True)
         cache.mkdir(parents=True, exist_ok=True)
+        # Model directories are written, and deleted, beside the repository and moved in or
+        # out with one rename: Triton's repository index stats every entry it lists, and one
+        # that vanishes between the listing and the stat fails the whole index call (an
+        # unload waiting on the index failed that way while an interim was being written).
+        self.staging = repository.parent / f".{repository.name}.staging"
+        self.staging.mkdir(parents=True, exist_ok=True)
 
     @property
     def remote(self) -> bool:
@@ -87,16 +93,17 @@ class ModelRepository:
         """
         manifest, weights = self._weights(variant, manifest)
         target = self.repository / model_name
-        work = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=self.repository))
+        work = Path(tempfile.mkdtemp(prefix=f"{model_name}.", dir=self.staging))
         try:
             (work / "1").mkdir()
             shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
             (work / "config.pbtxt").write_text(
                 render_config(model_name, manifest.network, str(weights),
                               manifest.max_batch_size, self.backend), encoding="utf-8")
-            if target.exists():
-                shutil.rmtree(target)
+            if target.exists():  # a reload: the old directory leaves in one rename too
+                os.replace(target, work.with_name(work.name + ".old"))
             os.replace(work, target)
+            shutil.rmtree(work.with_name(work.name + ".old"), ignore_errors=True)
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
@@ -118,8 +125,13 @@ class ModelRepository:
         return True
 
     def remove(self, model_name: str) -> None:
-        """Delete a model directory (after its unload)."""
-        shutil.rmtree(self.repository / model_name, ignore_errors=True)
+        """Delete a model directory (after its unload): moved out first, then deleted."""
+        doomed = Path(tempfile.mkdtemp(prefix=f"{model_name}.removed.", dir=self.staging))
+        try:
+            os.replace(self.repository / model_name, doomed / model_name)
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _weights(self, variant: str, known: Manifest | None) -> tuple[Manifest, Path]:
         if not self.remote:

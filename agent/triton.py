@@ -443,8 +443,21 @@ class TritonServer:
         return model_name in self.model_memory_mb()
 
     def repository_index(self) -> list[dict[str, Any]]:
-        """Triton's repository index: name, version, state, reason per model."""
-        return list(self._call("repository index", self._http().get_model_repository_index))
+        """Triton's repository index: name, version, state, reason per model.
+
+        Triton lists the repository directory and then stats each entry, so an entry removed
+        in between (by another tool; ours move in and out with one rename) fails the call:
+        that is retried, twice.
+        """
+        for attempt in range(3):
+            try:
+                return list(self._call("repository index",
+                                       self._http().get_model_repository_index))
+            except ModelLoadError as exc:
+                if "failed to stat" not in str(exc) or attempt == 2:
+                    raise
+                time.sleep(0.01)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def ready_models(self) -> set[str]:
         """Names of the models Triton reports READY."""

@@ -42,13 +42,13 @@ from controller.records import (
     ServerRecord,
     ServerState,
 )
-from controller.snapshot import build_snapshot
+from controller.snapshot import build_snapshot, warm_backups
 from controller.store import Store
 from policies.baselines import FullSizeWarmK
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.errors import PolicyError
 from policies.failover import UnderstudyPolicy
-from policies.model import ClusterSnapshot, Family, Role
+from policies.model import ClusterSnapshot, Family
 from policies.primary import place_primaries
 from policies.resources import Resources
 from understudy.protocol import model_name
@@ -468,8 +468,7 @@ class Orchestrator:
             plan = await asyncio.to_thread(self.policy().plan_warm, snapshot)
             self.metrics.solve.observe(time.perf_counter() - started)
             desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
-            current = {(p.app_id, p.server_id, p.variant) for p in snapshot.placements
-                       if p.role is Role.WARM}
+            current = warm_backups(apps, (s.server_id for s in snapshot.servers))
             to_load = sorted(desired - current)
             to_unload = sorted(current - desired)
             for app_id, server_id, variant in to_load:

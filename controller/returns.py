@@ -33,6 +33,7 @@ class ServerReturns:
 
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.o = orchestrator
+        self._reviving: set[str] = set()
 
     async def on_hello(self, hello: Hello) -> None:
         """An agent connected: register or update its server, reconcile, fail back."""
@@ -72,17 +73,30 @@ class ServerReturns:
         await self.reconcile_server(server_id, inventory)
         await self._after_join(server_id, True)
 
-    async def _take_back(self, server_id: str, inventory: list[InventoryItem]) -> None:
-        """Switch apps back to models a returned server still holds (controller.takeback)."""
+    async def _take_back(self, server_id: str, inventory: list[InventoryItem],
+                         revive: bool = False) -> bool:
+        """Switch apps back to models a returned server still holds (controller.takeback).
+
+        With ``revive`` the server, still marked failed, is marked up in the same transaction
+        (after a failover of it that is still running: the planning lock); returns False when
+        it is no longer failed, so someone else took it back.
+        """
         o = self.o
         async with o.plan_lock:
+            servers: list[ServerRecord] = []
+            if revive:
+                record = (await o.store.servers()).get(server_id)
+                if record is None or record.state is not ServerState.FAILED:
+                    return False
+                record.state = ServerState.UP
+                servers.append(record)
             apps = await o.store.apps()
             result = take_back(server_id, inventory, apps, o.accuracy)
             changed = sorted({a for a, _ in result.adopted + result.backups})
-            if changed:
-                await o.store.commit(apps=[apps[a] for a in changed])
+            if changed or servers:
+                await o.store.commit(apps=[apps[a] for a in changed], servers=servers)
         if not changed:
-            return
+            return True
         logger.warning("server %s returned holding models: %d serve again without a load (%s), "
                        "%d kept as warm backups", server_id, len(result.adopted),
                        ", ".join(f"{a}/{v}" for a, v in result.adopted), len(result.backups))
@@ -92,6 +106,7 @@ class ServerReturns:
         for app_id, _ in result.adopted:
             o.metrics.events.labels("take_back").inc()
             await o.advance(app_id)
+        return True
 
     async def _after_join(self, server_id: str, failed_before: bool) -> None:
         o = self.o
@@ -209,23 +224,34 @@ class ServerReturns:
             logger.warning("stray %s__%s on %s: %s", app_id, variant, server_id, exc)
 
     async def revive(self, server_id: str) -> None:
-        """A server declared failed is heard from again on its open connection."""
+        """A server declared failed is heard from again on its open connection.
+
+        Its inventory is read while it is still marked failed, and it is marked up in the same
+        locked step that takes back its models: a re-plan in between used to see it up and
+        empty, and put warm backups into the room its own apps were about to take back (the
+        server then held more than its capacity, and the plan could not be made to fit).
+        """
         o = self.o
-        async with o.plan_lock:  # after a failover of this server that is still running
-            servers = await o.store.servers()
-            record = servers.get(server_id)
+        if server_id in self._reviving:
+            return  # the watchdog and the detector can both report one revival
+        self._reviving.add(server_id)
+        try:
+            record = (await o.store.servers()).get(server_id)
             if record is None or record.state is not ServerState.FAILED:
                 return
-            record.state = ServerState.UP
-            await o.store.put_server(record)
-        o.agents.detector.false_alarm(server_id)
-        logger.warning("server %s declared failed earlier is alive; taking it back", server_id)
-        try:
-            inventory = await o.agents.inventory(server_id)
-        except (AgentUnavailableError, AgentCommandError) as exc:
-            logger.warning("inventory of revived %s: %s", server_id, exc)
-            inventory = []
-        await self._return(server_id, inventory)
+            o.agents.detector.false_alarm(server_id)
+            logger.warning("server %s declared failed earlier is alive; taking it back",
+                           server_id)
+            try:
+                inventory = await o.agents.inventory(server_id)
+            except (AgentUnavailableError, AgentCommandError) as exc:
+                logger.warning("inventory of revived %s: %s", server_id, exc)
+                inventory = []
+            if await self._take_back(server_id, inventory, revive=True):
+                await self.reconcile_server(server_id, inventory)
+                await self._after_join(server_id, True)
+        finally:
+            self._reviving.discard(server_id)
 
     async def retry_failbacks(self, servers: dict[str, ServerRecord]) -> None:
         """Apps away from (or smaller than) their home, home server up, nothing in flight."""

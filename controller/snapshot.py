@@ -64,6 +64,21 @@ def _fits_somewhere(record: AppRecord, families: Mapping[str, Family],
     return False
 
 
+def warm_backups(apps: Mapping[str, AppRecord],
+                 servers: Iterable[str]) -> set[tuple[str, str, str]]:
+    """Every warm backup loaded or loading on ``servers``, as (app, server, variant).
+
+    A backup that now serves its app is not one. Read from the records, not from a snapshot:
+    a snapshot over capacity does not count warm backups (``_DEMOTION_STAGES``), and a re-plan
+    that diffed against it would never unload the surplus backups that put the server over.
+    """
+    known = set(servers)
+    return {(app_id, r.server_id, r.variant) for app_id, record in apps.items()
+            for r in record.replicas
+            if r.role is ReplicaRole.WARM and r.state in _ACTIVE and record.serving != r.key
+            and r.server_id in known}
+
+
 def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerRecord],
                    apps: Mapping[str, AppRecord], failed: Iterable[str] = ()) -> ClusterSnapshot:
     """The cluster as the controller believes it is.
