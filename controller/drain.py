@@ -34,7 +34,7 @@ class ServerDrain:
 
     async def _drain(self, server_id: str) -> None:
         o = self.o
-        async with o.plan_lock:
+        async with o.plan_lock, o.every_app_locked():
             snapshot, apps, _ = await o.snapshot()
             plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
             loads = []

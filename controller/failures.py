@@ -101,48 +101,53 @@ class ServerLifecycle:
         o = self.o
         async with o.plan_lock:
             locked_at = time.time()
-            apps, servers = await o.store.apps_and_servers()
-            server = servers.get(server_id)
-            if server is None or server.state is ServerState.FAILED:
-                return
-            if o.agents.detector.watching(server_id):
-                # Heard from again while this task waited for the lock: not failed after all.
-                logger.warning("server %s is alive again; failover cancelled", server_id)
-                o.agents.detector.false_alarm(server_id)
-                return
-            server.state, server.failed_at, server.failure_reason = (
-                ServerState.FAILED, detected_at, reason)
-            server.connected = o.agents.connected(server_id)
-            snapshot = build_snapshot(o.families, servers, apps)
-            # Warm switches first: decided in memory, then the failed server, the intent, the
-            # switched apps and their events are written in one transaction and pushed to the
-            # clients, before the cold part is even planned.
-            warm = split_affected(snapshot, [server_id]).warm_switches
-            switched, events = self._switch_to_warm(warm, apps, servers, server_id, detected_at)
-            intent, stored = await o.store.commit(
-                servers=[server], apps=[apps[a] for a in switched], events=events,
-                intent={"kind": "failover", "server_id": server_id, "reason": reason})
-            o.events.deliver(stored)
-            logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
-                        "(%.1f ms waiting for the planning lock)", server_id, len(switched),
-                        (time.time() - detected_at) * 1000, (locked_at - detected_at) * 1000)
-            for _ in switched:
-                o.metrics.events.labels("warm_switch").inc()
-                o.metrics.failovers.labels("warm").inc()
-                o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
-            # In a thread: Algorithm 1 (and the preemption search) must not hold up the event
-            # loop, where late heartbeats of the other servers would become false alarms.
-            plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
-            # The cold part, also decided in memory and written at once (the interim loads
-            # wait for it): preempted backups, interim and target replicas, lost apps.
-            preempted = self._preempt(plan, apps)
-            recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
-            lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
-            changed = ({a for a, _, _ in preempted} | {a for a, _, _, _ in recoveries}
-                       | {e.app_id for e in lost} | self._forget_replicas_on(server_id, apps))
-            _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
-                                             events=lost)
-            o.events.deliver(stored)
+            async with o.every_app_locked():
+                apps, servers = await o.store.apps_and_servers()
+                server = servers.get(server_id)
+                if server is None or server.state is ServerState.FAILED:
+                    return
+                if o.agents.detector.watching(server_id):
+                    # Heard from again while this task waited for the lock: not failed.
+                    logger.warning("server %s is alive again; failover cancelled", server_id)
+                    o.agents.detector.false_alarm(server_id)
+                    return
+                server.state, server.failed_at, server.failure_reason = (
+                    ServerState.FAILED, detected_at, reason)
+                server.connected = o.agents.connected(server_id)
+                snapshot = build_snapshot(o.families, servers, apps)
+                # Warm switches first: decided in memory, then the failed server, the intent,
+                # the switched apps and their events are written in one transaction and pushed
+                # to the clients, before the cold part is even planned.
+                warm = split_affected(snapshot, [server_id]).warm_switches
+                switched, events = self._switch_to_warm(warm, apps, servers, server_id,
+                                                        detected_at)
+                intent, stored = await o.store.commit(
+                    servers=[server], apps=[apps[a] for a in switched], events=events,
+                    intent={"kind": "failover", "server_id": server_id, "reason": reason})
+                o.events.deliver(stored)
+                logger.info("failover of %s: %d warm switches announced %.1f ms after "
+                            "detection (%.1f ms waiting for the planning lock)", server_id,
+                            len(switched), (time.time() - detected_at) * 1000,
+                            (locked_at - detected_at) * 1000)
+                for _ in switched:
+                    o.metrics.events.labels("warm_switch").inc()
+                    o.metrics.failovers.labels("warm").inc()
+                    o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
+                # In a thread: Algorithm 1 (and the preemption search) must not hold up the
+                # event loop, where late heartbeats of the other servers would become false
+                # alarms.
+                plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
+                # The cold part, also decided in memory and written at once (the interim loads
+                # wait for it): preempted backups, interim and target replicas, lost apps.
+                preempted = self._preempt(plan, apps)
+                recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
+                lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
+                changed = ({a for a, _, _ in preempted} | {a for a, _, _, _ in recoveries}
+                           | {e.app_id for e in lost}
+                           | self._forget_replicas_on(server_id, apps))
+                _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
+                                                 events=lost)
+                o.events.deliver(stored)
         logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable, "
                     "%d warm backups preempted (%s)", server_id, len(switched), len(recoveries),
                     len(plan.unrecoverable), len(preempted), "; ".join(plan.notes))

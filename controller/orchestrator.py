@@ -12,9 +12,10 @@ resumes by re-issuing the loads still marked LOADING (idempotent on the agent) a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,19 @@ class Orchestrator:
         """Serialises record updates of one app."""
         return self._app_locks.setdefault(app_id, asyncio.Lock())
 
+    @contextlib.asynccontextmanager
+    async def every_app_locked(self) -> AsyncIterator[None]:
+        """Holds the lock of every registered app, for decisions that rewrite many records.
+
+        A load ending meanwhile writes its app's record under that app's lock, and the
+        decision's copy written back would undo it. Taken in id order, so two holders cannot
+        deadlock; nobody holding one app's lock waits for another's or for the planning lock.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            for app_id in sorted(await self.store.app_ids()):
+                await stack.enter_async_context(self.app_lock(app_id))
+            yield
+
     def policy(self) -> UnderstudyPolicy | FullSizeWarmK:
         """The configured failover policy."""
         c = self.config
@@ -210,7 +224,7 @@ class Orchestrator:
 
     async def place(self, app_id: str) -> Any:
         """Choose the primary's server (worst-fit or pinned); returns the load to run, if any."""
-        async with self.plan_lock:
+        async with self.plan_lock, self.app_lock(app_id):
             snapshot, apps, _ = await self.snapshot()
             record = apps.get(app_id)
             if record is None or record.serving is not None or any(
@@ -469,21 +483,8 @@ class Orchestrator:
             self.metrics.solve.observe(time.perf_counter() - started)
             desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
             current = warm_backups(apps, (s.server_id for s in snapshot.servers))
-            to_load = sorted(desired - current)
-            to_unload = sorted(current - desired)
-            for app_id, server_id, variant in to_load:
-                record = apps[app_id]
-                # Never two replicas of one (server, variant): one being unloaded is reused.
-                record.replicas = [r for r in record.replicas if r.key != (server_id, variant)]
-                record.replicas.append(Replica(server_id=server_id, variant=variant,
-                                               role=ReplicaRole.WARM, accuracy=self.accuracy(
-                                                   record.spec.family, variant)))
-            for app_id, server_id, variant in to_unload:
-                replica = apps[app_id].replica(server_id, variant)
-                if replica is not None:
-                    replica.state = ReplicaState.UNLOADING
-            for app_id in {a for a, _, _ in to_load + to_unload}:
-                await self.store.put_app(apps[app_id])
+            to_load, to_unload = await self._write_warm_diff(sorted(desired - current),
+                                                             sorted(current - desired))
             summary = {
                 "solved_at": time.time(), "policy": self.config.policy,
                 "assignments": [{"app_id": a.app_id, "server_id": a.server_id,
@@ -504,6 +505,46 @@ class Orchestrator:
             *(self._load_warm(a, s, v) for a, s, v in to_load),
             *(self.unload_replica(a, s, v) for a, s, v in to_unload))
         return summary
+
+    async def _write_warm_diff(self, to_load: list[tuple[str, str, str]],
+                               to_unload: list[tuple[str, str, str]]
+                               ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+        """Record the backups to load and unload; returns those that still apply.
+
+        Each app's record is read again and written under its own lock: the plan was made
+        from records read before the solve, and a load finishing meanwhile (under the app's
+        lock, not the planning lock) wrote a newer record, which writing the plan's copy
+        back would undo (an app's primary stayed 'loading' for good after its load ended).
+        """
+        loads: list[tuple[str, str, str]] = []
+        unloads: list[tuple[str, str, str]] = []
+        for app_id in sorted({a for a, _, _ in to_load + to_unload}):
+            async with self.app_lock(app_id):
+                record = await self.store.get_app(app_id)
+                if record is None:
+                    continue
+                for _, server_id, variant in (k for k in to_load if k[0] == app_id):
+                    key = (server_id, variant)
+                    existing = record.replica(server_id, variant)
+                    if record.serving == key or (
+                            existing is not None and existing.role is not ReplicaRole.WARM
+                            and existing.state in (ReplicaState.LOADING, ReplicaState.READY)):
+                        continue  # that model has another use now
+                    # Never two replicas of one (server, variant): one being unloaded is reused.
+                    record.replicas = [r for r in record.replicas if r.key != key]
+                    record.replicas.append(Replica(server_id=server_id, variant=variant,
+                                                   role=ReplicaRole.WARM, accuracy=self.accuracy(
+                                                       record.spec.family, variant)))
+                    loads.append((app_id, server_id, variant))
+                for _, server_id, variant in (k for k in to_unload if k[0] == app_id):
+                    replica = record.replica(server_id, variant)
+                    if replica is None or replica.role is not ReplicaRole.WARM \
+                            or record.serving == replica.key:
+                        continue  # promoted (a warm switch) since the plan read it
+                    replica.state = ReplicaState.UNLOADING
+                    unloads.append((app_id, server_id, variant))
+                await self.store.put_app(record)
+        return loads, unloads
 
     async def _load_warm(self, app_id: str, server_id: str, variant: str) -> None:
         if await self.load_replica(app_id, server_id, variant):

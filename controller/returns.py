@@ -82,7 +82,7 @@ class ServerReturns:
         it is no longer failed, so someone else took it back.
         """
         o = self.o
-        async with o.plan_lock:
+        async with o.plan_lock, o.every_app_locked():
             servers: list[ServerRecord] = []
             if revive:
                 record = (await o.store.servers()).get(server_id)
@@ -127,7 +127,7 @@ class ServerReturns:
     async def fail_back(self, app_id: str) -> None:
         """Load the app's home primary again; :meth:`advance` switches to it when ready."""
         o = self.o
-        async with o.plan_lock:
+        async with o.plan_lock, o.every_app_locked():
             snapshot, apps, _ = await o.snapshot()
             record = apps.get(app_id)
             if record is None or record.home is None:

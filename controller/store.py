@@ -83,6 +83,11 @@ class Store:
         return bool(await self.redis.hsetnx(self._key("apps"), record.app_id,
                                             record.model_dump_json()))
 
+    async def app_ids(self) -> list[str]:
+        """The ids of every registered app."""
+        return [k.decode() if isinstance(k, bytes) else str(k)
+                for k in await self.redis.hkeys(self._key("apps"))]
+
     async def get_app(self, app_id: str) -> AppRecord | None:
         """One app record."""
         raw = await self.redis.hget(self._key("apps"), app_id)
