@@ -57,6 +57,11 @@ from understudy.protocol import model_name
 logger = logging.getLogger(__name__)
 
 WARM_REPLAN_DEBOUNCE_S = 0.05
+URGENT_HOLD_MAX_S = 10.0
+"""A requested warm re-plan waits while urgent loads (interims, apps with nothing serving) are
+in flight, at most this long: its backup loads would take CPU and disk from the loads that end
+an outage (on the testbed a re-plan triggered by the first interim of a failure loaded a
+convnext backup while four more interims of that failure were still loading)."""
 
 
 LOADED_FOR_THE_CHANGE = frozenset({"interim_serving", "serving", "upgraded", "failback"})
@@ -91,6 +96,9 @@ class Orchestrator:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._replan_pending = False
         self._replan_task: asyncio.Task[Any] | None = None
+        self._urgent_loads = 0
+        self._no_urgent_loads = asyncio.Event()
+        self._no_urgent_loads.set()
         self.recoveries: dict[str, Recovery] = {}
         """Apps recovering from a failure, for the events' failure fields and MTTR."""
         self.prefetcher = InterimPrefetcher(self)
@@ -287,6 +295,19 @@ class Orchestrator:
         ``urgent`` loads end an outage (nothing of the app serves): the agent runs them before
         its routine loads.
         """
+        if not urgent:
+            return await self._load_replica(app_id, server_id, variant, urgent)
+        self._urgent_loads += 1
+        self._no_urgent_loads.clear()
+        try:
+            return await self._load_replica(app_id, server_id, variant, urgent)
+        finally:
+            self._urgent_loads -= 1
+            if self._urgent_loads == 0:
+                self._no_urgent_loads.set()
+
+    async def _load_replica(self, app_id: str, server_id: str, variant: str,
+                            urgent: bool) -> bool:
         started = time.perf_counter()
         try:
             manifest = await self.artifacts.manifest(variant)
@@ -471,6 +492,8 @@ class Orchestrator:
     async def _replan_loop(self) -> None:
         while self._replan_pending:
             await asyncio.sleep(WARM_REPLAN_DEBOUNCE_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._no_urgent_loads.wait(), URGENT_HOLD_MAX_S)
             self._replan_pending = False
             await self.replan_warm()
 
