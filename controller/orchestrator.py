@@ -43,8 +43,9 @@ from controller.records import (
     ServerRecord,
     ServerState,
 )
-from controller.snapshot import build_snapshot, warm_backups
+from controller.snapshot import build_snapshot
 from controller.store import Store
+from controller.warm_plan import WarmPlanner
 from policies.baselines import FullSizeWarmK
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.errors import PolicyError
@@ -55,14 +56,6 @@ from policies.resources import Resources
 from understudy.protocol import model_name
 
 logger = logging.getLogger(__name__)
-
-WARM_REPLAN_DEBOUNCE_S = 0.05
-URGENT_HOLD_MAX_S = 10.0
-"""A requested warm re-plan waits while urgent loads (interims, apps with nothing serving) are
-in flight, at most this long: its backup loads would take CPU and disk from the loads that end
-an outage (on the testbed a re-plan triggered by the first interim of a failure loaded a
-convnext backup while four more interims of that failure were still loading)."""
-
 
 LOADED_FOR_THE_CHANGE = frozenset({"interim_serving", "serving", "upgraded", "failback"})
 """Event kinds whose replica was loaded for that very change (their events carry its load
@@ -94,11 +87,7 @@ class Orchestrator:
         self.plan_lock = asyncio.Lock()
         self._app_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._replan_pending = False
-        self._replan_task: asyncio.Task[Any] | None = None
-        self._urgent_loads = 0
-        self._no_urgent_loads = asyncio.Event()
-        self._no_urgent_loads.set()
+        self.warm = WarmPlanner(self)
         self.recoveries: dict[str, Recovery] = {}
         """Apps recovering from a failure, for the events' failure fields and MTTR."""
         self.prefetcher = InterimPrefetcher(self)
@@ -297,14 +286,8 @@ class Orchestrator:
         """
         if not urgent:
             return await self._load_replica(app_id, server_id, variant, urgent)
-        self._urgent_loads += 1
-        self._no_urgent_loads.clear()
-        try:
+        with self.warm.urgent_load():  # a requested warm re-plan waits for it
             return await self._load_replica(app_id, server_id, variant, urgent)
-        finally:
-            self._urgent_loads -= 1
-            if self._urgent_loads == 0:
-                self._no_urgent_loads.set()
 
     async def _load_replica(self, app_id: str, server_id: str, variant: str,
                             urgent: bool) -> bool:
@@ -484,94 +467,9 @@ class Orchestrator:
     # --- warm backups ------------------------------------------------------------------------
 
     def request_warm_replan(self) -> None:
-        """Re-plan warm backups soon; bursts of requests (registrations) coalesce into one."""
-        self._replan_pending = True
-        if self._replan_task is None or self._replan_task.done():
-            self._replan_task = self.spawn(self._replan_loop(), "warm re-plan")
-
-    async def _replan_loop(self) -> None:
-        while self._replan_pending:
-            await asyncio.sleep(WARM_REPLAN_DEBOUNCE_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._no_urgent_loads.wait(), URGENT_HOLD_MAX_S)
-            self._replan_pending = False
-            await self.replan_warm()
+        """Re-plan warm backups soon (``controller.warm_plan``)."""
+        self.warm.request()
 
     async def replan_warm(self) -> dict[str, Any]:
-        """Solve the warm-backup plan and converge the warm replicas to it."""
-        async with self.plan_lock:
-            snapshot, apps, _ = await self.snapshot()
-            started = time.perf_counter()
-            plan = await asyncio.to_thread(self.policy().plan_warm, snapshot)
-            self.metrics.solve.observe(time.perf_counter() - started)
-            desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
-            current = warm_backups(apps, (s.server_id for s in snapshot.servers))
-            to_load, to_unload = await self._write_warm_diff(sorted(desired - current),
-                                                             sorted(current - desired))
-            summary = {
-                "solved_at": time.time(), "policy": self.config.policy,
-                "assignments": [{"app_id": a.app_id, "server_id": a.server_id,
-                                 "variant": a.variant, "accuracy": a.accuracy}
-                                for a in plan.assignments],
-                "uncovered": [{"app_id": u.app_id, "reason": u.reason} for u in plan.uncovered],
-                "stats": {"method": plan.stats.method, "solver": plan.stats.solver,
-                          "status": plan.stats.status, "objective": plan.stats.objective,
-                          "bound": plan.stats.bound, "gap": plan.stats.gap,
-                          "build_s": plan.stats.build_s, "solve_s": plan.stats.solve_s,
-                          "total_s": plan.stats.total_s, "notes": list(plan.stats.notes)},
-                "loads": len(to_load), "unloads": len(to_unload)}
-            await self.store.put_plan(summary)
-        logger.info("warm plan: %d backups (%d new, %d removed), %d uncovered, %s in %.3f s",
-                    len(desired), len(to_load), len(to_unload), len(plan.uncovered),
-                    plan.stats.status, plan.stats.total_s)
-        await asyncio.gather(
-            *(self._load_warm(a, s, v) for a, s, v in to_load),
-            *(self.unload_replica(a, s, v) for a, s, v in to_unload))
-        return summary
-
-    async def _write_warm_diff(self, to_load: list[tuple[str, str, str]],
-                               to_unload: list[tuple[str, str, str]]
-                               ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-        """Record the backups to load and unload; returns those that still apply.
-
-        Each app's record is read again and written under its own lock: the plan was made
-        from records read before the solve, and a load finishing meanwhile (under the app's
-        lock, not the planning lock) wrote a newer record, which writing the plan's copy
-        back would undo (an app's primary stayed 'loading' for good after its load ended).
-        """
-        loads: list[tuple[str, str, str]] = []
-        unloads: list[tuple[str, str, str]] = []
-        for app_id in sorted({a for a, _, _ in to_load + to_unload}):
-            async with self.app_lock(app_id):
-                record = await self.store.get_app(app_id)
-                if record is None:
-                    continue
-                for _, server_id, variant in (k for k in to_load if k[0] == app_id):
-                    key = (server_id, variant)
-                    existing = record.replica(server_id, variant)
-                    if record.serving == key or (
-                            existing is not None and existing.role is not ReplicaRole.WARM
-                            and existing.state in (ReplicaState.LOADING, ReplicaState.READY)):
-                        continue  # that model has another use now
-                    # Never two replicas of one (server, variant): one being unloaded is reused.
-                    record.replicas = [r for r in record.replicas if r.key != key]
-                    record.replicas.append(Replica(server_id=server_id, variant=variant,
-                                                   role=ReplicaRole.WARM, accuracy=self.accuracy(
-                                                       record.spec.family, variant)))
-                    loads.append((app_id, server_id, variant))
-                for _, server_id, variant in (k for k in to_unload if k[0] == app_id):
-                    replica = record.replica(server_id, variant)
-                    if replica is None or replica.role is not ReplicaRole.WARM \
-                            or record.serving == replica.key:
-                        continue  # promoted (a warm switch) since the plan read it
-                    replica.state = ReplicaState.UNLOADING
-                    unloads.append((app_id, server_id, variant))
-                await self.store.put_app(record)
-        return loads, unloads
-
-    async def _load_warm(self, app_id: str, server_id: str, variant: str) -> None:
-        if await self.load_replica(app_id, server_id, variant):
-            record = await self.store.get_app(app_id)
-            replica = record.replica(server_id, variant) if record else None
-            if record is not None and replica is not None:
-                await self.notify(record, "backup_ready", replica)
+        """Solve the warm-backup plan now and converge the warm replicas to it."""
+        return await self.warm.replan()
