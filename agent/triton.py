@@ -483,6 +483,13 @@ class TritonServer:
                             outputs=[output])
         return np.asarray(result.as_numpy("logits"))
 
+    def inference_statistics(self, model_name: str) -> dict[str, Any]:
+        """Triton's statistics of one model: request counts and durations, batches executed."""
+        stats = self._call(f"statistics of {model_name}",
+                           self._http().get_inference_statistics, model_name)
+        entries = [e for e in stats.get("model_stats", []) if e.get("name") == model_name]
+        return dict(entries[0]) if entries else {}
+
     def model_memory_mb(self) -> dict[str, float]:
         """Private resident memory of each loaded model's runtime worker, MB."""
         if not self.config.use_runtime:

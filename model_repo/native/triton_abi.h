@@ -106,4 +106,12 @@ TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(
 TRITONSERVER_Error* TRITONBACKEND_ResponseSend(
     TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error);
 
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request, bool success,
+    uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns,
+    uint64_t exec_end_ns);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
+    TRITONBACKEND_ModelInstance* instance, uint64_t batch_size, uint64_t exec_start_ns,
+    uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns);
+
 }  // extern "C"

@@ -16,6 +16,8 @@
 // Frames are the runtime's: "!II" (big-endian header and payload lengths), a JSON header, the
 // raw payload. The socket path comes from UNDERSTUDY_RUNTIME_SOCKET in Triton's environment.
 // A dynamic batch of requests becomes one forward pass; its logits are split back by request.
+// Every request and batch is reported to Triton's statistics, as Triton's own backends do, so
+// the server's inference counters and durations (and its metrics endpoint) count them.
 
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -24,6 +26,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -290,9 +293,35 @@ TRITONSERVER_Error* ReadInput(TRITONBACKEND_Request* request, RequestInput* out)
   return nullptr;
 }
 
-// Sends `error` (owned, may be null) as the final response of `request`, then releases it.
+// Triton's clock for statistics: steady-clock nanoseconds.
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+// When one execution started, and when its forward pass did (both zero-length before it).
+struct Timing {
+  TRITONBACKEND_ModelInstance* instance = nullptr;
+  uint64_t exec_start_ns = 0;
+  uint64_t compute_start_ns = 0;
+  uint64_t compute_end_ns = 0;
+};
+
+void Drop(TRITONSERVER_Error* err) {
+  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
+}
+
+// Reports `request` to Triton's statistics (its inference counters and durations), sends
+// `error` (owned, may be null) as its final response, then releases it. The report comes
+// first, so a client that has its answer also finds it counted.
 void Finish(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
-            TRITONSERVER_Error* error) {
+            TRITONSERVER_Error* error, const Timing& timing) {
+  const uint64_t compute_start = timing.compute_start_ns ? timing.compute_start_ns
+                                                         : timing.exec_start_ns;
+  const uint64_t compute_end = timing.compute_end_ns ? timing.compute_end_ns : compute_start;
+  Drop(TRITONBACKEND_ModelInstanceReportStatistics(timing.instance, request, error == nullptr,
+                                                   timing.exec_start_ns, compute_start,
+                                                   compute_end, NowNs()));
   TRITONSERVER_Error* err = nullptr;
   if (response == nullptr) err = TRITONBACKEND_ResponseNew(&response, request);
   if (err == nullptr) {
@@ -304,17 +333,16 @@ void Finish(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
     TRITONSERVER_ErrorDelete(err);
   }
   if (error != nullptr) TRITONSERVER_ErrorDelete(error);
-  err = TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL);
-  if (err != nullptr) TRITONSERVER_ErrorDelete(err);
+  Drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
 }
 
 // Answers `request` with `rows` x `classes` logits, or with the error met on the way.
 void Respond(TRITONBACKEND_Request* request, const float* logits, int64_t rows,
-             int64_t classes) {
+             int64_t classes, const Timing& timing) {
   TRITONBACKEND_Response* response = nullptr;
   TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, request);
   if (err != nullptr) {
-    Finish(request, nullptr, err);
+    Finish(request, nullptr, err, timing);
     return;
   }
   const int64_t shape[2] = {rows, classes};
@@ -332,14 +360,17 @@ void Respond(TRITONBACKEND_Request* request, const float* logits, int64_t rows,
     err = MakeError(TRITONSERVER_ERROR_UNSUPPORTED, "output buffer in GPU memory");
   }
   if (err != nullptr) {
-    Finish(request, response, err);
+    Finish(request, response, err, timing);
     return;
   }
   std::memcpy(buffer, logits, bytes);
-  Finish(request, response, nullptr);
+  Finish(request, response, nullptr, timing);
 }
 
 void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t count) {
+  Timing timing;
+  timing.instance = state->instance;
+  timing.exec_start_ns = NowNs();
   std::vector<RequestInput> inputs(count);
   std::vector<TRITONBACKEND_Request*> batch;
   std::vector<RequestInput*> batch_inputs;
@@ -353,7 +384,7 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
       }
     }
     if (err != nullptr) {
-      Finish(requests[r], nullptr, err);  // a bad request fails alone
+      Finish(requests[r], nullptr, err, timing);  // a bad request fails alone
       continue;
     }
     batch.push_back(requests[r]);
@@ -376,6 +407,7 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
 
   std::string reply;
   std::vector<char> logits;
+  timing.compute_start_ns = NowNs();
   TRITONSERVER_Error* err = state->runtime.Send(header, payload);
   if (err == nullptr) err = state->runtime.Receive(&reply, &logits);
   if (err != nullptr) {
@@ -390,6 +422,7 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
     if (err == nullptr) err = state->runtime.Receive(&reply, &logits);
     if (err != nullptr) state->runtime.Close();
   }
+  timing.compute_end_ns = NowNs();
   if (err == nullptr && !ReplyOk(reply)) {
     err = MakeError(TRITONSERVER_ERROR_INTERNAL, "inference failed: " + ReplyError(reply));
   }
@@ -403,15 +436,18 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
     const std::string message = TRITONSERVER_ErrorMessage(err);
     TRITONSERVER_ErrorDelete(err);
     for (TRITONBACKEND_Request* request : batch) {
-      Finish(request, nullptr, MakeError(TRITONSERVER_ERROR_UNAVAILABLE, message));
+      Finish(request, nullptr, MakeError(TRITONSERVER_ERROR_UNAVAILABLE, message), timing);
     }
     return;
   }
+  Drop(TRITONBACKEND_ModelInstanceReportBatchStatistics(
+      state->instance, static_cast<uint64_t>(rows), timing.exec_start_ns,
+      timing.compute_start_ns, timing.compute_end_ns, NowNs()));
   const int64_t classes = static_cast<int64_t>(logits.size() / sizeof(float)) / rows;
   const float* at = reinterpret_cast<const float*>(logits.data());
   for (size_t r = 0; r < batch.size(); ++r) {
     const int64_t n = batch_inputs[r]->shape[0];
-    Respond(batch[r], at, n, classes);
+    Respond(batch[r], at, n, classes, timing);
     at += n * classes;
   }
 }

@@ -107,6 +107,16 @@ def test_native_models_answer_as_python_ones_without_a_stub_process(servers, wei
     assert _stub_pids(python) and not _stub_pids(native)
     # The native instance is a runtime worker named after the model, as the Python one is.
     assert _worker_pid(native, "same") != native.runtime.pid
+    # Triton counts the native backend's requests as it counts the Python backend's (the
+    # native one before it answers; the Python stub reports after, so it is waited for).
+    stats = native.inference_statistics("same")
+    assert stats["inference_count"] == 5 and stats["execution_count"] == 1
+    assert int(stats["inference_stats"]["success"]["count"]) == 1
+    assert int(stats["inference_stats"]["compute_infer"]["ns"]) > 0
+    deadline = time.monotonic() + 5
+    while python.inference_statistics("same")["inference_count"] != 5:
+        assert time.monotonic() < deadline, "the Python backend's statistics never came"
+        time.sleep(0.02)
 
 
 def test_a_dynamic_batch_is_split_back_to_each_request(servers, weights) -> None:
@@ -143,8 +153,12 @@ def test_a_dead_worker_is_replaced_and_a_lost_model_fails_alone(servers, weights
     # with the reason, and nothing else.
     own_weights.unlink()
     os.kill(_worker_pid(native, "victim"), signal.SIGKILL)
+    failed_before = int(native.inference_statistics("victim")["inference_stats"]["fail"]
+                        ["count"])
     with pytest.raises(TritonError, match="victim.pt"):
         native.infer("victim", image)
+    assert int(native.inference_statistics("victim")["inference_stats"]["fail"]["count"]) \
+        == failed_before + 1
     assert native.process is not None and native.process.poll() is None  # Triton lives on
     assert native.infer("bystander", image).shape == (2, SPEC.num_classes)
     native.unload("bystander")
