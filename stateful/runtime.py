@@ -132,9 +132,12 @@ class SubprocessLauncher:
             line = b""
         except asyncio.CancelledError:
             # The graph stopped while this standby started: do not leave it behind (it runs
-            # in its own session, so nothing else would stop it).
+            # in its own session, so nothing else would stop it), and reap it, so its pipe
+            # transport is closed while the event loop still runs.
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(process.wait(), 5.0)
             raise
         word, _, address = line.decode().strip().partition(" ")
         if word != READY or not address:
@@ -221,6 +224,11 @@ class LocalGraph:
                              return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
+        # Cancelled launches reap their processes; let them, so no subprocess transport is
+        # left for the garbage collector after the loop closes.
+        others = [t for t in self._tasks if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=5.0)
         await self.node_host.close()
 
     # -- client API --------------------------------------------------------------------------
