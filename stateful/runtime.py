@@ -90,15 +90,27 @@ class SubprocessHandle:
                 self.process.send_signal(signal.SIGKILL)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        if self.process.returncode is not None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout_s)
+            except TimeoutError:
+                self.kill()
+                await self.process.wait()
+        await self._close_pipe()
+
+    async def _close_pipe(self) -> None:
+        """Read the stdout pipe to its end, so its transport closes while the loop runs.
+
+        The exit status can arrive before the pipe's end of file: a graph stopped right then
+        left the subprocess transport to the garbage collector, after the loop had closed.
+        """
+        if self.process.stdout is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.process.terminate()
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout_s)
-        except TimeoutError:
-            self.kill()
-            await self.process.wait()
+        with contextlib.suppress(TimeoutError, OSError):
+            await asyncio.wait_for(self.process.stdout.read(), 2.0)
+        await asyncio.sleep(0)  # the transport's close runs in the next loop turn
 
 
 @dataclass
