@@ -29,7 +29,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from agent.triton import TritonConfig, TritonServer  # noqa: E402
-from model_repo.artifacts import find_variant, render_config  # noqa: E402
+from model_repo.artifacts import find_variant  # noqa: E402
+from model_repo.profiler import link_model  # noqa: E402
 from model_repo.runtime import runtime_stats  # noqa: E402
 from understudy.ports import free_ports  # noqa: E402
 
@@ -62,14 +63,10 @@ def one_kill(models: int) -> tuple[int, float, float]:
         server = TritonServer(TritonConfig(
             model_repository=work / "repository", work_dir=work / "triton", http_port=http,
             grpc_port=grpc, metrics_port=metrics))
+        store = REPO / "runs" / "artifacts"
         for index, variant in enumerate(VARIANTS[:models]):
-            entry = find_variant(REPO / "runs" / "artifacts", variant)
-            directory = server.config.model_repository / f"m{index}"
-            (directory / "1").mkdir(parents=True)
-            (directory / "config.pbtxt").write_text(render_config(
-                f"m{index}", entry.manifest.network,
-                str((entry.directory / "weights.pt").resolve()), entry.manifest.max_batch_size,
-                server.model_backend), encoding="utf-8")
+            link_model(server.config.model_repository, find_variant(store, variant),
+                       server.model_backend, f"m{index}")
         server.start()
         try:
             for index in range(models):

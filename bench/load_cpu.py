@@ -31,8 +31,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from agent.triton import TritonConfig, TritonServer  # noqa: E402
-from model_repo.artifacts import find_variant, render_config  # noqa: E402
+from model_repo.artifacts import find_variant  # noqa: E402
 from model_repo.native_backend import NATIVE_BACKEND, PYTHON_BACKEND  # noqa: E402
+from model_repo.profiler import link_model  # noqa: E402
 from understudy.ports import free_ports  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -78,16 +79,6 @@ def _role(pid: int, name: str, server: TritonServer) -> str:
     return "stub" if name.startswith("triton_python") else "worker"
 
 
-def _link(repository: Path, model: str, variant: str, backend: str) -> None:
-    entry = find_variant(REPO / "runs" / "artifacts", variant)
-    directory = repository / model
-    (directory / "1").mkdir(parents=True, exist_ok=True)
-    (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
-    (directory / "config.pbtxt").write_text(render_config(
-        model, entry.manifest.network, str((entry.directory / "weights.pt").resolve()),
-        entry.manifest.max_batch_size, backend), encoding="utf-8")
-
-
 def measure_cpu(server: TritonServer, model: str) -> tuple[float, dict[str, float]]:
     """One load: its wall time and the CPU seconds it cost, by role."""
     roots = [p.pid for p in (server.process, server.runtime) if p is not None]
@@ -122,8 +113,9 @@ def measure_backend(backend: str, args: argparse.Namespace) -> dict[str, object]
             grpc_port=grpc, metrics_port=metrics, model_load_threads=args.concurrent,
             model_backend=backend))
         models = [f"copy{i}__{args.variant}" for i in range(args.concurrent)]
+        entry = find_variant(REPO / "runs" / "artifacts", args.variant)
         for model in models:
-            _link(server.config.model_repository, model, args.variant, server.model_backend)
+            link_model(server.config.model_repository, entry, server.model_backend, model)
         server.start()
         try:
             measure_cpu(server, models[0])  # the runtime's first fork is slower; not counted

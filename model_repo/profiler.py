@@ -54,8 +54,13 @@ def fit_load_time(points: Sequence[tuple[float, float]]) -> tuple[float, float, 
     return float(intercept), float(slope), r2
 
 
-def _link_model(repository: Path, entry: StoreEntry, backend: str) -> str:
-    name = entry.variant
+def link_model(repository: Path, entry: StoreEntry, backend: str,
+               name: str | None = None) -> str:
+    """Write a Triton model directory serving a store entry's weights in place.
+
+    The model is named ``name`` (default: the variant); returns that name.
+    """
+    name = name or entry.variant
     directory = repository / name
     (directory / "1").mkdir(parents=True, exist_ok=True)
     (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
@@ -138,7 +143,7 @@ def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = 
     server.start()
     try:
         for entry in entries:
-            model = _link_model(server.config.model_repository, entry, server.model_backend)
+            model = link_model(server.config.model_repository, entry, server.model_backend)
             measurement = _measure_with_retry(server, model, entry, settings)
             results[entry.variant] = (entry, measurement)
             if progress is not None:
