@@ -74,7 +74,8 @@ class ModelRepository:
         # Model directories are written, and deleted, beside the repository and moved in or
         # out with one rename: Triton's repository index stats every entry it lists, and one
         # that vanishes between the listing and the stat fails the whole index call (an
-        # unload waiting on the index failed that way while an interim was being written).
+        # unload waiting on the index failed that way on an interim's temporary directory).
+        # A model moved out can still race a listing; TritonServer.repository_index retries.
         self.staging = repository.parent / f".{repository.name}.staging"
         self.staging.mkdir(parents=True, exist_ok=True)
 

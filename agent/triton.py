@@ -149,6 +149,14 @@ class TritonConfig(BaseModel):
 
 
 
+def _relink(link: Path, target: Path) -> None:
+    """Make ``link`` a symbolic link to ``target``, replacing whatever was there."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
 def _python_paths() -> list[str]:
     """Directories the Triton stub must add to reach our packages and their dependencies."""
     paths = [str(REPO_ROOT)]
@@ -183,25 +191,15 @@ class TritonServer:
 
         The native backend is linked in only when this server's models use it.
         """
-        python_dir = self.config.work_dir / "backends" / "python"
-        python_dir.mkdir(parents=True, exist_ok=True)
+        root = self.config.work_dir / "backends"
         sources = list((self.install.backends / "python").iterdir()) + [self.install.python_stub]
         for source in sources:
-            if source.name == "__pycache__":
-                continue
-            link = python_dir / source.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # A link, not a copy: the stub finds its bundled libraries relative to itself.
-            link.symlink_to(source)
+            if source.name != "__pycache__":
+                # A link, not a copy: the stub finds its bundled libraries relative to itself.
+                _relink(root / "python" / source.name, source)
         if self._native_library is not None:
-            native_dir = python_dir.parent / NATIVE_BACKEND
-            native_dir.mkdir(exist_ok=True)
-            link = native_dir / self._native_library.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(self._native_library)
-        return python_dir.parent
+            _relink(root / NATIVE_BACKEND / self._native_library.name, self._native_library)
+        return root
 
     def environment(self) -> dict[str, str]:
         """Environment of ``tritonserver`` (inherited by the Python stubs)."""
@@ -446,8 +444,8 @@ class TritonServer:
         """Triton's repository index: name, version, state, reason per model.
 
         Triton lists the repository directory and then stats each entry, so an entry removed
-        in between (by another tool; ours move in and out with one rename) fails the call:
-        that is retried, twice.
+        in between fails the call: that is retried, twice. Our own removals and reloads move
+        a model directory out in one rename, but a listing can still fall just before it.
         """
         for attempt in range(3):
             try:

@@ -1,9 +1,9 @@
 """The native Triton backend ``understudy`` (``model_repo/native``): built on demand, cached.
 
 A Python-backend load starts a stub process that boots an interpreter and imports NumPy before
-any of our code runs: ~150 ms of CPU, 85 % of a small interim load on the test machine, and
-the part that makes concurrent interim loads on one server queue behind each other
-(``bench/load_cpu.py``). The native backend is a small C++ library that forwards a model
+any of our code runs: 65 of the 85 ms of CPU of a small interim's load on the test machine
+(``bench/load_cpu.py``), and the part that makes concurrent interim loads on one server queue
+behind each other. The native backend is a small C++ library that forwards a model
 instance to the per-server torch runtime over its socket, as the Python model does, with no
 process of its own: a load costs the runtime worker's read, build and warm-up only.
 
