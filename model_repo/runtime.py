@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from model_repo.network import NetworkSpec, build_network
+from model_repo.network import NetworkSpec, initial_state, meta_network
 from understudy.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
@@ -172,9 +172,11 @@ def _load_model(weights: Path, spec: NetworkSpec, threads: int) -> tuple[Any, Lo
 
     torch.set_num_threads(max(1, threads))
     started = time.perf_counter()
-    state = torch.load(weights, map_location="cpu", weights_only=True)
+    # mmap: the weights stay file-backed pages (shared page cache, not private memory) and
+    # are not copied on the load path.
+    state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
     read_done = time.perf_counter()
-    model = build_network(spec)
+    model = meta_network(spec)
     model.load_state_dict(state, assign=True)
     built = time.perf_counter()
     _forward(model, np.zeros((1, 3, spec.image_side, spec.image_side), dtype=np.float32))
@@ -236,6 +238,32 @@ def spawn_arguments(request: dict[str, Any]) -> tuple[Path, NetworkSpec, int]:
     return weights.resolve(), spec, int(parameters.get("threads", "1"))
 
 
+def _prepare_for_forks() -> None:
+    """Run one tiny load in this process, then freeze the heap, so forked workers start warm.
+
+    A worker's first ``torch.load``, module build and forward pay one-time costs (lazy
+    imports, dispatcher and kernel caches); paid once here, every fork inherits them. Then
+    ``gc.freeze`` moves every object to the permanent generation: a worker's garbage
+    collections no longer write to the inherited objects' headers, which would copy each
+    touched page (copy on write) into the worker's private memory.
+    """
+    import gc
+    import tempfile
+
+    import torch
+
+    # One thread, as every worker starts: no OpenMP pool exists when the runtime forks (a
+    # pool's threads do not survive a fork).
+    torch.set_num_threads(1)
+    spec = NetworkSpec(width=8, hidden_layers=1, num_classes=4, image_side=16, seed=1)
+    with tempfile.TemporaryDirectory(prefix="understudy-runtime-") as scratch:
+        weights = Path(scratch) / "warmup.pt"
+        torch.save(initial_state(spec), weights)
+        _load_model(weights, spec, threads=1)
+    gc.collect()
+    gc.freeze()
+
+
 def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     """Body of a forked worker: load, report, then answer inference frames until EOF."""
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -292,6 +320,8 @@ class RuntimeServer:
     def serve_forever(self) -> None:
         """Accept and fork until SIGTERM/SIGINT."""
         import torch  # noqa: F401 - the whole point: import once, before any fork
+
+        _prepare_for_forks()
 
         # The socket appears under its real name only now, so "socket exists" means "ready".
         os.replace(self._binding, self.socket_path)
