@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from model_repo.network import NetworkSpec, initial_state, meta_network
+from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
 from understudy.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def _yield_to_loads(base_nice: int) -> None:
 class RuntimeServer:
     """Accepts spawn requests on a Unix socket and forks one worker per model."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, spares: int = DEFAULT_SPARES) -> None:
         self.socket_path = socket_path
         self.workers: dict[int, _Worker] = {}
         self._binding = socket_path.with_name(socket_path.name + ".starting")
@@ -316,12 +317,15 @@ class RuntimeServer:
         self._listener.bind(str(self._binding))
         self._listener.listen(64)
         self._stopping = False
+        self.spares = SparePool(spares, serve=_serve_worker, send_frame=send_frame,
+                                recv_frame=recv_frame, close_in_child=self._listener.close)
 
     def serve_forever(self) -> None:
         """Accept and fork until SIGTERM/SIGINT."""
         import torch  # noqa: F401 - the whole point: import once, before any fork
 
         _prepare_for_forks()
+        self.spares.refill()
 
         # The socket appears under its real name only now, so "socket exists" means "ready".
         os.replace(self._binding, self.socket_path)
@@ -331,10 +335,13 @@ class RuntimeServer:
         selector.register(self._listener, selectors.EVENT_READ)
         logger.info("torch runtime ready on %s (pid %d)", self.socket_path, os.getpid())
         while not self._stopping:
-            for _key, _ in selector.select(timeout=0.5):
+            refill_in = self.spares.refill_in()
+            for _key, _ in selector.select(timeout=0.5 if refill_in is None else refill_in):
                 conn, _ = self._listener.accept()
                 self._handle(conn)
             self._reap()
+            if self.spares.refill_in() == 0.0:
+                self.spares.refill()
         self._shutdown()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -354,9 +361,16 @@ class RuntimeServer:
             send_frame(conn, {"ok": False, "error": f"unknown op {request.get('op')!r}"})
             conn.close()
             return
-        pid = os.fork()
+        pid = self.spares.hand_over(conn, request)
+        if pid is not None:
+            conn.close()
+            self.workers[pid] = _Worker(model=str(request.get("model")), pid=pid)
+            return
+        pid = os.fork()  # no spare left (a burst larger than the pool): fork one now
         if pid == 0:  # the worker
             self._listener.close()
+            for control in self.spares.control_sockets():
+                control.close()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             code = 0
@@ -369,17 +383,23 @@ class RuntimeServer:
         self.workers[pid] = _Worker(model=str(request.get("model")), pid=pid)
 
     def _reap(self) -> None:
-        for pid in list(self.workers):
+        for pid in list(self.workers) + self.spares.pids:
             with contextlib.suppress(ChildProcessError):
                 done, _ = os.waitpid(pid, os.WNOHANG)
                 if done == 0:
                     continue
-            self.workers.pop(pid, None)
+            if not self.spares.forget(pid):
+                self.workers.pop(pid, None)
 
     def _stop(self, *_: object) -> None:
         self._stopping = True
 
     def _shutdown(self) -> None:
+        spares = self.spares.pids
+        self.spares.close()
+        for pid in spares:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         for pid in list(self.workers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -403,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m model_repo.runtime --socket PATH``."""
     parser = argparse.ArgumentParser(prog="python -m model_repo.runtime")
     parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--spares", type=int, default=DEFAULT_SPARES,
+                        help="idle forked workers kept ready for model loads "
+                             f"(default {DEFAULT_SPARES}; 0 forks on each load)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit if this process is not our parent at start-up")
     options = parser.parse_args(argv)
@@ -411,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
-    RuntimeServer(options.socket).serve_forever()
+    RuntimeServer(options.socket, spares=max(0, options.spares)).serve_forever()
     return 0
 
 

@@ -72,3 +72,85 @@ def test_a_loaded_worker_serves_and_runs_nicer_than_the_runtime(runtime, tmp_pat
     while runtime_stats(socket_path):  # the worker ends with its connection
         assert time.monotonic() < deadline, "the worker outlived its connection"
         time.sleep(0.05)
+
+
+def _children(pid: int) -> set[int]:
+    """Live (not zombie) child processes of ``pid``."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(what: str, condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_loads_go_to_pre_forked_spares_that_are_replaced_and_answer_like_a_plain_build(
+        runtime, tmp_path: Path) -> None:
+    import torch
+
+    from model_repo.network import build_network
+    from model_repo.runtime_spares import DEFAULT_SPARES
+
+    process, socket_path = runtime
+    weights, spec = _weights(tmp_path)
+    _wait_for("the spares", lambda: len(_children(process.pid)) == DEFAULT_SPARES)
+    spares = _children(process.pid)
+    images = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    reference = build_network(spec)  # allocated on the CPU, weights copied in: no meta, no mmap
+    reference.load_state_dict(initial_state(spec))
+    with torch.inference_mode():
+        expected = reference(torch.from_numpy(images)).numpy()
+
+    # A burst larger than the pool: the spares take the first loads, the rest are forked.
+    clients = []
+    try:
+        for index in range(DEFAULT_SPARES + 2):
+            clients.append(RuntimeClient(str(socket_path), f"app{index}__tiny", weights, spec))
+        pids = [c.report.pid for c in clients]
+        assert len(set(pids)) == len(pids)
+        assert set(pids[:DEFAULT_SPARES]) == spares
+        assert not set(pids[DEFAULT_SPARES:]) & spares
+        for client in clients:
+            np.testing.assert_allclose(client.infer(images), expected, rtol=1e-5, atol=1e-5)
+        # Idle spares come back once the burst is over; they are not listed as workers.
+        _wait_for("the pool to refill",
+                  lambda: len(_children(process.pid)) == len(pids) + DEFAULT_SPARES)
+        assert sorted(w["pid"] for w in runtime_stats(socket_path)) == sorted(pids)
+        # A spare that died idle is skipped (or reaped) and the load still succeeds.
+        dead = min(_children(process.pid) - set(pids))
+        os.kill(dead, 9)
+        _wait_for("the killed spare to exit", lambda: not _alive(dead))
+        late = RuntimeClient(str(socket_path), "late__tiny", weights, spec)
+        clients.append(late)
+        assert late.report.pid != dead
+        np.testing.assert_allclose(late.infer(images), expected, rtol=1e-5, atol=1e-5)
+    finally:
+        for client in clients:
+            client.close()
+    # With the runtime gone, idle spares exit on their own (nothing outlives the server).
+    _wait_for("the pool to refill", lambda: len(_children(process.pid)) == DEFAULT_SPARES)
+    idle = _children(process.pid)
+    process.kill()
+    process.wait(timeout=10)
+    _wait_for("the idle spares to exit", lambda: not any(_alive(pid) for pid in idle))
