@@ -424,7 +424,7 @@ class Agent:
 
     async def _record_memory(self, name: str) -> None:
         """Fill in a freshly loaded model's resident memory (reported in the inventory)."""
-        memory = (await asyncio.to_thread(self.triton.model_memory_mb)).get(name)
+        memory = (await asyncio.to_thread(self.triton.model_memory_mb, [name])).get(name)
         current = self.models.get(name)
         if memory is not None and current is not None and current.state is ModelState.READY:
             self.models[name] = current.model_copy(update={"memory_mb": memory})

@@ -438,7 +438,7 @@ class TritonServer:
         states = {e["name"]: e.get("state") for e in self.repository_index()}
         if states.get(model_name) in ("READY", "UNLOADING"):
             return True
-        return model_name in self.model_memory_mb()
+        return model_name in self.runtime_models()
 
     def repository_index(self) -> list[dict[str, Any]]:
         """Triton's repository index: name, version, state, reason per model.
@@ -488,14 +488,26 @@ class TritonServer:
         entries = [e for e in stats.get("model_stats", []) if e.get("name") == model_name]
         return dict(entries[0]) if entries else {}
 
-    def model_memory_mb(self) -> dict[str, float]:
-        """Private resident memory of each loaded model's runtime worker, MB."""
+    def model_memory_mb(self, models: list[str] | None = None) -> dict[str, float]:
+        """Private resident memory of each (or only the named) loaded model's worker, MB."""
         if not self.config.use_runtime:
             return {}
         from model_repo.runtime import runtime_stats
 
         try:
-            workers = runtime_stats(self.runtime_socket)
+            workers = runtime_stats(self.runtime_socket, models=models)
         except OSError:
             return {}
-        return {w["model"]: float(w["private_mb"]) for w in workers}
+        return {w["model"]: float(w["private_mb"]) for w in workers
+                if w.get("private_mb") is not None}
+
+    def runtime_models(self) -> set[str]:
+        """Models that have a live runtime worker (a listing: nothing is measured)."""
+        if not self.config.use_runtime:
+            return set()
+        from model_repo.runtime import runtime_stats
+
+        try:
+            return {w["model"] for w in runtime_stats(self.runtime_socket, memory=False)}
+        except OSError:
+            return set()

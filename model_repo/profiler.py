@@ -93,7 +93,7 @@ def measure_variant(server: TritonServer, model: str, entry: StoreEntry,
                 started = time.perf_counter()
                 server.infer(model, image)
                 latencies_ms.append((time.perf_counter() - started) * 1000.0)
-            resident = server.model_memory_mb().get(model)
+            resident = server.model_memory_mb([model]).get(model)
         unloads.append(server.unload(model))
     return Measurement(
         host=platform.node(), server_type=settings.server_type,

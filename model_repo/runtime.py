@@ -352,8 +352,15 @@ class RuntimeServer:
             return
         if request.get("op") == "stats":
             self._reap()
+            # Reading a worker's smaps_rollup costs ~3 ms (torch maps hundreds of regions) in
+            # this single-threaded loop, where it delays spawns: only the workers asked for
+            # are measured, and a listing without memory measures none.
+            measure = request.get("memory", True)
+            only = request.get("models")
             send_frame(conn, {"ok": True, "workers": [
-                {"model": w.model, "pid": pid, "private_mb": private_memory_mb(pid)}
+                {"model": w.model, "pid": pid,
+                 "private_mb": (private_memory_mb(pid) if measure and
+                                (only is None or w.model in only) else None)}
                 for pid, w in self.workers.items()]})
             conn.close()
             return
@@ -409,12 +416,20 @@ class RuntimeServer:
             self.socket_path.unlink()
 
 
-def runtime_stats(socket_path: str | Path, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """The runtime's live workers: model name, pid and private memory (MB)."""
+def runtime_stats(socket_path: str | Path, timeout_s: float = 5.0, memory: bool = True,
+                  models: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runtime's live workers: model name, pid and private memory (MB).
+
+    ``memory=False`` lists them without measuring (``private_mb`` None); ``models`` measures
+    only those models' workers (the others are listed with ``private_mb`` None).
+    """
+    request: dict[str, Any] = {"op": "stats", "memory": memory}
+    if models is not None:
+        request["models"] = list(models)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(str(socket_path))
-        send_frame(sock, {"op": "stats"})
+        send_frame(sock, request)
         header, _ = recv_frame(sock)
     return list(header.get("workers", []))
 

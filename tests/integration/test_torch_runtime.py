@@ -154,3 +154,21 @@ def test_loads_go_to_pre_forked_spares_that_are_replaced_and_answer_like_a_plain
     process.kill()
     process.wait(timeout=10)
     _wait_for("the idle spares to exit", lambda: not any(_alive(pid) for pid in idle))
+
+
+def test_stats_measure_only_the_workers_asked_for(runtime, tmp_path: Path) -> None:
+    _, socket_path = runtime
+    weights, spec = _weights(tmp_path)
+    first = RuntimeClient(str(socket_path), "first__tiny", weights, spec)
+    second = RuntimeClient(str(socket_path), "second__tiny", weights, spec)
+    try:
+        listed = {w["model"]: w["private_mb"] for w in runtime_stats(socket_path, memory=False)}
+        assert listed == {"first__tiny": None, "second__tiny": None}
+        one = {w["model"]: w["private_mb"] for w in
+               runtime_stats(socket_path, models=["second__tiny"])}
+        assert one["first__tiny"] is None and one["second__tiny"] > 0
+        every = {w["model"]: w["private_mb"] for w in runtime_stats(socket_path)}
+        assert all(mb > 0 for mb in every.values()) and set(every) == set(listed)
+    finally:
+        first.close()
+        second.close()
