@@ -69,3 +69,54 @@ def test_timeout_adapts_to_gaps_and_false_alarms() -> None:
         detector.forget("s")
 
     assert _run(scenario) == []
+
+
+def test_gap_window_maximum_matches_a_plain_window() -> None:
+    import random
+    from collections import deque
+
+    from controller.detector import _GapWindow
+
+    rng = random.Random(7)
+    window, plain = _GapWindow(5), deque(maxlen=5)
+    for _ in range(500):
+        gap = rng.choice([rng.random(), 0.5, 0.5])  # ties included
+        window.add(gap)
+        plain.append(gap)
+        assert window.max() == max(plain)
+
+
+def test_a_silent_server_fails_one_timeout_after_its_last_heartbeat() -> None:
+    """Heartbeats only move the deadline; the timer must still fire on time after them."""
+    timings: list[float] = []
+
+    async def scenario(detector: FailureDetector) -> None:
+        loop = asyncio.get_running_loop()
+        detector.on_failure = lambda s, why, at, seen: timings.append(loop.time())
+        detector.watch("s")
+        for _ in range(5):
+            await asyncio.sleep(T / 2)
+            detector.beat("s")
+        last = loop.time()
+        await asyncio.sleep(detector.timeout_s * 3)
+        assert len(timings) == 1
+        # Declared after the timeout (plus the confirmation), not at the first timer's time.
+        assert detector.timeout_s <= timings[0] - last <= detector.timeout_s + T
+
+    _run(scenario)
+
+
+def test_a_heartbeat_while_a_declaration_is_confirming_cancels_it() -> None:
+    async def scenario(detector: FailureDetector) -> None:
+        loop = asyncio.get_running_loop()
+        detector.watch("s", grace_s=T)
+        watch = detector._watches["s"]
+        while not watch.confirming:  # the deadline passed; the declaration waits CONFIRM_S
+            await asyncio.sleep(0)
+            assert loop.time() < watch.due + T, "the deadline never fired"
+        detector.beat("s")
+        await asyncio.sleep(T)
+        assert detector.watching("s")
+        detector.forget("s")
+
+    assert _run(scenario) == []
