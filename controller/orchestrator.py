@@ -315,21 +315,10 @@ class Orchestrator:
                     " (urgent)" if urgent else "", (time.perf_counter() - started) * 1000,
                     t.get("queued_s", 0) * 1000, t.get("materialise_s", 0) * 1000,
                     t.get("load_s", 0) * 1000)
-        keep = False
-        async with self.app_lock(app_id):
-            record = await self.store.get_app(app_id)
-            replica = record.replica(server_id, variant) if record else None
-            if record is not None and replica is not None and \
-                    replica.state is ReplicaState.LOADING:
-                replica.state = ReplicaState.READY
-                replica.since = time.time()
-                replica.load_s = t.get("load_s")
-                await self.store.put_app(record)
-                keep = True
-        if not keep:  # no longer wanted (deleted, re-planned) while it loaded
+        if not await self.advance(app_id, loaded=(server_id, variant, t.get("load_s"))):
+            # No longer wanted (deleted, re-planned) while it loaded.
             await self.unload_replica(app_id, server_id, variant, forget=True)
             return False
-        await self.advance(app_id)
         return True
 
     async def _drop_replica(self, app_id: str, server_id: str, variant: str,
@@ -371,54 +360,79 @@ class Orchestrator:
                 record.replicas.remove(replica)
                 await self.store.put_app(record)
 
-    async def advance(self, app_id: str) -> None:
-        """Move an app forward from its replicas' states (see the module docstring)."""
+    async def advance(self, app_id: str,
+                      loaded: tuple[str, str, float | None] | None = None) -> bool:
+        """Move an app forward from its replicas' states (see the module docstring).
+
+        ``loaded`` = (server, variant, load seconds) of a replica whose load just succeeded: it
+        is marked READY in the same step, and False comes back if the record no longer wants
+        it (deleted or re-planned while it loaded). The record and its event are written in
+        one transaction after one read: this is the path from an interim's load to its
+        clients, and each Redis round trip on it costs ~1 ms on a busy server.
+        """
         async with self.app_lock(app_id):
-            record = await self.store.get_app(app_id)
+            record, servers = await self.store.app_and_servers(app_id)
             if record is None:
-                return
-            servers = await self.store.servers()
+                return False
+            if loaded is not None:
+                replica = record.replica(loaded[0], loaded[1])
+                if replica is None or replica.state is not ReplicaState.LOADING:
+                    return False
+                replica.state, replica.since, replica.load_s = (ReplicaState.READY,
+                                                                 time.time(), loaded[2])
             live = {s for s, r in servers.items() if r.state is not ServerState.FAILED}
-            ready = [r for r in record.replicas
-                     if r.state is ReplicaState.READY and r.server_id in live]
-            current = record.serving_replica()
-            if current is not None and (current.server_id not in live
-                                        or current.state is not ReplicaState.READY):
-                current = None
-            upgrade = next((r for r in ready if r.role in (ReplicaRole.UPGRADE,
-                                                           ReplicaRole.PRIMARY)
-                            and r.key != (current.key if current else None)), None)
-            interim = next((r for r in ready if r.role is ReplicaRole.INTERIM), None)
-            retired: list[Replica] = []
-            kind = ""
-            if upgrade is not None and (current is None or current.role is not
-                                        ReplicaRole.PRIMARY or upgrade.role is
-                                        ReplicaRole.UPGRADE):
-                if current is not None and current.role is not ReplicaRole.WARM:
-                    retired.append(current)
-                if interim is not None and interim is not current:
-                    retired.append(interim)
-                kind = "failback" if upgrade.key == record.home and current else (
-                    "upgraded" if current is not None else "serving")
-                upgrade.role = ReplicaRole.PRIMARY
-                record.serving, current = upgrade.key, upgrade
-            elif current is None and interim is not None:
-                record.serving, current = interim.key, interim
-                kind = "interim_serving"
+            kind, current, retired = self._next_serving(record, live)
             for old in retired:
                 old.state = ReplicaState.UNLOADING
             record.status = self._status(record, current)
             if record.status is AppStatus.SERVING:
                 record.reason = ""
-            await self.store.put_app(record)
+            events = [self.event_for(record, kind, current, "", servers)] if kind else []
+            _, stored = await self.store.commit(apps=[record], events=events)
+            self.events.deliver(stored)
         if kind:
-            await self._announce(record, kind, current)
+            self._announced(record, kind)
             # Serving moved (new app, upgrade, fail-back): backups planned against the old
             # primary may now share its server or site, and freed memory may cover others.
             self.request_warm_replan()
         for old in retired:
             self.spawn(self.unload_replica(app_id, old.server_id, old.variant),
                        f"unloading {app_id}/{old.variant}")
+        return True
+
+    @staticmethod
+    def _next_serving(record: AppRecord, live: set[str]
+                      ) -> tuple[str, Replica | None, list[Replica]]:
+        """Switch ``record`` to its best ready replica (in place).
+
+        Returns the event kind ("" when serving does not move), the replica now serving and
+        the replicas to retire.
+        """
+        ready = [r for r in record.replicas
+                 if r.state is ReplicaState.READY and r.server_id in live]
+        current = record.serving_replica()
+        if current is not None and (current.server_id not in live
+                                    or current.state is not ReplicaState.READY):
+            current = None
+        upgrade = next((r for r in ready if r.role in (ReplicaRole.UPGRADE, ReplicaRole.PRIMARY)
+                        and r.key != (current.key if current else None)), None)
+        interim = next((r for r in ready if r.role is ReplicaRole.INTERIM), None)
+        retired: list[Replica] = []
+        kind = ""
+        if upgrade is not None and (current is None or current.role is not ReplicaRole.PRIMARY
+                                    or upgrade.role is ReplicaRole.UPGRADE):
+            if current is not None and current.role is not ReplicaRole.WARM:
+                retired.append(current)
+            if interim is not None and interim is not current:
+                retired.append(interim)
+            kind = "failback" if upgrade.key == record.home and current else (
+                "upgraded" if current is not None else "serving")
+            upgrade.role = ReplicaRole.PRIMARY
+            record.serving, current = upgrade.key, upgrade
+        elif current is None and interim is not None:
+            record.serving, current = interim.key, interim
+            kind = "interim_serving"
+        return kind, current, retired
 
     def _status(self, record: AppRecord, serving: Replica | None) -> AppStatus:
         if serving is None:
@@ -430,8 +444,9 @@ class Orchestrator:
             return AppStatus.DEGRADED
         return AppStatus.SERVING
 
-    async def _announce(self, record: AppRecord, kind: str, replica: Replica | None) -> None:
-        await self.notify(record, kind, replica)
+    def _announced(self, record: AppRecord, kind: str) -> None:
+        """Metrics and recovery bookkeeping once an app's placement event went out."""
+        self.metrics.events.labels(kind).inc()
         recovery = self.recoveries.get(record.app_id)
         if recovery is None:
             return

@@ -111,6 +111,16 @@ class Store:
         """Every server record by id."""
         return _servers_from(await self.redis.hgetall(self._key("servers")))
 
+    async def app_and_servers(self, app_id: str
+                              ) -> tuple[AppRecord | None, dict[str, ServerRecord]]:
+        """One app record and every server record, read in one round trip."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(self._key("apps"), app_id)
+            pipe.hgetall(self._key("servers"))
+            raw_app, raw_servers = await pipe.execute()
+        return (AppRecord.model_validate_json(raw_app) if raw_app else None,
+                _servers_from(raw_servers))
+
     async def apps_and_servers(self) -> tuple[dict[str, AppRecord], dict[str, ServerRecord]]:
         """Every app and server record, read in one round trip."""
         async with self.redis.pipeline(transaction=True) as pipe:
