@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,12 @@ def run(options: argparse.Namespace) -> int:
         logger.error("invalid controller settings: %s", exc)
         return 2
     app = create_app(Controller(settings))
+    # The event loop (heartbeats, agent replies, client pushes) shares the GIL with the
+    # planning threads (Algorithm 1, the warm ILP's model building). With CPython's default
+    # 5 ms switch interval a CPU-bound planning thread makes each waiting loop turn, and
+    # the loop makes the planner, wait up to 5 ms per hand-off: on the failover path that
+    # is time between detection and the interim loads. 1 ms keeps both within a millisecond.
+    sys.setswitchinterval(0.001)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
                 ws="websockets-sansio", ws_ping_interval=None, lifespan="on")
     return 0
