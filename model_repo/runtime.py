@@ -120,7 +120,6 @@ class LoadReport:
     read_s: float
     build_s: float
     warmup_s: float
-    private_mb: float
 
 
 class RuntimeClient:
@@ -182,8 +181,10 @@ def _load_model(weights: Path, spec: NetworkSpec, threads: int) -> tuple[Any, Lo
     built = time.perf_counter()
     _forward(model, np.zeros((1, 3, spec.image_side, spec.image_side), dtype=np.float32))
     warmed = time.perf_counter()
+    # No memory figure here: reading smaps_rollup costs ~3 ms, on every load's critical path;
+    # the agent asks the runtime for it once the load has been answered (op "stats").
     report = LoadReport(pid=os.getpid(), read_s=read_done - started, build_s=built - read_done,
-                        warmup_s=warmed - built, private_mb=private_memory_mb(os.getpid()))
+                        warmup_s=warmed - built)
     return model, report
 
 
