@@ -64,6 +64,9 @@ from understudy.protocol import (
 
 logger = logging.getLogger(__name__)
 
+MEMORY_MEASURE_DELAY_S = 0.5
+"""How long after a load its worker's memory is measured (see ``_record_memory``)."""
+
 OUTBOX_LIMIT = 1000
 """Undelivered results kept across a disconnection (oldest dropped first, with a warning)."""
 
@@ -423,7 +426,12 @@ class Agent:
                             materialise_s=materialised - admitted, load_s=load_s)
 
     async def _record_memory(self, name: str) -> None:
-        """Fill in a freshly loaded model's resident memory (reported in the inventory)."""
+        """Fill in a freshly loaded model's resident memory (reported in the inventory).
+
+        Measured a little later: the runtime reads the worker's smaps_rollup (~3 ms) in its
+        single loop, and a failover's other interims are still being handed to workers.
+        """
+        await asyncio.sleep(MEMORY_MEASURE_DELAY_S)
         memory = (await asyncio.to_thread(self.triton.model_memory_mb, [name])).get(name)
         current = self.models.get(name)
         if memory is not None and current is not None and current.state is ModelState.READY:
