@@ -30,9 +30,18 @@ from controller.returns import ServerReturns
 from controller.snapshot import build_snapshot
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
+from policies.model import ClusterSnapshot
 from understudy.protocol import Hello, TritonUp
 
 logger = logging.getLogger(__name__)
+
+
+def _timed_plan(o: Orchestrator, snapshot: ClusterSnapshot, server_id: str
+                ) -> tuple[FailoverPlan, float]:
+    """The failover plan and the seconds the planner itself took (run in a worker thread)."""
+    started = time.perf_counter()
+    plan = o.policy().plan_failover(snapshot, [server_id])
+    return plan, time.perf_counter() - started
 
 
 class ServerLifecycle:
@@ -136,7 +145,9 @@ class ServerLifecycle:
                 # In a thread: Algorithm 1 (and the preemption search) must not hold up the
                 # event loop, where late heartbeats of the other servers would become false
                 # alarms.
-                plan = await asyncio.to_thread(o.policy().plan_failover, snapshot, [server_id])
+                asked = time.perf_counter()
+                plan, planner_s = await asyncio.to_thread(_timed_plan, o, snapshot, server_id)
+                planned_ms = (time.perf_counter() - asked) * 1000
                 # The cold part, also decided in memory and written at once (the interim loads
                 # wait for it): preempted backups, interim and target replicas, lost apps.
                 preempted = self._preempt(plan, apps)
@@ -149,8 +160,9 @@ class ServerLifecycle:
                                                  events=lost)
                 o.events.deliver(stored)
         logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable, "
-                    "%d warm backups preempted (%s)", server_id, len(switched), len(recoveries),
-                    len(plan.unrecoverable), len(preempted), "; ".join(plan.notes))
+                    "%d warm backups preempted (%s); planned in %.1f ms (%.1f in the planner)",
+                    server_id, len(switched), len(recoveries), len(plan.unrecoverable),
+                    len(preempted), "; ".join(plan.notes), planned_ms, planner_s * 1000)
         for app_id, backup_server, variant in preempted:
             o.spawn(o.unload_replica(app_id, backup_server, variant),
                     f"preempt backup {app_id}/{variant}")
