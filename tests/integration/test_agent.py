@@ -139,8 +139,8 @@ def test_an_urgent_load_starts_while_routine_loads_queue(harness: Harness) -> No
         for app_id, variant, urgent in loads:  # in this order: the urgent one comes last
             futures.append(asyncio.ensure_future(harness.peer.command(
                 "load", app_id=app_id, variant=variant, urgent=urgent)))
-            # Sent in order, well within one load (a native-backend load takes ~20 ms).
-            await asyncio.sleep(0.002)
+            # Sent in order, well within one load (a native-backend load takes ~10 ms).
+            await asyncio.sleep(0.0005)
         return list(await asyncio.gather(*futures))
 
     first, second, third, urgent = harness.call(send_all())
