@@ -104,9 +104,11 @@ class AgentConfig(BaseModel):
     http_port: int = Field(0, ge=0, lt=65536)
     grpc_port: int = Field(0, ge=0, lt=65536)
     metrics_port: int = Field(0, ge=0, lt=65536)
-    model_load_threads: int = Field(3, ge=1)
-    """Triton's load threads; one is kept for urgent loads (agent/load_slots.py), so the
-    default leaves two for routine ones."""
+    model_load_threads: int = Field(6, ge=1)
+    """Triton's load threads (and the runtime's spare workers): urgent loads may use all."""
+    routine_load_slots: int = Field(2, ge=1)
+    """Load threads routine loads may use at once (at most model_load_threads - 1, so one is
+    always free for an urgent load; agent/load_slots.py)."""
     use_runtime: bool = True
     triton_nice: int = Field(0, ge=0, le=19)
     triton_host: str = "127.0.0.1"
@@ -157,7 +159,8 @@ class Agent:
         self.restarts = 0
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
-        self.load_slots = LoadSlots(config.model_load_threads)
+        threads = config.model_load_threads
+        self.load_slots = LoadSlots(threads, max(1, min(config.routine_load_slots, threads - 1)))
         self._ws: Any = None
         self._outbox: deque[str] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()

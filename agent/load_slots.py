@@ -3,9 +3,12 @@
 Triton loads at most ``model_load_threads`` models at once and queues the rest in arrival
 order, so an interim variant sent during a failover used to wait behind warm-backup, target and
 fail-back loads already in flight (7 s in the live demo). The agent therefore admits loads
-itself: routine loads may use every slot but one, and that last slot is kept for urgent loads,
-which also go first whenever a slot frees. With the agent's three load threads (the default)
-two routine loads run at a time, as before the reservation, and an urgent one starts at once.
+itself: routine loads may use at most ``routine_slots`` of the slots (by default every slot but
+one), the rest is kept for urgent loads, which also go first whenever a slot frees. The agent
+runs Triton with six load threads and two routine slots: a failover that puts five interims on
+one server starts them at once (at least four of them even while two routine loads run; with
+three threads and one kept, two of five queued ~40 ms behind the others), while warm-backup,
+target and fail-back loads still run two at a time.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from contextlib import asynccontextmanager
 class LoadSlots:
     """An admission gate for model loads with one slot reserved for urgent ones."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, routine_slots: int | None = None) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        if routine_slots is not None and not 1 <= routine_slots <= slots:
+            raise ValueError(f"routine_slots must be in 1..{slots}, got {routine_slots}")
         self.slots = slots
-        self.routine_slots = max(1, slots - 1)
+        self.routine_slots = routine_slots if routine_slots is not None else max(1, slots - 1)
         self.running = 0
         self.running_routine = 0
         self._urgent: deque[asyncio.Future[None]] = deque()

@@ -279,7 +279,10 @@ class TritonServer:
         try:
             self.runtime = subprocess.Popen(  # noqa: S603
                 [sys.executable, "-m", "model_repo.runtime", "--socket",
-                 str(self.runtime_socket)],
+                 str(self.runtime_socket),
+                 # One idle forked worker per load thread: loads started together never wait
+                 # for a fork (model_repo/runtime_spares.py).
+                 "--spares", str(self.config.model_load_threads)],
                 stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_paths())},
                 preexec_fn=child_setup(self.config.nice))

@@ -63,8 +63,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--http-port", type=int, default=0)
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--model-load-threads", type=int, default=3,
-                        help="Triton load threads (one is kept for urgent loads)")
+    parser.add_argument("--model-load-threads", type=int, default=6,
+                        help="Triton load threads and runtime spare workers (urgent loads, "
+                             "the ones that end an outage, may use all)")
+    parser.add_argument("--routine-load-slots", type=int, default=2,
+                        help="load threads warm-backup, target and fail-back loads may use")
     parser.add_argument("--server-type", default="testbed")
     parser.add_argument("--triton-host", default="127.0.0.1",
                         help="address Triton binds to (0.0.0.0 in a container)")
@@ -88,7 +91,8 @@ def run(options: argparse.Namespace) -> int:
             heartbeat_interval_ms=options.heartbeat_ms, triton_restart=options.triton_restart,
             max_restarts=options.max_restarts, http_port=options.http_port,
             grpc_port=options.grpc_port, metrics_port=options.metrics_port,
-            model_load_threads=options.model_load_threads, server_type=options.server_type,
+            model_load_threads=options.model_load_threads,
+            routine_load_slots=options.routine_load_slots, server_type=options.server_type,
             triton_nice=options.triton_nice, triton_host=options.triton_host,
             advertise_host=options.advertise_host)
     except ValidationError as exc:

@@ -99,3 +99,32 @@ def test_a_cancelled_waiter_gives_its_turn_away() -> None:
         assert slots.running == 0
 
     asyncio.run(scenario())
+
+
+def test_a_routine_cap_below_the_slots_lets_urgent_loads_use_the_rest() -> None:
+    async def scenario() -> list[str]:
+        slots, log, release = LoadSlots(6, routine_slots=2), [], asyncio.Event()
+        tasks = [asyncio.create_task(_hold(slots, False, f"routine-{i}", log, release))
+                 for i in range(3)]
+        await _settle()
+        assert log == ["routine-0", "routine-1"]  # two routine at a time, the third waits
+        tasks += [asyncio.create_task(_hold(slots, True, f"urgent-{i}", log, release))
+                  for i in range(5)]
+        await _settle()
+        # Four urgent loads fill the six slots; the fifth urgent and third routine one wait.
+        assert log[2:] == [f"urgent-{i}" for i in range(4)]
+        assert slots.running == 6 and slots.waiting == (1, 1)
+        release.set()
+        await asyncio.gather(*tasks)
+        return log
+
+    log = asyncio.run(scenario())
+    assert sorted(log) == sorted([f"routine-{i}" for i in range(3)] +
+                                 [f"urgent-{i}" for i in range(5)])
+    # The waiting urgent load went before the waiting routine one.
+    assert log.index("urgent-4") < log.index("routine-2")
+
+
+def test_rejects_a_routine_cap_outside_the_slots() -> None:
+    with pytest.raises(ValueError, match="routine_slots"):
+        LoadSlots(3, routine_slots=4)
