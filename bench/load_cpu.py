@@ -8,8 +8,9 @@ machine's two cores. If a load is CPU-bound, N concurrent loads cannot finish in
 one. For each backend (the native ``understudy`` backend, then Triton's Python backend, in the
 same process) this bench starts one Triton (with the torch runtime) and measures, per load,
 the CPU seconds of the Python stub Triton starts for the model (Python backend only), of the
-runtime worker that builds it, and of Triton and the runtime themselves (from ``/proc``, 10 ms
-ticks), then the wall time of 1..N loads of distinct copies of the variant started together.
+runtime worker that builds it, and of Triton and the runtime themselves (scheduler run time
+from ``/proc``; the runtime's share includes forking the spare that replaces the one the load
+took), then the wall time of 1..N loads of distinct copies of the variant started together.
 Medians over the repeats; the last line is one JSON object with each backend's figures and the
 Python backend's over the native one's.
 """
@@ -17,6 +18,7 @@ Python backend's over the native one's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -48,7 +50,23 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (0 once it is gone)."""
+    """CPU seconds of a live process (0 once it is gone), in nanoseconds' precision.
+
+    The sum of its live threads' scheduler run time (``/proc/PID/task/*/schedstat``): a load
+    now costs the worker ~10 ms, which ``/proc/PID/stat``'s 10 ms ticks round to 0 or 10.
+    A thread that has exited no longer counts; where none is readable, the ticks are used.
+    """
+    total, found = 0, False
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as handle:
+                    total += int(handle.read().split()[0])
+                    found = True
+    except OSError:
+        return 0.0
+    if found:
+        return total / 1e9
     fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS if fields else 0.0
 
