@@ -2,7 +2,8 @@
 
 A server is declared failed when no heartbeat arrived for ``misses`` intervals plus half an
 interval of slack (so one late-but-arriving heartbeat is not a failure), when its agent's
-connection closes, or when the agent reports its Triton dead (both immediate signals). Each
+connection closes, or when the agent reports its Triton dead (both immediate signals, declared
+without the confirmation below). Each
 declaration fires once; a new ``watch`` (the agent's next hello) re-arms the server.
 
 The timeout adapts to each server, in the spirit of accrual failure detectors: it is the
@@ -154,14 +155,14 @@ class FailureDetector:
         watch.due, watch.last_seen, watch.stalls = due, time.time(), 0
 
     def connection_closed(self, server_id: str) -> None:
-        """The agent's websocket closed: an immediate signal.
+        """The agent's websocket closed: an immediate signal, declared at once.
 
-        Only the short confirmation delay applies (an agent that reconnected at once keeps
-        its server).
+        No confirmation wait: frames are ordered on the connection, so every heartbeat sent
+        before the close was handled before the close was seen, and a connection replaced by
+        the same agent's new one does not come here (``AgentHub`` checks that the closed socket
+        is still the server's).
         """
-        watch = self._watches.get(server_id)
-        if watch is not None:
-            self._arm(server_id, 0.0, watch.last_seen, why="connection closed")
+        self.declare(server_id, "connection closed")
 
     def declare(self, server_id: str, reason: str) -> None:
         """Declare the server failed now (e.g. its Triton died)."""
