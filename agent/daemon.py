@@ -104,8 +104,10 @@ class AgentConfig(BaseModel):
     http_port: int = Field(0, ge=0, lt=65536)
     grpc_port: int = Field(0, ge=0, lt=65536)
     metrics_port: int = Field(0, ge=0, lt=65536)
-    model_load_threads: int = Field(6, ge=1)
-    """Triton's load threads (and the runtime's spare workers): urgent loads may use all."""
+    model_load_threads: int = Field(3, ge=1)
+    """Triton's load threads (and the runtime's spare workers): urgent loads may use all.
+    Loads are CPU-bound here: on the 2-core testbed six threads made a failover's four
+    interims load all at once and finish later than three at a time (see agent/load_slots.py)."""
     routine_load_slots: int = Field(2, ge=1)
     """Load threads routine loads may use at once (at most model_load_threads - 1, so one is
     always free for an urgent load; agent/load_slots.py)."""

@@ -4,11 +4,13 @@ Triton loads at most ``model_load_threads`` models at once and queues the rest i
 order, so an interim variant sent during a failover used to wait behind warm-backup, target and
 fail-back loads already in flight (7 s in the live demo). The agent therefore admits loads
 itself: routine loads may use at most ``routine_slots`` of the slots (by default every slot but
-one), the rest is kept for urgent loads, which also go first whenever a slot frees. The agent
-runs Triton with six load threads and two routine slots: a failover that puts five interims on
-one server starts them at once (at least four of them even while two routine loads run; with
-three threads and one kept, two of five queued ~40 ms behind the others), while warm-backup,
-target and fail-back loads still run two at a time.
+one), the rest is kept for urgent loads, which also go first whenever a slot frees. The agent's
+default is three load threads, two for routine loads. More threads let more of a failover's
+interims load at once, which helps where loads wait on I/O, not where they are CPU-bound: on the
+2-core testbed, six threads (routine still capped at two) had four interims of one failure load
+together and serve 72-104 ms after their quiet load time (median, four runs) against 55 and
+67 ms with three at a time and the rest queued (a run with four interims, one with five). Set
+it to what a server's loads can overlap.
 """
 
 from __future__ import annotations

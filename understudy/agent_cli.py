@@ -63,7 +63,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--http-port", type=int, default=0)
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--model-load-threads", type=int, default=6,
+    parser.add_argument("--model-load-threads", type=int, default=3,
                         help="Triton load threads and runtime spare workers (urgent loads, "
                              "the ones that end an outage, may use all)")
     parser.add_argument("--routine-load-slots", type=int, default=2,
