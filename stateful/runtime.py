@@ -113,6 +113,18 @@ class SubprocessHandle:
         await asyncio.sleep(0)  # the transport's close runs in the next loop turn
 
 
+async def _reap(process: asyncio.subprocess.Process) -> None:
+    """Kill a replica that never became ready, and close its pipe while the loop runs.
+
+    Waiting for the exit status alone leaves the stdout pipe's transport open; the garbage
+    collector then closed it after the event loop had (pytest's unraisable-exception warning).
+    """
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+    await SubprocessHandle(node="", address="", process=process).stop()
+
+
 @dataclass
 class SubprocessLauncher:
     """Replica processes on this machine; logs go to ``run_dir/<node>.log``."""
@@ -144,18 +156,13 @@ class SubprocessLauncher:
             line = b""
         except asyncio.CancelledError:
             # The graph stopped while this standby started: do not leave it behind (it runs
-            # in its own session, so nothing else would stop it), and reap it, so its pipe
-            # transport is closed while the event loop still runs.
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            # in its own session, so nothing else would stop it).
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(process.wait(), 5.0)
+                await asyncio.wait_for(_reap(process), 5.0)
             raise
         word, _, address = line.decode().strip().partition(" ")
         if word != READY or not address:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+            await _reap(process)
             raise LaunchError(f"replica {node} did not become ready (see "
                               f"{self.run_dir / (node + '.log')})")
         return SubprocessHandle(node=node, address=address, process=process)
