@@ -493,24 +493,20 @@ class TritonServer:
 
     def model_memory_mb(self, models: list[str] | None = None) -> dict[str, float]:
         """Private resident memory of each (or only the named) loaded model's worker, MB."""
-        if not self.config.use_runtime:
-            return {}
-        from model_repo.runtime import runtime_stats
-
-        try:
-            workers = runtime_stats(self.runtime_socket, models=models)
-        except OSError:
-            return {}
-        return {w["model"]: float(w["private_mb"]) for w in workers
+        return {w["model"]: float(w["private_mb"]) for w in self._runtime_workers(models=models)
                 if w.get("private_mb") is not None}
 
     def runtime_models(self) -> set[str]:
         """Models that have a live runtime worker (a listing: nothing is measured)."""
+        return {w["model"] for w in self._runtime_workers(memory=False)}
+
+    def _runtime_workers(self, **query: Any) -> list[dict[str, Any]]:
+        """The runtime's workers (``runtime_stats``); none without a reachable runtime."""
         if not self.config.use_runtime:
-            return set()
+            return []
         from model_repo.runtime import runtime_stats
 
         try:
-            return {w["model"] for w in runtime_stats(self.runtime_socket, memory=False)}
+            return runtime_stats(self.runtime_socket, **query)
         except OSError:
-            return set()
+            return []

@@ -42,7 +42,7 @@ INLINE_PLAN_WORK = 2_000
 
 def _timed_plan(o: Orchestrator, snapshot: ClusterSnapshot, server_id: str
                 ) -> tuple[FailoverPlan, float]:
-    """The failover plan and the seconds the planner itself took (run in a worker thread)."""
+    """The failover plan and the seconds the planner itself took (inline or in a thread)."""
     started = time.perf_counter()
     plan = o.policy().plan_failover(snapshot, [server_id])
     return plan, time.perf_counter() - started

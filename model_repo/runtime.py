@@ -370,23 +370,8 @@ class RuntimeServer:
             conn.close()
             return
         pid = self.spares.hand_over(conn, request)
-        if pid is not None:
-            conn.close()
-            self.workers[pid] = _Worker(model=str(request.get("model")), pid=pid)
-            return
-        pid = os.fork()  # no spare left (a burst larger than the pool): fork one now
-        if pid == 0:  # the worker
-            self._listener.close()
-            for control in self.spares.control_sockets():
-                control.close()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            code = 0
-            try:
-                _serve_worker(conn, request)
-            except BaseException:  # noqa: BLE001 - never return into the parent's loop
-                code = 1
-            os._exit(code)
+        if pid is None:  # no spare left (a burst larger than the pool): fork one now
+            pid = self.spares.fork_worker(conn, request)
         conn.close()
         self.workers[pid] = _Worker(model=str(request.get("model")), pid=pid)
 

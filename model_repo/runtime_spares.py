@@ -119,24 +119,37 @@ class SparePool:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(spare.pid, signal.SIGKILL)
 
+    def fork_worker(self, conn: socket.socket, request: dict[str, Any]) -> int:
+        """Fork a worker for ``conn`` now (no spare was left); its pid."""
+        return self._fork_child(lambda: self._serve(conn, request))
+
     def _fork(self) -> _Spare:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = self._fork_child(lambda: self._wait_and_serve(theirs), close=(ours,))
+        theirs.close()
+        return _Spare(pid=pid, control=ours)
+
+    def _fork_child(self, body: Callable[[], None],
+                    close: tuple[socket.socket, ...] = ()) -> int:
+        """Fork a child that runs ``body`` and exits; the child's pid.
+
+        The child first drops the runtime's sockets and signal handlers, and it never returns
+        into the runtime's loop.
+        """
         pid = os.fork()
-        if pid == 0:  # the spare
+        if pid == 0:
             code = 0
             try:
-                ours.close()
-                for other in self.control_sockets():
-                    other.close()
+                for sock in (*close, *self.control_sockets()):
+                    sock.close()
                 self._close_in_child()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                self._wait_and_serve(theirs)
+                body()
             except BaseException:  # noqa: BLE001 - never return into the runtime's loop
                 code = 1
             os._exit(code)
-        theirs.close()
-        return _Spare(pid=pid, control=ours)
+        return pid
 
     def _wait_and_serve(self, control: socket.socket) -> None:
         """In the spare: block until handed a connection, then become its worker."""

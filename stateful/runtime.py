@@ -119,10 +119,9 @@ async def _reap(process: asyncio.subprocess.Process) -> None:
     Waiting for the exit status alone leaves the stdout pipe's transport open; the garbage
     collector then closed it after the event loop had (pytest's unraisable-exception warning).
     """
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    await process.wait()
-    await SubprocessHandle(node="", address="", process=process).stop()
+    handle = SubprocessHandle(node="", address="", process=process)
+    handle.kill()
+    await handle.stop()
 
 
 @dataclass
