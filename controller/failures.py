@@ -162,22 +162,28 @@ class ServerLifecycle:
                 preempted = self._preempt(plan, apps)
                 recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
                 lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
-                changed = ({a for a, _, _ in preempted} | {a for a, _, _, _ in recoveries}
+                changed = ({a for a, _, _, _ in preempted} | {a for a, _, _, _ in recoveries}
                            | {e.app_id for e in lost}
                            | self._forget_replicas_on(server_id, apps))
                 _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
                                                  events=lost)
                 o.events.deliver(stored)
         logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable, "
-                    "%d warm backups preempted (%s); planned in %.1f ms (%.1f in the planner)",
+                    "%d warm backups preempted, %d of them once the interims serve (%s); "
+                    "planned in %.1f ms (%.1f in the planner)",
                     server_id, len(switched), len(recoveries), len(plan.unrecoverable),
-                    len(preempted), "; ".join(plan.notes), planned_ms, planner_s * 1000)
-        for app_id, backup_server, variant in preempted:
-            o.spawn(o.unload_replica(app_id, backup_server, variant),
-                    f"preempt backup {app_id}/{variant}")
-        # Interims first (they end the outage), then the targets (they restore accuracy).
+                    len(preempted), sum(p[3] for p in preempted), "; ".join(plan.notes),
+                    planned_ms, planner_s * 1000)
+        for app_id, backup_server, variant, deferred in preempted:
+            if not deferred:
+                o.spawn(o.unload_replica(app_id, backup_server, variant),
+                        f"preempt backup {app_id}/{variant}")
+        # Interims first, in the plan's order (shortest first: they end the outage), then the
+        # preempted backups they fitted beside, then the targets (they restore accuracy).
         await asyncio.gather(*(o.load_replica(a, s, v, urgent=True)
                                for a, s, v, first in recoveries if first))
+        await asyncio.gather(*(o.unload_replica(a, s, v)
+                               for a, s, v, deferred in preempted if deferred))
         await asyncio.gather(*(o.load_replica(a, s, v) for a, s, v, first in recoveries
                                if not first))
         for app_id in switched:
@@ -207,8 +213,13 @@ class ServerLifecycle:
         return switched, events
 
     def _preempt(self, plan: FailoverPlan, apps: dict[str, AppRecord]
-                 ) -> list[tuple[str, str, str]]:
-        """Mark the warm backups the plan preempts as unloading (in memory)."""
+                 ) -> list[tuple[str, str, str, bool]]:
+        """Mark the warm backups the plan preempts as unloading (in memory).
+
+        Returns (app, server, variant, deferred): a deferred one is unloaded once the interims
+        serve (they fit beside it; only the upgrades need its room).
+        """
+        deferred = set(plan.deferred_preemptions)
         preempted = []
         for placement in plan.preempted:
             record = apps.get(placement.app_id)
@@ -216,7 +227,8 @@ class ServerLifecycle:
             if record is None or replica is None or replica.role is not ReplicaRole.WARM:
                 continue
             replica.state = ReplicaState.UNLOADING
-            preempted.append((record.app_id, replica.server_id, replica.variant))
+            preempted.append((record.app_id, replica.server_id, replica.variant,
+                              placement in deferred))
             logger.warning("preempting the warm backup of %s on %s (%s) so that more apps "
                            "recover", record.app_id, replica.server_id, replica.variant)
         return preempted

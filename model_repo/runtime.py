@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from model_repo.huge_pages import collapse_heap
 from model_repo.network import NetworkSpec, initial_state, meta_network
 from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
 from understudy.lifetime import die_with_parent, orphaned
@@ -247,7 +248,8 @@ def _prepare_for_forks() -> None:
     imports, dispatcher and kernel caches); paid once here, every fork inherits them. Then
     ``gc.freeze`` moves every object to the permanent generation: a worker's garbage
     collections no longer write to the inherited objects' headers, which would copy each
-    touched page (copy on write) into the worker's private memory.
+    touched page (copy on write) into the worker's private memory. Last, the heap goes into
+    huge pages (``model_repo.huge_pages``): cheaper forks, and cheaper worker exits.
     """
     import gc
     import tempfile
@@ -264,6 +266,10 @@ def _prepare_for_forks() -> None:
         _load_model(weights, spec, threads=1)
     gc.collect()
     gc.freeze()
+    report = collapse_heap()
+    if report is not None:
+        logger.info("runtime heap: %d of %d regions in huge pages (%.0f MB) in %.0f ms",
+                    report.collapsed, report.regions, report.huge_mb, report.seconds * 1000)
 
 
 def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:

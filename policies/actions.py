@@ -169,6 +169,10 @@ class FailoverPlan:
     notes: tuple[str, ...] = field(default=())
     preempted: tuple[Placement, ...] = field(default=())
     """Warm backups of healthy apps to unload so that the recoveries fit (policies/preemption)."""
+    deferred_preemptions: tuple[Placement, ...] = field(default=())
+    """The part of ``preempted`` whose room only the upgrades need: the interims fit beside
+    them, so they are unloaded once the interims serve (and before any upgrade loads), not
+    on the outage's path. By default every preempted backup goes first."""
 
     @property
     def affected_apps(self) -> frozenset[str]:
@@ -176,14 +180,17 @@ class FailoverPlan:
             r.app_id for r in self.recoveries) | frozenset(u.app_id for u in self.unrecoverable)
 
     def actions(self) -> tuple[Action, ...]:
-        """Warm promotions, preempted backups' unloads, every interim load, then upgrades.
+        """Promotions, unloads, interim loads, deferred unloads, then upgrades.
 
-        All interims come before any upgrade so that every app serves as early as possible.
+        In full: warm promotions, the preempted backups the interims need gone, every interim
+        load (in ``recoveries`` order), the deferred preemptions, then the upgrades. All
+        interims come before any upgrade so that every app serves as early as possible.
         """
         promotions: tuple[Action, ...] = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
                                                for s in self.warm_switches)
+        deferred = set(self.deferred_preemptions)
         promotions += tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
-                            for p in self.preempted)
+                            for p in self.preempted if p not in deferred)
         interims: list[Action] = []
         upgrades: list[Action] = []
         for r in self.recoveries:
@@ -193,4 +200,6 @@ class FailoverPlan:
                 upgrades.append(LoadVariant(r.server_id, r.app_id, r.target_variant, Role.UPGRADE))
                 upgrades.append(PromoteReplica(r.app_id, r.server_id, r.target_variant))
                 upgrades.append(UnloadVariant(r.server_id, r.app_id, r.interim_variant))
-        return promotions + tuple(interims) + tuple(upgrades)
+        unloads = tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
+                        for p in self.preempted if p in deferred)
+        return promotions + tuple(interims) + unloads + tuple(upgrades)

@@ -17,6 +17,7 @@ from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import ClusterSnapshot, Placement, Role
 from policies.preemption import replan_preempting
 from policies.progressive import plan_progressive
+from policies.recovery_order import deferrable_preemptions, interims_shortest_first
 from policies.resources import MEMORY_MB
 from policies.warm_ilp import plan_warm_backups
 
@@ -111,7 +112,9 @@ class UnderstudyPolicy:
         on failed servers are gone, so Algorithm 1 sees only the live servers' free capacity.
         With ``progressive.preempt_warm``, when that leaves apps unrecoverable, the fewest
         warm backups of healthy apps that let more apps recover are preempted
-        (``policies.preemption``; listed in ``FailoverPlan.preempted``).
+        (``policies.preemption``; listed in ``FailoverPlan.preempted``). Recoveries are
+        listed in the order their interims should load, and preemptions the interims do not
+        need are deferred (``policies.recovery_order``).
         """
         failed = resolve_failed_servers(snapshot, failed_servers)
         after, switches, cold = split_affected(snapshot, failed)
@@ -128,6 +131,8 @@ class UnderstudyPolicy:
             progressive = ProgressivePlan(recoveries=(), unrecoverable=())
             notes = ()
         return FailoverPlan(failed_servers=failed, warm_switches=switches,
-                            recoveries=progressive.recoveries,
+                            recoveries=interims_shortest_first(after, progressive.recoveries),
                             unrecoverable=progressive.unrecoverable, notes=notes,
-                            preempted=preempted)
+                            preempted=preempted,
+                            deferred_preemptions=deferrable_preemptions(
+                                after, progressive.recoveries, preempted))

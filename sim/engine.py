@@ -8,7 +8,9 @@ Timeline (all delays from ``sim.timing.Timing``):
    planning itself is not timed here (a decision is a pure function; the runner measures
    its wall time separately so the simulated outcome stays deterministic).
 2. Each preempted warm backup (``FailoverPlan.preempted``) is unloaded by its agent after
-   one command delay; recoveries on that server wait for the unloads.
+   one command delay; recoveries on that server wait for the unloads. A deferred preemption
+   (``FailoverPlan.deferred_preemptions``: the interims fit beside it) is unloaded once that
+   server's interims serve, and only the upgrades there wait for it.
 3. **Warm switch**: promote command to the agent, then the clients are notified.
 4. **Progressive recovery**: load command; the agent loads the interim variant on one of its
    load threads (FIFO; plan order); the clients are notified: the app is recovered. If the
@@ -29,7 +31,7 @@ were recovered").
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,11 @@ class _Agent:
     loads: simpy.Resource
     upgrades: simpy.Resource
     unloaded: simpy.Event | None = None
+    """The preempted backups the interims need gone are unloaded."""
+    interims: list[simpy.Event] | None = None
+    """One event per interim loading here, triggered when it serves."""
+    unloaded_later: simpy.Event | None = None
+    """The deferred preemptions are unloaded (the upgrades wait for it)."""
 
 
 class _Run:
@@ -104,15 +111,27 @@ class _Run:
 
     def controller(self) -> Proc:
         yield self.env.timeout(self.declared)
-        for server_id in sorted({p.server_id for p in self.plan.preempted}):
+        deferred = set(self.plan.deferred_preemptions)
+        for server_id in sorted({p.server_id for p in self.plan.preempted if p not in deferred}):
             self.agent(server_id).unloaded = self.env.process(self.unload())
+        for recovery in self.plan.recoveries:
+            agent = self.agent(recovery.server_id)
+            agent.interims = (agent.interims or []) + [self.env.event()]
+        for server_id in sorted({p.server_id for p in deferred}):
+            agent = self.agent(server_id)
+            agent.unloaded_later = self.env.process(self.unload(after=agent.interims or []))
         for switch in self.plan.warm_switches:
             self.env.process(self.warm(switch))
         for recovery in self.plan.recoveries:
             self.env.process(self.progressive(recovery))
 
-    def unload(self) -> Proc:
-        """Preempted backups free their memory once the agent has the command."""
+    def unload(self, after: Sequence[simpy.Event] = ()) -> Proc:
+        """Preempted backups free their memory once the agent has the command.
+
+        The command goes out once every event of ``after`` has happened.
+        """
+        if after:
+            yield self.env.all_of(list(after))
         yield self.env.timeout(self.timing.command_ms)
 
     def warm(self, switch: WarmSwitch) -> Proc:
@@ -129,7 +148,11 @@ class _Run:
             yield env.timeout(timing.load_ms(self.variant(r.app_id, r.interim_variant)))
         yield env.timeout(timing.notification_ms)
         self.served[r.app_id] = env.now
+        if agent.interims:
+            next(e for e in agent.interims if not e.triggered).succeed()
         if r.target_variant != r.interim_variant:
+            if agent.unloaded_later is not None:
+                yield agent.unloaded_later
             with agent.upgrades.request() as slot:
                 yield slot
                 with agent.loads.request() as thread:

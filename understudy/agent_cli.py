@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,11 @@ def run(options: argparse.Namespace) -> int:
         logger.error("invalid agent settings: %s", exc)
         return 2
     agent = Agent(config)
+    # A load's steps run in worker threads (the model directory, Triton's load call) and
+    # hand their result back to the event loop; with CPython's default 5 ms switch interval
+    # each hand-off can wait that long for the GIL while the loop or another load's thread
+    # runs Python, and on an interim load that is outage time. As in the controller: 1 ms.
+    sys.setswitchinterval(0.001)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
