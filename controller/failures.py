@@ -128,46 +128,46 @@ class ServerLifecycle:
                     ServerState.FAILED, detected_at, reason)
                 server.connected = o.agents.connected(server_id)
                 snapshot = build_snapshot(o.families, servers, apps)
-                # Warm switches first: decided in memory, then the failed server, the intent,
-                # the switched apps and their events are written in one transaction and pushed
-                # to the clients, before the cold part is even planned.
                 warm = split_affected(snapshot, [server_id]).warm_switches
                 switched, events = self._switch_to_warm(warm, apps, servers, server_id,
                                                         detected_at)
-                intent, stored = await o.store.commit(
-                    servers=[server], apps=[apps[a] for a in switched], events=events,
-                    intent={"kind": "failover", "server_id": server_id, "reason": reason})
-                o.events.deliver(stored)
-                logger.info("failover of %s: %d warm switches announced %.1f ms after "
-                            "detection (%.1f ms waiting for the planning lock)", server_id,
-                            len(switched), (time.time() - detected_at) * 1000,
-                            (locked_at - detected_at) * 1000)
-                for _ in switched:
-                    o.metrics.events.labels("warm_switch").inc()
-                    o.metrics.failovers.labels("warm").inc()
-                    o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
-                # A large plan runs in a thread: Algorithm 1 (and the preemption search) must
-                # not hold up the event loop, where late heartbeats of the other servers would
-                # become false alarms. A small one (about a millisecond) runs here: handing it
-                # to a thread and back took 2-7 ms on a busy testbed, on the interims' path.
+                intent_details = {"kind": "failover", "server_id": server_id, "reason": reason}
                 asked = time.perf_counter()
                 if len(apps) * len(servers) <= INLINE_PLAN_WORK:
+                    # A small plan (about a millisecond) is made here, before anything is
+                    # written: the failed server, the intent, the warm switches with their
+                    # events and the cold part (preempted backups, interim and target
+                    # replicas, lost apps) then go to Redis in one transaction, and the
+                    # interim loads leave one round trip (and one thread hand-off: 2-7 ms on a
+                    # busy testbed) sooner, for a millisecond more before the warm events.
                     plan, planner_s = _timed_plan(o, snapshot, server_id)
+                    planned_ms = (time.perf_counter() - asked) * 1000
+                    preempted, recoveries, lost, changed = self._decide_cold(
+                        plan, apps, server_id, detected_at)
+                    intent, stored = await o.store.commit(
+                        servers=[server], apps=[apps[a] for a in sorted(changed | set(switched))],
+                        events=events + lost, intent=intent_details)
+                    o.events.deliver(stored)
+                    self._announced(server_id, switched, detected_at, locked_at)
                 else:
+                    # A large plan runs in a thread, after the warm switches are written and
+                    # announced: Algorithm 1 (and the preemption search) must hold up neither
+                    # the critical apps' switch nor the event loop, where late heartbeats of
+                    # the other servers would become false alarms.
+                    intent, stored = await o.store.commit(
+                        servers=[server], apps=[apps[a] for a in switched], events=events,
+                        intent=intent_details)
+                    o.events.deliver(stored)
+                    self._announced(server_id, switched, detected_at, locked_at)
+                    asked = time.perf_counter()
                     plan, planner_s = await asyncio.to_thread(_timed_plan, o, snapshot,
                                                               server_id)
-                planned_ms = (time.perf_counter() - asked) * 1000
-                # The cold part, also decided in memory and written at once (the interim loads
-                # wait for it): preempted backups, interim and target replicas, lost apps.
-                preempted = self._preempt(plan, apps)
-                recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
-                lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
-                changed = ({a for a, _, _, _ in preempted} | {a for a, _, _, _ in recoveries}
-                           | {e.app_id for e in lost}
-                           | self._forget_replicas_on(server_id, apps))
-                _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
-                                                 events=lost)
-                o.events.deliver(stored)
+                    planned_ms = (time.perf_counter() - asked) * 1000
+                    preempted, recoveries, lost, changed = self._decide_cold(
+                        plan, apps, server_id, detected_at)
+                    _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
+                                                     events=lost)
+                    o.events.deliver(stored)
         logger.info("failover of %s: %d warm switches, %d progressive, %d unrecoverable, "
                     "%d warm backups preempted, %d of them once the interims serve (%s); "
                     "planned in %.1f ms (%.1f in the planner)",
@@ -190,6 +190,34 @@ class ServerLifecycle:
             o.spawn(o.advance(app_id), f"advance {app_id}")
         await o.replan_warm()
         await o.store.done_intent(intent)
+
+    def _announced(self, server_id: str, switched: list[str], detected_at: float,
+                   locked_at: float) -> None:
+        """Log and count the warm switches just written and pushed to the clients."""
+        o = self.o
+        logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
+                    "(%.1f ms waiting for the planning lock)", server_id, len(switched),
+                    (time.time() - detected_at) * 1000, (locked_at - detected_at) * 1000)
+        for _ in switched:
+            o.metrics.events.labels("warm_switch").inc()
+            o.metrics.failovers.labels("warm").inc()
+            o.metrics.mttr.labels("warm").observe(time.time() - detected_at)
+
+    def _decide_cold(self, plan: FailoverPlan, apps: dict[str, AppRecord], server_id: str,
+                     detected_at: float
+                     ) -> tuple[list[tuple[str, str, str, bool]],
+                                list[tuple[str, str, str, bool]], list[Event], set[str]]:
+        """The plan's cold part applied to the records (in memory), not yet written.
+
+        Returns the preempted backups, the loads (interims first), the events of the lost apps
+        and the ids of every app record changed (the failed server's replicas forgotten too).
+        """
+        preempted = self._preempt(plan, apps)
+        recoveries = self._start_recoveries(plan, apps, server_id, detected_at)
+        lost = self._mark_unrecoverable(plan, apps, server_id, detected_at)
+        changed = ({a for a, _, _, _ in preempted} | {a for a, _, _, _ in recoveries}
+                   | {e.app_id for e in lost} | self._forget_replicas_on(server_id, apps))
+        return preempted, recoveries, lost, changed
 
     def _switch_to_warm(self, switches: tuple[WarmSwitch, ...], apps: dict[str, AppRecord],
                         servers: dict[str, ServerRecord], server_id: str, detected_at: float

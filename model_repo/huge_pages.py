@@ -11,8 +11,8 @@ went from 3.3 to 1.2 ms and killing eight idle workers from ~30 to ~10 ms of CPU
 ``bench/runtime_huge_pages.py``). A worker that writes to an inherited huge page gets its own
 4 KB copy, as before: its private memory does not grow.
 
-Best effort: where the kernel or its settings do not allow it (no THP, ``never``, an older
-kernel, another OS) nothing changes and the caller goes on. ``UNDERSTUDY_HEAP_HUGE_PAGES=0``
+Best effort: where the kernel does not allow it (an older kernel, THP compiled out, another
+OS) nothing changes and the caller goes on. ``UNDERSTUDY_HEAP_HUGE_PAGES=0``
 turns it off (the collapse costs the runtime ~0.3 s once, at start).
 """
 
@@ -30,7 +30,6 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 SWITCH_ENV = "UNDERSTUDY_HEAP_HUGE_PAGES"
 
@@ -90,10 +89,9 @@ def collapse_heap() -> CollapseReport | None:
         return None
     collapsed = 0
     for start, end in regions:
-        # MADV_HUGEPAGE first: with THP in "madvise" mode it is what allows huge pages here
-        # at all (and keeps them when the region grows).
-        if madvise(start, end - start, MADV_HUGEPAGE) != 0:
-            continue
+        # MADV_COLLAPSE alone (it does not need the THP "madvise" mode's MADV_HUGEPAGE): the
+        # regions keep their flags, so later faults (a worker's heap growing) still get 4 KB
+        # pages, with no compaction stall and no 2 MB rounding of a worker's private memory.
         if madvise(start, end - start, MADV_COLLAPSE) == 0:
             collapsed += 1
     try:
