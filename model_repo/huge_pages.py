@@ -7,8 +7,9 @@ worker's exit (an unload, or a whole server going down) walks them all again: wi
 workers that is most of the CPU a dead server's teardown costs, spent on the cores the
 surviving models and the failover's interim loads use. Collapsed into 2 MB pages
 (``MADV_COLLAPSE``, Linux 6.1+), the same memory is one entry per 2 MB: on this machine a fork
-went from 3.3 to 1.2 ms and killing eight idle workers from ~30 to ~10 ms of CPU (median of 5;
-``bench/runtime_huge_pages.py``). A worker that writes to an inherited huge page gets its own
+went from 3.3-3.5 to 1.4-1.5 ms, and eight idle workers killed at once were reaped in 8-9 ms
+instead of 18-19 ms, for 15-20 ms of CPU instead of 30 (``bench/runtime_huge_pages.py``,
+medians of 6 and 8). A worker that writes to an inherited huge page gets its own
 4 KB copy, as before: its private memory does not grow.
 
 Best effort: where the kernel does not allow it (an older kernel, THP compiled out, another
