@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.cluster import CALIBRATED, MixKnobs
 from sim.experiments import EXPERIMENTS, UnitResult
 from sim.metrics import summarize
 from sim.paper import BASELINES, CLAIMS, FC, FW, FWK, U
@@ -277,7 +278,8 @@ def _cluster_line(all_rows: Sequence[Row], name: str) -> str:
 
 
 def markdown(results: Sequence[UnitResult], all_rows: Sequence[Row], *, seeds: int, quick: bool,
-             wall_s: float, names: Sequence[str], timing: Timing) -> str:
+             wall_s: float, names: Sequence[str], timing: Timing,
+             knobs: MixKnobs = CALIBRATED) -> str:
     """The whole report: targets, then one section per experiment, ours beside the paper's."""
     lines = ["# Understudy simulator: FailLite's experiments reproduced", "",
              f"Seeds: {seeds} ({'quick' if quick else 'full'} run), wall time "
@@ -288,6 +290,9 @@ def markdown(results: Sequence[UnitResult], all_rows: Sequence[Row], *, seeds: i
              f"time = measured where profiled ({len(timing.measured)} variants), else "
              f"{timing.fit.intercept_ms:.1f} ms + {timing.fit.ms_per_mb:.3f} ms/MB of "
              f"{timing.fit.basis}{_scaled(timing)} ({timing.fit.source}).",
+             f"Application mix: {knobs.label()} "
+             f"({'the calibrated one' if knobs == CALIBRATED else 'NOT the calibrated one'}; "
+             "sim/calibration.md).",
              "MTTR is §5.1's: from failure detection to the client notification; 'end-to-end' "
              "adds the detection delay (from the failure itself).", "", "## Targets", ""]
     found = targets(results, all_rows, wall_s, names, seeds, quick)
@@ -310,7 +315,8 @@ def _scaled(timing: Timing) -> str:
 
 
 def write_all(out: Path, results: Sequence[UnitResult], *, seeds: int, quick: bool,
-              wall_s: float, names: Sequence[str], timing: Timing) -> dict[str, object]:
+              wall_s: float, names: Sequence[str], timing: Timing,
+              knobs: MixKnobs = CALIBRATED) -> dict[str, object]:
     """Write every file under ``out``; return the JSON summary."""
     all_rows = rows(results)
     for name in experiments_in(results):
@@ -325,7 +331,8 @@ def write_all(out: Path, results: Sequence[UnitResult], *, seeds: int, quick: bo
             (folder / "timings.csv").write_text(timings_csv(results, name), encoding="utf-8")
         plot_experiment(name, all_rows, results, folder / f"{name}.png")
     (out / "report.md").write_text(markdown(results, all_rows, seeds=seeds, quick=quick,
-                                            wall_s=wall_s, names=names, timing=timing),
+                                            wall_s=wall_s, names=names, timing=timing,
+                                            knobs=knobs),
                                    encoding="utf-8")
     summary = json_summary(all_rows, results)
     found = targets(results, all_rows, wall_s, names, seeds, quick)

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from model_repo.profiles import load_families
 from policies.model import Family
+from sim.cluster import CALIBRATED, MixKnobs
 from sim.experiments import ORDER, Unit, UnitResult, run_unit, ticks, units
 from sim.report import write_all
 from sim.timing import Timing, profiler_fit, timing_for
@@ -34,7 +35,7 @@ def expand(name: str) -> list[str]:
     return list(ORDER) if name == "all" else [name]
 
 
-_WORKER: tuple[Mapping[str, Family], Timing] | None = None
+_WORKER: tuple[Mapping[str, Family], Timing, MixKnobs] | None = None
 
 
 def make_timing(families: Mapping[str, Family], profile_dir: str | None,
@@ -44,23 +45,25 @@ def make_timing(families: Mapping[str, Family], profile_dir: str | None,
     return timing_for(families, load_times, fit)
 
 
-def _init_worker(profile_dir: str | None, load_times: str) -> None:
+def _init_worker(profile_dir: str | None, load_times: str, knobs: MixKnobs) -> None:
     global _WORKER
     families = load_families(profile_dir)
-    _WORKER = (families, make_timing(families, profile_dir, load_times))
+    _WORKER = (families, make_timing(families, profile_dir, load_times), knobs)
 
 
 def _run_in_worker(unit: Unit) -> UnitResult:
     assert _WORKER is not None
-    return run_unit(unit, *_WORKER)
+    families, timing, knobs = _WORKER
+    return run_unit(unit, families, timing, knobs=knobs)
 
 
 def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs: int = 1,
               progress: bool = True, profile_dir: str | None = None,
-              load_times: str = "profiles") -> SuiteResult:
+              load_times: str = "profiles", knobs: MixKnobs = CALIBRATED) -> SuiteResult:
     """Run ``names``' units for seeds 0..seeds-1, write every output under ``out``.
 
     Results are identical for any ``jobs``: units are independent and kept in order.
+    ``knobs`` is the application mix (default: the calibrated one, ``sim.calibrate``).
     """
     started = time.perf_counter()
     families = load_families(profile_dir)
@@ -72,10 +75,11 @@ def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs:
     if jobs <= 1:
         for unit in todo:
             bar.set_postfix_str(f"{unit.experiment} seed {unit.seed} {unit.value}")
-            results.append(run_unit(unit, families, timing, tick=lambda: bar.update(1)))
+            results.append(run_unit(unit, families, timing, tick=lambda: bar.update(1),
+                                    knobs=knobs))
     else:
         with ProcessPoolExecutor(jobs, initializer=_init_worker,
-                                 initargs=(profile_dir, load_times)) as pool:
+                                 initargs=(profile_dir, load_times, knobs)) as pool:
             for unit, result in zip(todo, pool.map(_run_in_worker, todo), strict=True):
                 bar.update(ticks(unit))
                 results.append(result)
@@ -83,7 +87,7 @@ def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs:
     wall = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     summary = write_all(out, results, seeds=seeds, quick=quick, wall_s=wall, names=names,
-                        timing=timing)
+                        timing=timing, knobs=knobs)
     logger.info("simulated %d units in %.1f s; report in %s", len(todo), wall,
                 out / "report.md")
     return SuiteResult(tuple(results), summary, wall)

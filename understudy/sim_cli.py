@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.cluster import MixKnobs
 
 COMMAND = "sim"
 CHOICES = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig13", "all")
@@ -40,6 +44,41 @@ def register(commands: Any) -> None:
     experiment.add_argument("--load-times", choices=("profiles", "paper"), default="profiles",
                             help="'profiles': measured load times, else the profiler's fit "
                                  "(default); 'paper': FailLite Fig. 5's line for every variant")
+    mix = experiment.add_argument_group(
+        "application mix", "the generator's free choices; default: the calibrated ones "
+        "(sim/calibration.md); the report says which mix ran")
+    mix.add_argument("--mix-cap", type=float, default=None, metavar="PCT",
+                     help="largest primary, %% of one A2's compute")
+    mix.add_argument("--mix-rates", default=None, metavar="LOW-HIGH",
+                     help="request-rate range, req/s (e.g. 1-10)")
+    mix.add_argument("--mix-distribution", choices=("uniform", "log-uniform"), default=None,
+                     help="how rates are drawn in that range")
+    mix.add_argument("--mix-families", choices=("all", "testbed"), default=None,
+                     help="families of the 100-server experiments")
+
+
+def mix_knobs(options: argparse.Namespace) -> MixKnobs:
+    """The calibrated mix with the ``--mix-*`` options applied; ValueError on bad values."""
+    from sim.cluster import CALIBRATED, ClusterSpec
+
+    knobs = CALIBRATED
+    if options.mix_cap is not None:
+        knobs = replace(knobs, max_primary_compute_pct=options.mix_cap)
+    if options.mix_rates is not None:
+        low, sep, high = options.mix_rates.partition("-")
+        try:
+            rates = (float(low), float(high)) if sep else None
+        except ValueError:
+            rates = None
+        if rates is None:
+            raise ValueError(f"--mix-rates must be LOW-HIGH in req/s, got {options.mix_rates!r}")
+        knobs = replace(knobs, rate_rps=rates)
+    if options.mix_distribution is not None:
+        knobs = replace(knobs, rate_distribution=options.mix_distribution)
+    if options.mix_families is not None:
+        knobs = replace(knobs, large_scale_mix=options.mix_families)
+    ClusterSpec().with_knobs(knobs)  # the spec's checks: rates ordered and positive, cap range
+    return knobs
 
 
 def run(options: argparse.Namespace) -> int:
@@ -50,11 +89,16 @@ def run(options: argparse.Namespace) -> int:
     if seeds < 1 or options.jobs < 1:
         sys.stderr.write("--seeds and --jobs must be at least 1\n")
         return 2
+    try:
+        knobs = mix_knobs(options)
+    except ValueError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
     names = expand(options.name)
     result = run_suite(names, seeds=seeds, quick=options.quick, out=options.out,
                        jobs=options.jobs, progress=not options.no_progress,
                        profile_dir=None if options.profiles is None else str(options.profiles),
-                       load_times=options.load_times)
+                       load_times=options.load_times, knobs=knobs)
     sys.stdout.write(f"report: {options.out / 'report.md'} ({result.wall_s:.1f} s)\n")
     sys.stdout.write(json.dumps(result.summary, sort_keys=True) + "\n")
     return 0
