@@ -132,39 +132,38 @@ class ServerLifecycle:
                 switched, events = self._switch_to_warm(warm, apps, servers, server_id,
                                                         detected_at)
                 intent_details = {"kind": "failover", "server_id": server_id, "reason": reason}
+                # A small plan (about a millisecond) is made here, before anything is written:
+                # the failed server, the intent, the warm switches with their events and the
+                # cold part (preempted backups, interim and target replicas, lost apps) then go
+                # to Redis in one transaction, and the interim loads leave one round trip (and
+                # one thread hand-off: 2-7 ms on a busy testbed) sooner, for a millisecond more
+                # before the warm events. A large plan runs in a thread, after the warm
+                # switches are written and announced: Algorithm 1 (and the preemption search)
+                # must hold up neither the critical apps' switch nor the event loop, where late
+                # heartbeats of the other servers would become false alarms.
+                inline = len(apps) * len(servers) <= INLINE_PLAN_WORK
+                if not inline:
+                    intent, stored = await o.store.commit(
+                        servers=[server], apps=[apps[a] for a in switched], events=events,
+                        intent=intent_details)
+                    o.events.deliver(stored)
+                    self._announced(server_id, switched, detected_at, locked_at)
                 asked = time.perf_counter()
-                if len(apps) * len(servers) <= INLINE_PLAN_WORK:
-                    # A small plan (about a millisecond) is made here, before anything is
-                    # written: the failed server, the intent, the warm switches with their
-                    # events and the cold part (preempted backups, interim and target
-                    # replicas, lost apps) then go to Redis in one transaction, and the
-                    # interim loads leave one round trip (and one thread hand-off: 2-7 ms on a
-                    # busy testbed) sooner, for a millisecond more before the warm events.
+                if inline:
                     plan, planner_s = _timed_plan(o, snapshot, server_id)
-                    planned_ms = (time.perf_counter() - asked) * 1000
-                    preempted, recoveries, lost, changed = self._decide_cold(
-                        plan, apps, server_id, detected_at)
+                else:
+                    plan, planner_s = await asyncio.to_thread(_timed_plan, o, snapshot,
+                                                              server_id)
+                planned_ms = (time.perf_counter() - asked) * 1000
+                preempted, recoveries, lost, changed = self._decide_cold(
+                    plan, apps, server_id, detected_at)
+                if inline:
                     intent, stored = await o.store.commit(
                         servers=[server], apps=[apps[a] for a in sorted(changed | set(switched))],
                         events=events + lost, intent=intent_details)
                     o.events.deliver(stored)
                     self._announced(server_id, switched, detected_at, locked_at)
                 else:
-                    # A large plan runs in a thread, after the warm switches are written and
-                    # announced: Algorithm 1 (and the preemption search) must hold up neither
-                    # the critical apps' switch nor the event loop, where late heartbeats of
-                    # the other servers would become false alarms.
-                    intent, stored = await o.store.commit(
-                        servers=[server], apps=[apps[a] for a in switched], events=events,
-                        intent=intent_details)
-                    o.events.deliver(stored)
-                    self._announced(server_id, switched, detected_at, locked_at)
-                    asked = time.perf_counter()
-                    plan, planner_s = await asyncio.to_thread(_timed_plan, o, snapshot,
-                                                              server_id)
-                    planned_ms = (time.perf_counter() - asked) * 1000
-                    preempted, recoveries, lost, changed = self._decide_cold(
-                        plan, apps, server_id, detected_at)
                     _, stored = await o.store.commit(apps=[apps[a] for a in sorted(changed)],
                                                      events=lost)
                     o.events.deliver(stored)

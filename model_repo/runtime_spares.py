@@ -1,7 +1,8 @@
 """Pre-forked spare workers of the torch runtime: a model load does not wait for a fork.
 
-Forking the runtime (torch imported, about 235 MB resident) costs the runtime ~5.5 ms of CPU
-per worker on this machine, and the runtime forks one worker at a time. A failover sends a
+Forking the runtime (torch imported, about 235 MB resident) cost the runtime ~5.5 ms of CPU
+per worker on this machine (less since its heap is in huge pages, ``model_repo.huge_pages``),
+and the runtime forks one worker at a time. A failover sends a
 server all its interim loads at once, so the third load waited for two forks before its own.
 The pool keeps ``target`` idle forked processes; a spawn request is handed to one of them,
 together with the requesting connection's file descriptor (``SCM_RIGHTS`` over a private

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
@@ -77,8 +77,9 @@ class _Agent:
     upgrades: simpy.Resource
     unloaded: simpy.Event | None = None
     """The preempted backups the interims need gone are unloaded."""
-    interims: list[simpy.Event] | None = None
-    """One event per interim loading here, triggered when it serves."""
+    interims: list[simpy.Event] = field(default_factory=list)
+    """Where a preemption is deferred: one event per interim loading here, triggered when it
+    serves (the deferred unload waits for all of them)."""
     unloaded_later: simpy.Event | None = None
     """The deferred preemptions are unloaded (the upgrades wait for it)."""
 
@@ -114,12 +115,13 @@ class _Run:
         deferred = set(self.plan.deferred_preemptions)
         for server_id in sorted({p.server_id for p in self.plan.preempted if p not in deferred}):
             self.agent(server_id).unloaded = self.env.process(self.unload())
+        later = {p.server_id for p in deferred}
         for recovery in self.plan.recoveries:
-            agent = self.agent(recovery.server_id)
-            agent.interims = (agent.interims or []) + [self.env.event()]
-        for server_id in sorted({p.server_id for p in deferred}):
+            if recovery.server_id in later:
+                self.agent(recovery.server_id).interims.append(self.env.event())
+        for server_id in sorted(later):
             agent = self.agent(server_id)
-            agent.unloaded_later = self.env.process(self.unload(after=agent.interims or []))
+            agent.unloaded_later = self.env.process(self.unload(after=agent.interims))
         for switch in self.plan.warm_switches:
             self.env.process(self.warm(switch))
         for recovery in self.plan.recoveries:

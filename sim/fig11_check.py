@@ -28,6 +28,7 @@ from policies.model import Family
 from sim.calibrate import grid
 from sim.cluster import CALIBRATED, MixKnobs
 from sim.experiments import Unit, UnitResult, run_unit
+from sim.metrics import summarize
 from sim.runner import FULL_SIZE_COLD, FULL_SIZE_WARM, FULL_SIZE_WARM_K, UNDERSTUDY
 from sim.timing import Timing, profiler_fit, timing_for
 
@@ -51,11 +52,9 @@ class Check:
 
 
 def _rate(result: UnitResult, policy: str) -> float:
-    """Mean over the unit's scenarios of the share of affected apps recovered, in %."""
+    """The unit's recovery rate under ``policy`` (§5.1, mean over its scenarios), in %."""
     run = next(p for p in result.policies if p.policy == policy)
-    shares = [sum(o.recovered for o in s.outcomes) / len(s.outcomes)
-              for s in run.scenarios if s.outcomes]
-    return 100.0 * statistics.mean(shares)
+    return 100.0 * summarize(s.outcomes for s in run.scenarios).recovery_rate
 
 
 def check(knobs: MixKnobs, families: Mapping[str, Family], timing: Timing,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 from policies.actions import (
@@ -15,8 +14,8 @@ from policies.actions import (
 from policies.model import ClusterSnapshot, Family, Placement, Role
 from policies.recovery_order import deferrable_preemptions, interims_shortest_first
 from sim.engine import simulate_failover
-from sim.timing import LoadTimeFit, Timing
 from tests.unit.builders import make_app, make_family, make_server, make_snapshot, placement
+from tests.unit.sim_fixtures import TIMING, HalfPhase
 
 FAM = make_family("fam", [("fam-s", 100, 0.7), ("fam-l", 400, 1.0)])
 TINY = make_family("tiny", [("tiny-s", 50, 0.9), ("tiny-l", 80, 1.0)])
@@ -82,30 +81,18 @@ def test_actions_put_deferred_unloads_between_the_interims_and_the_upgrades() ->
         UnloadVariant("X", "a", "fam-s"))
 
 
-class _HalfPhase(random.Random):
-    """No jitter: every detection takes (2 - 0.5) x 20 = 30 ms."""
-
-    def random(self) -> float:
-        return 0.5
-
-    def uniform(self, a: float, b: float) -> float:
-        return a
-
-
 def test_the_simulator_unloads_a_deferred_preemption_before_the_upgrade_only() -> None:
     # command 1 ms, 1 ms per MB, notification 10 ms, one load thread. The interim is served
     # at 30 + 1 + 100 + 10 = 141 ms either way (the unload's command overlaps the load's).
     # The upgrade: at once (141 + 400 + 10 = 551) when the backup went first; after the
     # unload sent once the interim serves (142 + 400 + 10 = 552) when it was deferred.
-    timing = Timing(detection_jitter_ms=0.0, notification_ms=10.0, command_ms=1.0,
-                    load_threads=1, fit=LoadTimeFit(0.0, 1.0, "test: 1 ms per MB"))
     backup = Placement("h", "X", "fam-l", Role.WARM)
     state = snapshot().with_failed([])
     settled = {}
     for deferred in ((), (backup,)):
         plan = FailoverPlan(frozenset({"A"}), (), (recovery("a", "fam-s", "fam-l"),), (),
                             preempted=(backup,), deferred_preemptions=deferred)
-        (outcome,) = [o for o in simulate_failover(state, plan, timing, _HalfPhase())
+        (outcome,) = [o for o in simulate_failover(state, plan, TIMING, HalfPhase())
                       if o.app_id == "a"]
         assert outcome.e2e_ms == 141.0
         settled[bool(deferred)] = outcome.settled_ms + outcome.e2e_ms - outcome.mttr_ms

@@ -19,30 +19,15 @@ from sim.metrics import summarize
 from sim.runner import PolicySettings, Scenario, run_policy
 from sim.timing import (
     PAPER_LOAD_FIT,
-    LoadTimeFit,
     Timing,
     fit_measured,
     profiler_fit,
     timing_for,
 )
 from tests.unit.builders import make_app, make_family, make_server, make_snapshot, placement
+from tests.unit.sim_fixtures import ONE_MS_PER_MB, TIMING, HalfPhase
 
 FAM = make_family("fam", [("fam-s", 100, 0.7), ("fam-m", 200, 0.85), ("fam-l", 400, 1.0)])
-ONE_MS_PER_MB = LoadTimeFit(0.0, 1.0, "test: 1 ms per MB")
-TIMING = Timing(detection_jitter_ms=0.0, notification_ms=10.0, command_ms=1.0, load_threads=1,
-                fit=ONE_MS_PER_MB)
-
-
-class HalfPhase(random.Random):
-    """Heartbeat phase 0.5 and no jitter: every detection takes (2 - 0.5) x 20 = 30 ms."""
-
-    def random(self) -> float:
-        return 0.5
-
-    def uniform(self, a: float, b: float) -> float:
-        return a
-
-
 def cluster() -> ClusterSnapshot:
     servers = [make_server("A", 2000), make_server("X", 2000), make_server("W", 2000)]
     apps = [make_app(a, FAM) for a in ("a", "b", "c", "d")]
