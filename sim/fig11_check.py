@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from model_repo.profiles import load_families
@@ -29,6 +28,7 @@ from sim.calibrate import grid
 from sim.cluster import CALIBRATED, MixKnobs
 from sim.experiments import Unit, UnitResult, run_unit
 from sim.metrics import summarize
+from sim.pool import worker_pool
 from sim.runner import FULL_SIZE_COLD, FULL_SIZE_WARM, FULL_SIZE_WARM_K, UNDERSTUDY
 from sim.timing import Timing, profiler_fit, timing_for
 
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.jobs <= 1:
         checks = [_check_in_worker(w) for w in work]
     else:
-        with ProcessPoolExecutor(options.jobs) as pool:
+        with worker_pool(options.jobs) as pool:
             checks = list(pool.map(_check_in_worker, work))
     sys.stdout.write(table(checks) + "\n\n")
     sys.stdout.write(f"paper's Full-Size-Cold: {PAPER_FULL_COLD[1]:.1f} % at 1 site, "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from model_repo.profiles import load_families
 from policies.model import Family
 from sim.cluster import CALIBRATED, MixKnobs
 from sim.experiments import ORDER, Unit, UnitResult, run_unit, ticks, units
+from sim.pool import worker_pool
 from sim.report import write_all
 from sim.timing import Timing, profiler_fit, timing_for
 
@@ -78,8 +78,8 @@ def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs:
             results.append(run_unit(unit, families, timing, tick=lambda: bar.update(1),
                                     knobs=knobs))
     else:
-        with ProcessPoolExecutor(jobs, initializer=_init_worker,
-                                 initargs=(profile_dir, load_times, knobs)) as pool:
+        with worker_pool(jobs, initializer=_init_worker,
+                         initargs=(profile_dir, load_times, knobs)) as pool:
             for unit, result in zip(todo, pool.map(_run_in_worker, todo), strict=True):
                 bar.update(ticks(unit))
                 results.append(result)
