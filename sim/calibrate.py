@@ -1,4 +1,4 @@
-"""Calibrate the application mix on the paper's Fig. 7 and Fig. 8 baseline recovery rates.
+"""Calibrate the application mix on the paper's Fig. 7/8 baselines, under the issue's targets.
 
 The paper fixes the cluster (servers, sites, 640 apps, headroom, K, α) but not the request
 rates of its apps, so not how large each primary is, nor (for the 100-server experiments)
@@ -9,6 +9,16 @@ text gives for the baselines of Fig. 7 and Fig. 8 only (``TARGETS``: every recov
 claim of ``sim.paper`` for those figures that reads a full-size policy), and keep Fig. 11
 (and Fig. 9, 10) for validation: no Fig. 11 number enters the score.
 
+Constraint: the simulator's issue (issue 5) lists targets that depend on the mix: at 10 %
+headroom Understudy recovers 100 % with at most 4.5 % accuracy reduction while every
+full-size baseline stays below 80 %; with 5 of 10 sites failed Understudy recovers 100 %, at
+least 39 % above the best full-size baseline (points and relative). The paper gives no mix
+that we could take, and the best fit to Fig. 7/8 alone misses the five-site target, so the
+mix is chosen among the settings that meet every one of these targets (``check_targets``:
+the report's own verdicts, ``sim.report.targets``, on the same runs as ``all --seeds N``:
+Fig. 8 at 10 % with every server failed, Fig. 11 with 5 sites failed, all four policies).
+``--unconstrained`` chooses by the score alone (the best fit to the paper's figures).
+
 Score of a setting: the root mean square, in points, of (ours - paper) over the targets,
 ours the mean over seeds of each seed's value (the paper's numbers come from one placement:
 its worst failure is the worst of six, not of six per seed). Only the baselines run
@@ -17,9 +27,14 @@ its worst failure is the worst of six, not of six per seed). Only the baselines 
 4x the seeds (``FIG7_SEEDS_PER_SEED``).
 
 A coarse grid (``grid``: 72 settings) first, then a fine one around its winner
-(``refine``); the lowest score of both wins.
+(``refine``); the lowest score of both that meets the targets wins. A setting meets them
+when it does on seeds 0..N-1 (those of ``all --seeds N``) and again on seeds N..2N-1: seed to
+seed, the best baseline with five sites failed moves by several points, and a setting that
+passes on one set of seeds by a hair is no reproduction of the claim. The winner is then
+checked once more on seeds 2N..3N-1, which no choice looked at (the hold-out).
 
     python -m sim.calibrate [--seeds 3] [--jobs 2] [--out calibration.csv] [--coarse-only]
+                            [--unconstrained]
 """
 
 from __future__ import annotations
@@ -30,8 +45,7 @@ import itertools
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_repo.profiles import load_families
@@ -39,7 +53,10 @@ from policies.model import Family
 from sim.cluster import MixKnobs
 from sim.experiments import Unit, UnitResult, run_unit
 from sim.paper import BASELINES, CLAIMS, Claim
+from sim.pool import worker_pool
+from sim.report import Target, targets
 from sim.results import lookup, rows
+from sim.runner import UNDERSTUDY
 from sim.timing import Timing, profiler_fit, timing_for
 
 CAPS_PCT = (20.0, 30.0, 40.0)
@@ -65,6 +82,9 @@ much between placements: it runs this many times as many seeds as Fig. 8."""
 
 FIG8_HEADROOMS = (0.1, 0.5)
 """The headrooms at which the text gives baseline recovery rates."""
+
+TARGET_UNITS = (("fig8", 0.1), ("fig11", 5))
+"""The experiments and parameter values of the issue's mix-dependent targets."""
 
 
 def _reads(claim: Claim) -> list[tuple[str, object, str]]:
@@ -122,6 +142,15 @@ class Evaluation:
     fig8_compute_pct: float
     fig8_memory_pct: float
     note: str = ""
+    issue_targets: tuple[Target, ...] = field(default=())
+    """The report's verdicts on the issue's targets, seeds 0..N-1 (empty: not checked)..."""
+    repeat_targets: tuple[Target, ...] = field(default=())
+    """...and on seeds N..2N-1 (checked only where every target of the first set is met)."""
+
+    @property
+    def meets_targets(self) -> bool:
+        """Every target was checked on both sets of seeds and is met."""
+        return _all_met(self.issue_targets) and _all_met(self.repeat_targets)
 
     @property
     def score(self) -> float:
@@ -133,6 +162,10 @@ class Evaluation:
         return math.sqrt(sum(errors) / len(errors))
 
 
+def _all_met(found: Sequence[Target]) -> bool:
+    return bool(found) and all(t.met for t in found)
+
+
 def _units(seeds: int) -> list[Unit]:
     out = [Unit("fig7", seed, "testbed", quick=False)
            for seed in range(FIG7_SEEDS_PER_SEED * seeds)]
@@ -140,12 +173,29 @@ def _units(seeds: int) -> list[Unit]:
     return out
 
 
+def check_targets(knobs: MixKnobs, families: Mapping[str, Family], timing: Timing,
+                  seeds: int, first_seed: int = 0) -> tuple[Target, ...]:
+    """The report's verdicts on the issue's mix-dependent targets under ``knobs``.
+
+    The same units as ``all`` runs for them (every server of Fig. 8's cluster at 10 %
+    headroom, 10 sets of 5 failed sites), seeds ``first_seed`` .. ``first_seed + seeds - 1``,
+    Understudy and the three baselines. ValueError when the 640 primaries do not fit.
+    """
+    results = [run_unit(Unit(name, seed, value, quick=False), families, timing, knobs=knobs,
+                        policies=(UNDERSTUDY, *BASELINES))
+               for name, value in TARGET_UNITS
+               for seed in range(first_seed, first_seed + seeds)]
+    names = tuple(name for name, _ in TARGET_UNITS)
+    return tuple(targets(results, rows(results), 0.0, names, seeds, quick=False))
+
+
 def evaluate(knobs: MixKnobs, families: Mapping[str, Family], timing: Timing,
-             seeds: int) -> Evaluation:
+             seeds: int, with_targets: bool = True) -> Evaluation:
     """Run the baselines of Fig. 7 and Fig. 8 (sampled) under ``knobs``; our target values.
 
     Each target is the mean over seeds of one seed's value (Fig. 7 runs
-    ``FIG7_SEEDS_PER_SEED`` x ``seeds`` seeds, Fig. 8 ``seeds``).
+    ``FIG7_SEEDS_PER_SEED`` x ``seeds`` seeds, Fig. 8 ``seeds``). ``with_targets`` also
+    checks the issue's targets (``check_targets``), the slow part.
     """
     results: list[UnitResult] = []
     try:
@@ -166,9 +216,13 @@ def evaluate(knobs: MixKnobs, families: Mapping[str, Family], timing: Timing,
                  for i, c in enumerate(TARGETS))
     fig7 = [u for u in results if u.experiment == "fig7"]
     fig8 = [u for u in results if u.experiment == "fig8" and u.value == FIG8_HEADROOMS[0]]
+    checked = check_targets(knobs, families, timing, seeds) if with_targets else ()
+    repeated = (check_targets(knobs, families, timing, seeds, first_seed=seeds)
+                if _all_met(checked) else ())
     return Evaluation(knobs, ours, _mean(u.apps for u in fig7),
                       100.0 * _mean(u.compute_utilisation for u in fig8),
-                      100.0 * _mean(u.memory_utilisation for u in fig8))
+                      100.0 * _mean(u.memory_utilisation for u in fig8),
+                      issue_targets=checked, repeat_targets=repeated)
 
 
 def _mean_or_none(values: Iterable[float | None]) -> float | None:
@@ -192,25 +246,42 @@ def _init() -> None:
     _WORKER = (families, timing_for(families, "profiles", profiler_fit(None)))
 
 
-def _evaluate_in_worker(job: tuple[MixKnobs, int]) -> Evaluation:
+def _evaluate_in_worker(job: tuple[MixKnobs, int, bool]) -> Evaluation:
     if _WORKER is None:
         _init()
     assert _WORKER is not None
-    return evaluate(job[0], *_WORKER, seeds=job[1])
+    return evaluate(job[0], *_WORKER, seeds=job[1], with_targets=job[2])
 
 
-def calibrate(settings: Sequence[MixKnobs], seeds: int, jobs: int = 1) -> list[Evaluation]:
+def calibrate(settings: Sequence[MixKnobs], seeds: int, jobs: int = 1,
+              with_targets: bool = True) -> list[Evaluation]:
     """Evaluate every setting (in worker processes with ``jobs`` > 1), in grid order."""
-    work = [(k, seeds) for k in settings]
+    work = [(k, seeds, with_targets) for k in settings]
     if jobs <= 1:
         return [_evaluate_in_worker(w) for w in work]
-    with ProcessPoolExecutor(jobs, initializer=_init) as pool:
+    with worker_pool(jobs, initializer=_init) as pool:
         return list(pool.map(_evaluate_in_worker, work))
 
 
-def best(evaluations: Sequence[Evaluation]) -> Evaluation:
-    """The lowest score; ties go to the earlier setting in grid order."""
-    return min(evaluations, key=lambda e: e.score)
+def best(evaluations: Sequence[Evaluation], constrained: bool = False) -> Evaluation | None:
+    """The lowest score; ties go to the earlier setting in grid order.
+
+    ``constrained``: among the settings meeting the issue's targets. None if none qualifies.
+    """
+    allowed = [e for e in evaluations if e.meets_targets or not constrained]
+    return min(allowed, key=lambda e: e.score, default=None)
+
+
+def _targets_cell(evaluation: Evaluation) -> str:
+    if not evaluation.issue_targets:
+        return "-"
+    missed = [t.ours for t in evaluation.issue_targets if not t.met]
+    if missed:
+        return "no: " + "; ".join(missed)
+    if not evaluation.repeat_targets:
+        return "on the first seeds; the next ones not checked"
+    again = [t.ours for t in evaluation.repeat_targets if not t.met]
+    return "yes" if not again else "no, on the next seeds: " + "; ".join(again)
 
 
 def _short(claim: Claim) -> str:
@@ -225,14 +296,16 @@ def table(evaluations: Sequence[Evaluation]) -> str:
     """A markdown table: setting, score, cluster, then each target (paper value in the head)."""
     head = ["setting", "score (RMS pts)", "fig7 apps", "fig8 compute / memory %"]
     head += [f"{_short(c)} ({c.paper:g})" for c in TARGETS]
+    head += ["issue targets met on both seed sets (else what missed)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in sorted(evaluations, key=lambda e: e.score):
         if e.note:
-            cells = [e.knobs.label(), "-", "-", "-"] + [e.note] + [""] * (len(TARGETS) - 1)
+            cells = [e.knobs.label(), "-", "-", "-"] + [e.note] + [""] * len(TARGETS)
         else:
             cells = [e.knobs.label(), f"{e.score:.1f}", f"{e.fig7_apps:.0f}",
                      f"{e.fig8_compute_pct:.0f} / {e.fig8_memory_pct:.0f}"]
             cells += [f"{v:.1f}" for v in e.ours if v is not None]
+            cells.append(_targets_cell(e))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -244,38 +317,53 @@ def write_csv(path: Path, evaluations: Sequence[Evaluation]) -> None:
         writer.writerow(["max_primary_compute_pct", "rate_low_rps", "rate_high_rps",
                          "rate_distribution", "mix",
                          "score", "fig7_apps", "fig8_compute_pct", "fig8_memory_pct", "note",
-                         *[_short(c) for c in TARGETS]])
+                         "meets_issue_targets", *[_short(c) for c in TARGETS]])
         for e in evaluations:
             writer.writerow([e.knobs.max_primary_compute_pct, *e.knobs.rate_rps,
                              e.knobs.rate_distribution, e.knobs.large_scale_mix,
                              f"{e.score:.3f}", e.fig7_apps, e.fig8_compute_pct,
-                             e.fig8_memory_pct, e.note,
+                             e.fig8_memory_pct, e.note, e.meets_targets,
                              *["" if v is None else f"{v:.3f}" for v in e.ours]])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Search the grid, print the table and the chosen setting."""
+    """Search the grid, print the table, the chosen setting and its hold-out check."""
     parser = argparse.ArgumentParser(prog="python -m sim.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=None, help="also write this CSV")
     parser.add_argument("--coarse-only", action="store_true", help="skip the fine grid")
+    parser.add_argument("--unconstrained", action="store_true",
+                        help="choose by the score alone; the issue's targets are not checked")
     options = parser.parse_args(argv)
-    coarse = calibrate(grid(), options.seeds, options.jobs)
-    chosen = best(coarse)
+    constrained = not options.unconstrained
+    coarse = calibrate(grid(), options.seeds, options.jobs, with_targets=constrained)
+    chosen = best(coarse, constrained)
     sys.stdout.write("coarse grid:\n\n" + table(coarse) + "\n\n")
+    if chosen is None:
+        sys.stdout.write("no setting of the coarse grid meets the issue's targets\n")
+        return 1
     sys.stdout.write(f"coarse best: {chosen.knobs.label()} (score {chosen.score:.2f})\n\n")
     evaluations = list(coarse)
     if not options.coarse_only:
         fine = calibrate([k for k in refine(chosen.knobs) if k not in set(grid())],
-                         options.seeds, options.jobs)
+                         options.seeds, options.jobs, with_targets=constrained)
         evaluations += fine
-        chosen = best(evaluations)
+        chosen = best(evaluations, constrained) or chosen
         sys.stdout.write("fine grid (new settings only):\n\n" + table(fine) + "\n\n")
     if options.out is not None:
         write_csv(options.out, evaluations)
     sys.stdout.write(f"best: {chosen.knobs.label()} (score {chosen.score:.2f} points)\n")
+    if constrained:
+        _init()
+        assert _WORKER is not None
+        held_out = check_targets(chosen.knobs, *_WORKER, seeds=options.seeds,
+                                 first_seed=2 * options.seeds)
+        sys.stdout.write(f"hold-out, seeds {2 * options.seeds}-{3 * options.seeds - 1}:\n")
+        for target in held_out:
+            sys.stdout.write(f"  {'met' if target.met else 'MISSED'}: {target.what}: "
+                             f"{target.ours}\n")
     return 0
 
 

@@ -7,7 +7,7 @@
   ten sites of size 10").
 * **Applications** draw a family uniformly from a *mix* (every family, the five families of
   the real testbed, or one of §5.5's classes), a maximum request rate log-uniform in
-  1-5 req/s (capped so the primary needs at most 40 % of one GPU; these choices are
+  2-20 req/s (capped so the primary needs at most 20 % of one GPU; these choices are
   calibrated, see ``MixKnobs`` and ``sim.calibrate``) and a latency SLO of 3x the
   primary's reference latency (at least 20 ms). Either a fixed number of apps (§5.3: 640)
   or as many as fill the cluster to a target utilisation of its binding resource (§5.5:
@@ -46,24 +46,25 @@ A2_CAPACITY = Resources({MEMORY_MB: A2_MEMORY_MB, COMPUTE: A2_COMPUTE})
 """Physical capacity of every simulated server."""
 
 # The application mix's free choices, calibrated on the paper's Fig. 7 and Fig. 8 baseline
-# recovery rates only (``python -m sim.calibrate --seeds 3``: 72-setting coarse grid, then a
-# 43-setting fine grid around its winner; RMS distance to the 9 target numbers 13.7 points,
-# against 26.8 for the pre-calibration 20 %, uniform 1-10 req/s, all families). Fig. 11 is
-# validation and entered no score. README "Calibration" has the table.
-DEFAULT_MAX_PRIMARY_COMPUTE_PCT = 40.0
-"""An app's request rate is capped so its primary needs at most this share of one A2 (was 20)."""
+# recovery rates under the issue's targets (``python -m sim.calibrate --seeds 3``: 72-setting
+# coarse grid, then a fine grid around its winner; among the settings that meet every target
+# of the issue on seeds 0-2 and again on seeds 3-5, the lowest RMS distance to the 9 paper
+# numbers: 29.2 points; the best fit with no constraint, ``FIG78_FIT``, scores 13.7 and misses
+# the five-site target). README "Calibration" and sim/calibration.md have the tables.
+DEFAULT_MAX_PRIMARY_COMPUTE_PCT = 20.0
+"""An app's request rate is capped so its primary needs at most this share of one A2."""
 
-DEFAULT_RATE_RPS = (1.0, 5.0)
-"""An app's maximum request rate is drawn from this range (before the cap; was 1-10)..."""
+DEFAULT_RATE_RPS = (2.0, 20.0)
+"""An app's maximum request rate is drawn from this range (before the cap)..."""
 
 DEFAULT_RATE_DISTRIBUTION = "log-uniform"
-"""...uniformly in log rate (more small apps, a longer tail; was "uniform")."""
+"""...uniformly in log rate (more small apps, a longer tail)."""
 
 RATE_DISTRIBUTIONS = ("uniform", "log-uniform")
 
 LARGE_SCALE_MIX = "testbed"
 """The mix of the 640-app cluster of Fig. 8, 9 and 11 (§5.3: "the same mixture of DNN models
-as the real experiments", i.e. the testbed's five families; was every family)."""
+as the real experiments", i.e. the testbed's five families)."""
 
 PAPER_TESTBED_FAMILIES = ("convnext", "efficientnet", "mobilenet_v3", "regnet_y",
                           "shufflenet_v2")
@@ -136,6 +137,11 @@ class MixKnobs:
 
 CALIBRATED = MixKnobs()
 """The defaults every experiment uses."""
+
+FIG78_FIT = MixKnobs(40.0, (1.0, 5.0), "log-uniform", "testbed")
+"""The best fit to the paper's Fig. 7/8 baseline numbers alone (``python -m sim.calibrate
+--unconstrained``; RMS 13.7 points): the default until the issue's targets became constraints
+of the calibration. It misses the five-site target (about +22 points, not +39)."""
 
 
 @dataclass(frozen=True, slots=True)

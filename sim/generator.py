@@ -20,7 +20,7 @@ MAX_PRIMARY_COMPUTE_PCT = 20.0
 
 This generator makes the small live testbeds' workloads (``deploy.workload``); the
 simulator's paper-sized clusters come from ``sim.cluster``, whose cap and rates are
-calibrated on the paper's figures (``sim.cluster.MixKnobs``, 40 %)."""
+calibrated (``sim.cluster.MixKnobs``)."""
 
 SLO_FACTOR = 3.0
 """A generated app's latency SLO is this multiple of its primary's reference latency..."""

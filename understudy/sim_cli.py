@@ -47,6 +47,10 @@ def register(commands: Any) -> None:
     mix = experiment.add_argument_group(
         "application mix", "the generator's free choices; default: the calibrated ones "
         "(sim/calibration.md); the report says which mix ran")
+    mix.add_argument("--mix-preset", choices=("calibrated", "fig7-8-fit"), default="calibrated",
+                     help="'calibrated': the best fit to the paper's Fig. 7/8 baselines among "
+                          "the mixes that meet the issue's targets (default); 'fig7-8-fit': "
+                          "the best fit with no constraint. The options below apply on top")
     mix.add_argument("--mix-cap", type=float, default=None, metavar="PCT",
                      help="largest primary, %% of one A2's compute")
     mix.add_argument("--mix-rates", default=None, metavar="LOW-HIGH",
@@ -58,10 +62,10 @@ def register(commands: Any) -> None:
 
 
 def mix_knobs(options: argparse.Namespace) -> MixKnobs:
-    """The calibrated mix with the ``--mix-*`` options applied; ValueError on bad values."""
-    from sim.cluster import CALIBRATED, ClusterSpec
+    """The preset mix with the other ``--mix-*`` options applied; ValueError on bad values."""
+    from sim.cluster import CALIBRATED, FIG78_FIT, ClusterSpec
 
-    knobs = CALIBRATED
+    knobs = FIG78_FIT if options.mix_preset == "fig7-8-fit" else CALIBRATED
     if options.mix_cap is not None:
         knobs = replace(knobs, max_primary_compute_pct=options.mix_cap)
     if options.mix_rates is not None:

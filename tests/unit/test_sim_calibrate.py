@@ -11,6 +11,7 @@ from policies.resources import COMPUTE
 from sim import calibrate
 from sim.cluster import ClusterSpec, MixKnobs, build_cluster
 from sim.paper import BASELINES
+from sim.report import Target
 
 FAMILIES = load_families()
 
@@ -42,6 +43,35 @@ def test_score_is_rms_distance_in_points_and_best_takes_the_lowest() -> None:
     assert missing.score == math.inf
     assert calibrate.best([off, missing, exact]) is exact
     assert "does not fit" in calibrate.table([off, missing, exact])
+
+
+def _met(*verdicts: bool) -> tuple[Target, ...]:
+    return tuple(Target(f"target {i}", f"ours {i}", met) for i, met in enumerate(verdicts))
+
+
+def test_constrained_best_needs_every_target_met_on_both_sets_of_seeds() -> None:
+    paper = [c.paper for c in calibrate.TARGETS]
+    closest = calibrate.Evaluation(MixKnobs(), tuple(paper), 40, 40, 20,
+                                   issue_targets=_met(True, False))
+    by_a_hair = calibrate.Evaluation(MixKnobs(30.0), tuple(p + 1.0 for p in paper), 40, 40,
+                                     20, issue_targets=_met(True, True),
+                                     repeat_targets=_met(False, True))
+    unchecked_again = calibrate.Evaluation(MixKnobs(35.0), tuple(p + 1.5 for p in paper), 40,
+                                           40, 20, issue_targets=_met(True, True))
+    robust = calibrate.Evaluation(MixKnobs(20.0), tuple(p + 2.0 for p in paper), 40, 40, 20,
+                                  issue_targets=_met(True, True),
+                                  repeat_targets=_met(True, True))
+    every = [closest, by_a_hair, unchecked_again, robust]
+    assert calibrate.best(every) is closest
+    assert calibrate.best(every, constrained=True) is robust
+    assert calibrate.best(every[:3], constrained=True) is None
+    cells = {line.split(" | ")[0].lstrip("| "): line.rsplit(" | ", 1)[-1].rstrip(" |")
+             for line in calibrate.table(every).splitlines()[2:]}
+    assert cells == {closest.knobs.label(): "no: ours 1",
+                     by_a_hair.knobs.label(): "no, on the next seeds: ours 0",
+                     unchecked_again.knobs.label(): "on the first seeds; the next ones not "
+                                                    "checked",
+                     robust.knobs.label(): "yes"}
 
 
 @pytest.mark.parametrize("distribution", ["uniform", "log-uniform"])
@@ -77,25 +107,42 @@ def test_an_evaluation_reads_every_target() -> None:
     from sim.timing import profiler_fit, timing_for
 
     timing = timing_for(FAMILIES, "profiles", profiler_fit(None))
-    result = calibrate.evaluate(MixKnobs(), FAMILIES, timing, seeds=1)
+    result = calibrate.evaluate(MixKnobs(), FAMILIES, timing, seeds=1, with_targets=False)
     assert not result.note and all(v is not None for v in result.ours)
+    assert not result.issue_targets and not result.meets_targets
     assert result.fig7_apps > 0 and 0 < result.fig8_compute_pct < 100
     assert 0.0 <= result.score < 100.0
 
 
-def test_fig11_check_of_the_calibrated_mix() -> None:
-    # Validation of the Fig. 11 claim (sim/fig11_check.py) on one seed: the calibrated mix's
-    # best full-size policy keeps more than 71.8 % at five failed sites (full run: 77.7 %), so
+def test_fig11_check_of_the_fig7_8_fit() -> None:
+    # The curve check (sim/fig11_check.py) on one seed: the best fit to Fig. 7/8 alone keeps
+    # its best full-size policy above 71.8 % at five failed sites (full run: 77.7 %), so
     # Understudy is not run and the table says the claim does not hold either way.
     from sim import fig11_check
-    from sim.cluster import CALIBRATED
+    from sim.cluster import FIG78_FIT
     from sim.timing import profiler_fit, timing_for
 
     timing = timing_for(FAMILIES, "profiles", profiler_fit(None))
-    result = fig11_check.check(CALIBRATED, FAMILIES, timing, seeds=1)
+    result = fig11_check.check(FIG78_FIT, FAMILIES, timing, seeds=1)
     assert set(result.best_baseline) == {1, 5, 7}
     assert all(0.0 <= v <= 100.0 for v in result.best_baseline.values())
     assert result.best_baseline[5] > fig11_check.CLAIM_RELATIVE
     assert result.understudy_at_5 is None
     row = fig11_check.table([result]).splitlines()[-1]
-    assert "(calibrated)" in row and row.endswith("| no / no |")
+    assert "(Fig. 7/8 fit)" in row and row.endswith("| no / no |")
+
+
+def test_the_calibrated_mix_meets_the_issue_targets_where_the_fig7_8_fit_does_not() -> None:
+    # The constraint of the calibration on seed 0 (sim.calibrate.check_targets: the report's
+    # verdicts on Fig. 8 at 10 % headroom and Fig. 11 with 5 sites failed): the default meets
+    # all six (+46.8 points at five sites); the best fit to Fig. 7/8 alone misses the five-site
+    # gap in points and read as relative (+24.9 points, +33.2 %).
+    from sim.cluster import CALIBRATED, FIG78_FIT
+    from sim.timing import profiler_fit, timing_for
+
+    timing = timing_for(FAMILIES, "profiles", profiler_fit(None))
+    calibrated = calibrate.check_targets(CALIBRATED, FAMILIES, timing, seeds=1)
+    assert len(calibrated) == 6 and all(t.met for t in calibrated)
+    fit = calibrate.check_targets(FIG78_FIT, FAMILIES, timing, seeds=1)
+    missed = [t.what for t in fit if not t.met]
+    assert len(missed) == 2 and all("5 of 10 sites: >= 39" in what for what in missed)

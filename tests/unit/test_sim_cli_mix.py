@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from sim.cluster import CALIBRATED, MixKnobs
+from sim.cluster import CALIBRATED, FIG78_FIT, MixKnobs
 from sim.report import markdown
 from sim.timing import Timing
 from understudy import sim_cli
@@ -20,6 +20,13 @@ def _options(*args: str) -> argparse.Namespace:
 
 def test_no_mix_option_keeps_the_calibrated_mix() -> None:
     assert sim_cli.mix_knobs(_options()) == CALIBRATED
+
+
+def test_the_fig7_8_fit_preset_and_options_on_top_of_it() -> None:
+    assert sim_cli.mix_knobs(_options("--mix-preset", "fig7-8-fit")) == FIG78_FIT
+    knobs = sim_cli.mix_knobs(_options("--mix-preset", "fig7-8-fit", "--mix-cap", "30"))
+    assert knobs == MixKnobs(30.0, FIG78_FIT.rate_rps, FIG78_FIT.rate_distribution,
+                             FIG78_FIT.large_scale_mix)
 
 
 def test_every_mix_option_is_applied() -> None:
