@@ -17,8 +17,8 @@ fig13    §5.8 Fig. 13           apps, servers or variants per family (``sim.sca
 
 Defaults (§5.1): K = 50 %, α = 0.1, headroom 20 %. Fig. 10's 40 % utilisation was the binding
 (compute) utilisation of the 640-app cluster of Fig. 8 before the application mix was
-calibrated (``sim.calibrate``; now about 59 %). It is kept: Fig. 10 is no calibration target,
-and at 40 % the Small class already has about 4700 apps (paper: 3264; Large 145, paper 402).
+calibrated (``sim.calibrate``; now about 60 %). It is kept: Fig. 10 is no calibration target,
+and at 40 % the Small class has about 2200 apps (paper: 3264; Large 228, paper 402).
 
 A *unit* is one (experiment, seed, parameter value): it builds the cluster, then runs every
 policy over every failure scenario. Units are independent and deterministic, so they can run
