@@ -53,7 +53,7 @@ from policies.model import Family
 from sim.cluster import MixKnobs
 from sim.experiments import Unit, UnitResult, run_unit
 from sim.paper import BASELINES, CLAIMS, Claim
-from sim.pool import worker_pool
+from sim.pool import map_jobs
 from sim.report import Target, targets
 from sim.results import lookup, rows
 from sim.runner import UNDERSTUDY
@@ -237,30 +237,26 @@ def _mean(values: Iterable[float]) -> float:
     return sum(found) / len(found) if found else math.nan
 
 
-_WORKER: tuple[Mapping[str, Family], Timing] | None = None
+_INPUTS: tuple[Mapping[str, Family], Timing] | None = None
 
 
-def _init() -> None:
-    global _WORKER
-    families = load_families()
-    _WORKER = (families, timing_for(families, "profiles", profiler_fit(None)))
+def default_inputs() -> tuple[Mapping[str, Family], Timing]:
+    """The packaged profiles and their measured load times, loaded once per process."""
+    global _INPUTS
+    if _INPUTS is None:
+        families = load_families()
+        _INPUTS = (families, timing_for(families, "profiles", profiler_fit(None)))
+    return _INPUTS
 
 
 def _evaluate_in_worker(job: tuple[MixKnobs, int, bool]) -> Evaluation:
-    if _WORKER is None:
-        _init()
-    assert _WORKER is not None
-    return evaluate(job[0], *_WORKER, seeds=job[1], with_targets=job[2])
+    return evaluate(job[0], *default_inputs(), seeds=job[1], with_targets=job[2])
 
 
 def calibrate(settings: Sequence[MixKnobs], seeds: int, jobs: int = 1,
               with_targets: bool = True) -> list[Evaluation]:
     """Evaluate every setting (in worker processes with ``jobs`` > 1), in grid order."""
-    work = [(k, seeds, with_targets) for k in settings]
-    if jobs <= 1:
-        return [_evaluate_in_worker(w) for w in work]
-    with worker_pool(jobs, initializer=_init) as pool:
-        return list(pool.map(_evaluate_in_worker, work))
+    return map_jobs(_evaluate_in_worker, [(k, seeds, with_targets) for k in settings], jobs)
 
 
 def best(evaluations: Sequence[Evaluation], constrained: bool = False) -> Evaluation | None:
@@ -356,9 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_csv(options.out, evaluations)
     sys.stdout.write(f"best: {chosen.knobs.label()} (score {chosen.score:.2f} points)\n")
     if constrained:
-        _init()
-        assert _WORKER is not None
-        held_out = check_targets(chosen.knobs, *_WORKER, seeds=options.seeds,
+        held_out = check_targets(chosen.knobs, *default_inputs(), seeds=options.seeds,
                                  first_seed=2 * options.seeds)
         sys.stdout.write(f"hold-out, seeds {2 * options.seeds}-{3 * options.seeds - 1}:\n")
         for target in held_out:

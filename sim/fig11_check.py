@@ -4,11 +4,11 @@ Validation only: nothing here feeds the calibration (``sim.calibrate`` fits Fig.
 requires the issue's targets, the five-site one included, on the same runs as ``all``).
 For every setting of the calibration's coarse grid, and the default mix, this runs Fig. 11's
 scenarios (10 random sets of failed sites per count, site-independent warm backups) with the
-full-size baselines
-at 1, 5 and 7 failed sites, and reports the best full-size policy's recovery rate (mean over
-the site sets, then over seeds). Where that best baseline leaves room for the claim at 5
-sites (Understudy "at least 39.3 %" above it: 60.7 % if read in points, 71.8 % if relative),
-Understudy runs too, since the claim also needs it to recover every app.
+full-size baselines at 1, 5 and 7 failed sites, and reports the best full-size policy's
+recovery rate (mean over the site sets, then over seeds). Where that best baseline leaves
+room for the claim at 5 sites (Understudy "at least 39.3 %" above it: 60.7 % if read in
+points, 71.8 % if relative), Understudy runs too, since the claim also needs it to recover
+every app.
 
 The paper's own Full-Size-Cold reads 92.1 % at one failed site (FailLite + 7.9) and 60.7 %
 at seven (FailLite + 39.3, §5.6). The table shows which settings come near that curve.
@@ -24,15 +24,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from model_repo.profiles import load_families
 from policies.model import Family
-from sim.calibrate import grid
+from sim.calibrate import default_inputs, grid
 from sim.cluster import CALIBRATED, FIG78_FIT, MixKnobs
 from sim.experiments import Unit, UnitResult, run_unit
 from sim.metrics import summarize
-from sim.pool import worker_pool
+from sim.pool import map_jobs
 from sim.runner import FULL_SIZE_COLD, FULL_SIZE_WARM, FULL_SIZE_WARM_K, UNDERSTUDY
-from sim.timing import Timing, profiler_fit, timing_for
+from sim.timing import Timing
 
 COUNTS = (1, 5, 7)
 BASELINES = (FULL_SIZE_WARM, FULL_SIZE_COLD, FULL_SIZE_WARM_K)
@@ -82,15 +81,8 @@ def check(knobs: MixKnobs, families: Mapping[str, Family], timing: Timing,
     return Check(knobs, best, understudy)
 
 
-_WORKER: tuple[Mapping[str, Family], Timing] | None = None
-
-
 def _check_in_worker(job: tuple[MixKnobs, int]) -> Check:
-    global _WORKER
-    if _WORKER is None:
-        families = load_families()
-        _WORKER = (families, timing_for(families, "profiles", profiler_fit(None)))
-    return check(job[0], *_WORKER, seeds=job[1])
+    return check(job[0], *default_inputs(), seeds=job[1])
 
 
 def table(checks: Sequence[Check]) -> str:
@@ -120,12 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     options = parser.parse_args(argv)
     settings = grid() + [k for k in (CALIBRATED,) if k not in grid()]  # the default, always
-    work = [(k, options.seeds) for k in settings]
-    if options.jobs <= 1:
-        checks = [_check_in_worker(w) for w in work]
-    else:
-        with worker_pool(options.jobs) as pool:
-            checks = list(pool.map(_check_in_worker, work))
+    checks = map_jobs(_check_in_worker, [(k, options.seeds) for k in settings], options.jobs)
     sys.stdout.write(table(checks) + "\n\n")
     sys.stdout.write(f"paper's Full-Size-Cold: {PAPER_FULL_COLD[1]:.1f} % at 1 site, "
                      f"{PAPER_FULL_COLD[7]:.1f} % at 7; the claim at 5 sites needs the best "

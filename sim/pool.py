@@ -10,9 +10,12 @@ Spawning costs each worker a fresh import (well under a second) and rules that o
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
 
 
 def worker_pool(jobs: int, initializer: Callable[..., object] | None = None,
@@ -20,3 +23,15 @@ def worker_pool(jobs: int, initializer: Callable[..., object] | None = None,
     """A pool of ``jobs`` spawned worker processes."""
     return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=initializer, initargs=initargs)
+
+
+def map_jobs(run: Callable[[Job], Result], work: Sequence[Job], jobs: int) -> list[Result]:
+    """``run`` over ``work``, results in order.
+
+    In this process with ``jobs`` <= 1, else in a pool of ``jobs`` spawned workers (``run``
+    must then be a module-level function).
+    """
+    if jobs <= 1:
+        return [run(w) for w in work]
+    with worker_pool(jobs) as pool:
+        return list(pool.map(run, work))
