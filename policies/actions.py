@@ -1,7 +1,8 @@
 """Decisions as typed values: the plans policies return and the actions they imply.
 
-Policies never act; the controller's orchestrator (or the simulator) executes the
-``actions()`` of a plan in order.
+Policies never act. A plan's ``stages()`` are what gets executed, by the controller's executor
+against real agents and by the simulator against its simulated cluster, under one rule
+(:class:`Stage`); ``actions()`` is the same list flattened, for reading and for tests.
 """
 
 from __future__ import annotations
@@ -42,6 +43,27 @@ class PromoteReplica:
 
 
 Action = LoadVariant | UnloadVariant | PromoteReplica
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A named group of actions, executed under one rule everywhere.
+
+    A stage starts once every stage named in ``after`` (earlier in the same list) has
+    finished. Inside it, each app's actions run one after the other, in list order; different
+    apps' actions run at the same time. ``urgent`` marks loads that end an outage (the app has
+    nothing serving): an agent runs them before its routine loads.
+    """
+
+    name: str
+    actions: tuple[Action, ...]
+    after: tuple[str, ...] = ()
+    urgent: bool = False
+
+
+def flatten(stages: tuple[Stage, ...]) -> tuple[Action, ...]:
+    """Every action of ``stages``, in order."""
+    return tuple(action for stage in stages for action in stage.actions)
 
 
 # --- warm-backup plan ----------------------------------------------------------------------
@@ -106,6 +128,10 @@ class WarmPlan:
 
         Loads come first so an app never has fewer backups than before while the plan applies.
         """
+        return flatten(self.stages(current_warm))
+
+    def stages(self, current_warm: tuple[tuple[str, str, str], ...] = ()) -> tuple[Stage, ...]:
+        """One stage: each app's new backups load before its dropped ones unload."""
         wanted = {(a.app_id, a.server_id, a.variant) for a in self.assignments}
         current = set(current_warm)
         loads = tuple(LoadVariant(a.server_id, a.app_id, a.variant, Role.WARM)
@@ -113,7 +139,7 @@ class WarmPlan:
                       if (a.app_id, a.server_id, a.variant) not in current)
         unloads = tuple(UnloadVariant(server, app, variant)
                         for app, server, variant in sorted(current - wanted))
-        return loads + unloads
+        return (Stage("warm", loads + unloads),)
 
 
 # --- failover plan -------------------------------------------------------------------------
@@ -180,17 +206,25 @@ class FailoverPlan:
             r.app_id for r in self.recoveries) | frozenset(u.app_id for u in self.unrecoverable)
 
     def actions(self) -> tuple[Action, ...]:
-        """Promotions, unloads, interim loads, deferred unloads, then upgrades.
+        """Every action of :meth:`stages`, in order."""
+        return flatten(self.stages())
 
-        In full: warm promotions, the preempted backups the interims need gone, every interim
-        load (in ``recoveries`` order), the deferred preemptions, then the upgrades. All
-        interims come before any upgrade so that every app serves as early as possible.
+    def stages(self) -> tuple[Stage, ...]:
+        """Warm promotions and preemptions, interims, deferred preemptions, then upgrades.
+
+        ``switch``: the warm backups' promotions (no load needed). ``preempt``: the preempted
+        backups the interims need gone. ``interim`` (after ``preempt``, urgent): each
+        recovery's interim load and its promotion, in ``recoveries`` order. ``release`` (after
+        ``interim``): the deferred preemptions. ``upgrade`` (after both): each target's load,
+        its promotion and the interim's unload. Every interim serves before any upgrade
+        starts: interims end outages, upgrades only restore accuracy, and on a small cluster
+        the two compete for the same disks, network and cores.
         """
-        promotions: tuple[Action, ...] = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
-                                               for s in self.warm_switches)
         deferred = set(self.deferred_preemptions)
-        promotions += tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
-                            for p in self.preempted if p not in deferred)
+        switch = tuple(PromoteReplica(s.app_id, s.server_id, s.variant)
+                       for s in self.warm_switches)
+        preempt = tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
+                        for p in self.preempted if p not in deferred)
         interims: list[Action] = []
         upgrades: list[Action] = []
         for r in self.recoveries:
@@ -200,6 +234,10 @@ class FailoverPlan:
                 upgrades.append(LoadVariant(r.server_id, r.app_id, r.target_variant, Role.UPGRADE))
                 upgrades.append(PromoteReplica(r.app_id, r.server_id, r.target_variant))
                 upgrades.append(UnloadVariant(r.server_id, r.app_id, r.interim_variant))
-        unloads = tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
+        release = tuple(UnloadVariant(p.server_id, p.app_id, p.variant)
                         for p in self.preempted if p in deferred)
-        return promotions + tuple(interims) + unloads + tuple(upgrades)
+        return (Stage("switch", switch),
+                Stage("preempt", preempt),
+                Stage("interim", tuple(interims), after=("preempt",), urgent=True),
+                Stage("release", release, after=("interim",)),
+                Stage("upgrade", tuple(upgrades), after=("interim", "release")))
