@@ -36,8 +36,8 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonConfig, TritonError, TritonServer
-from understudy.ports import free_ports
-from understudy.protocol import (
+from understudy.wire.ports import free_ports
+from understudy.wire.protocol import (
     AGENT_WS_PATH,
     CommandResult,
     Configure,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from understudy.lifetime import die_with_parent
+from understudy.wire.lifetime import die_with_parent
 
 
 def child_setup(nice: int) -> Callable[[], None]:

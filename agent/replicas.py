@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from understudy.protocol import (
+from understudy.wire.protocol import (
     CommandResult,
     ErrorInfo,
     ReplicaExited,

@@ -32,7 +32,7 @@ from agent.triton import TritonConfig, TritonServer  # noqa: E402
 from model_repo.artifacts import find_variant  # noqa: E402
 from model_repo.profiler import link_model  # noqa: E402
 from model_repo.runtime import runtime_stats  # noqa: E402
-from understudy.ports import free_ports  # noqa: E402
+from understudy.wire.ports import free_ports  # noqa: E402
 
 VARIANTS = ("mobilenet_v3_large", "convnext_base", "shufflenet_v2_x2_0", "efficientnet_b7",
             "convnext_small", "mobilenet_v3_small")

@@ -36,7 +36,7 @@ from agent.triton import TritonConfig, TritonServer  # noqa: E402
 from model_repo.artifacts import find_variant  # noqa: E402
 from model_repo.native_backend import NATIVE_BACKEND, PYTHON_BACKEND  # noqa: E402
 from model_repo.profiler import link_model  # noqa: E402
-from understudy.ports import free_ports  # noqa: E402
+from understudy.wire.ports import free_ports  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -86,7 +86,7 @@ def load_after_kill(repeats: int) -> dict[str, float]:
     from model_repo.artifacts import find_variant
     from model_repo.profiler import link_model
     from model_repo.runtime import runtime_stats
-    from understudy.ports import free_ports
+    from understudy.wire.ports import free_ports
 
     store = REPO / "runs" / "artifacts"
 

@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:
 import agent.daemon  # noqa: E402, F401 - the agent's footprint, as a fork copies it
 from agent.processes import child_setup  # noqa: E402
 from agent.replicas import ReplicaSupervisor  # noqa: E402
-from understudy.protocol import StartReplicaCommand  # noqa: E402
+from understudy.wire.protocol import StartReplicaCommand  # noqa: E402
 
 TICK_S = 0.001
 

@@ -16,7 +16,7 @@ from typing import Any
 from controller.detector import FailureDetector
 from controller.errors import AgentCommandError, AgentUnavailableError
 from model_repo.artifacts import Manifest
-from understudy.protocol import (
+from understudy.wire.protocol import (
     CommandResult,
     Configure,
     Heartbeat,

@@ -31,7 +31,7 @@ from controller.snapshot import build_snapshot
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.failover import split_affected
 from policies.model import ClusterSnapshot
-from understudy.protocol import Hello, TritonUp
+from understudy.wire.protocol import Hello, TritonUp
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from controller.agents import AgentHub
 from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.graph_placement import PlacementError
 from stateful.errors import LaunchError
-from understudy.protocol import StartReplicaCommand, StopReplicaCommand
+from understudy.wire.protocol import StartReplicaCommand, StopReplicaCommand
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from controller.graph_records import GraphRecord
 from stateful.messages import GraphConfig
-from understudy.protocol import ReplicaInfo
+from understudy.wire.protocol import ReplicaInfo
 
 logger = logging.getLogger(__name__)
 

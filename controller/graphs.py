@@ -64,7 +64,7 @@ from stateful.core.frontend import ClientRequest
 from stateful.graph import GraphSpec
 from stateful.messages import Payload
 from stateful.operators import check_kinds
-from understudy.protocol import Hello, ReplicaExited, StopReplicaCommand
+from understudy.wire.protocol import Hello, ReplicaExited, StopReplicaCommand
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from policies.failover import UnderstudyPolicy
 from policies.model import ClusterSnapshot, Family
 from policies.primary import place_primaries
 from policies.resources import Resources
-from understudy.protocol import model_name
+from understudy.wire.protocol import model_name
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from understudy.ports import free_port
+from understudy.wire.ports import free_port
 
 logger = logging.getLogger(__name__)
 

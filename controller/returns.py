@@ -21,7 +21,7 @@ from controller.records import (
     ServerState,
 )
 from controller.takeback import take_back
-from understudy.protocol import Hello, InventoryItem, TritonUp, UnloadCommand
+from understudy.wire.protocol import Hello, InventoryItem, TritonUp, UnloadCommand
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from deploy.workload import (
 )
 from model_repo.artifacts import DEFAULT_SCALE, build_store
 from model_repo.profiles import load_families
-from understudy.ports import free_port
+from understudy.wire.ports import free_port
 
 logger = logging.getLogger(__name__)
 

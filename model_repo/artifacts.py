@@ -26,14 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from model_repo.network import NetworkSpec, initial_state, seed_for, spec_for_size
 from policies.model import Family
+from understudy.wire.artifacts import STORE_SCHEMA_VERSION, Manifest
 
 logger = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 1
 DEFAULT_SCALE = 0.35
 """Artifact scale: the demo families' 5.87 GB of torchvision weights become about 2.05 GB."""
 DEFAULT_MAX_BATCH = 8
@@ -45,27 +43,6 @@ INDEX_FILE = "index.json"
 
 class ArtifactError(ValueError):
     """The artifact store is missing, inconsistent, or lacks a requested variant."""
-
-
-class Manifest(BaseModel):
-    """What the generator wrote for one variant; checked before the agent serves it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: int = STORE_SCHEMA_VERSION
-    family: str
-    variant: str
-    profiled_size_mb: float = Field(gt=0)
-    scale: float = Field(gt=0)
-    weights_mb: float = Field(gt=0)
-    weights_sha256: str
-    spec: dict[str, int]
-    max_batch_size: int = Field(ge=1)
-
-    @property
-    def network(self) -> NetworkSpec:
-        """The network spec as a value."""
-        return NetworkSpec.from_dict(self.spec)
 
 
 @dataclass(frozen=True)

@@ -7,68 +7,33 @@ profiled size times the artifact scale, so a larger variant really reads, deseri
 touches more bytes when it loads, and really computes more per request.
 
 This module imports torch lazily inside the functions that need it, so that the artifact
-generator's pure helpers (sizing) stay importable without torch.
+generator's pure helpers (sizing) stay importable without torch. The shape itself,
+:class:`NetworkSpec`, is a plain value that travels in manifests: it lives in
+``understudy.wire.artifacts`` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from understudy.wire.artifacts import (
+    BYTES_PER_PARAM,
+    DEFAULT_IMAGE_SIDE,
+    DEFAULT_NUM_CLASSES,
+    POOLED_SIDE,
+    STEM_CHANNELS,
+    STEM_STRIDE,
+    NetworkSpec,
+)
 
 if TYPE_CHECKING:
     import torch
 
-BYTES_PER_PARAM = 4
-"""Weights are stored as float32."""
 MAX_WIDTH = 1024
 """Width of the hidden layers once a variant is big enough to need more than one."""
 MIN_WIDTH = 8
-STEM_CHANNELS = 16
-STEM_STRIDE = 4
-POOLED_SIDE = 8
-"""The stem output is average-pooled to POOLED_SIDE x POOLED_SIDE before the dense stack."""
-DEFAULT_IMAGE_SIDE = 224
-DEFAULT_NUM_CLASSES = 1000
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    """Shape of one variant's network; stored next to its weights so a loader can rebuild it."""
-
-    width: int
-    hidden_layers: int
-    num_classes: int = DEFAULT_NUM_CLASSES
-    image_side: int = DEFAULT_IMAGE_SIDE
-    seed: int = 0
-
-    @property
-    def features(self) -> int:
-        """Length of the pooled stem output that feeds the dense stack."""
-        return STEM_CHANNELS * POOLED_SIDE * POOLED_SIDE
-
-    def parameter_count(self) -> int:
-        """Number of float32 parameters (weights and biases) of the whole network."""
-        stem = 3 * STEM_CHANNELS * STEM_STRIDE * STEM_STRIDE + STEM_CHANNELS
-        first = self.features * self.width + self.width
-        hidden = self.hidden_layers * (self.width * self.width + self.width)
-        head = self.width * self.num_classes + self.num_classes
-        return stem + first + hidden + head
-
-    def weight_mb(self) -> float:
-        """Size of the raw parameters, MB (the weight file adds a few KB of container)."""
-        return self.parameter_count() * BYTES_PER_PARAM / 1e6
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NetworkSpec:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{k: int(data[k]) for k in ("width", "hidden_layers", "num_classes",
-                                                  "image_side", "seed")})
 
 
 def seed_for(name: str) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from agent.triton import TritonConfig, TritonError, TritonServer
 from model_repo.artifacts import WEIGHTS_FILE, StoreEntry, list_store, render_config
 from model_repo.profiles import LoadTimeFit, Measurement
-from understudy.ports import free_ports
+from understudy.wire.ports import free_ports
 
 logger = logging.getLogger(__name__)
 

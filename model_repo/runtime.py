@@ -39,7 +39,7 @@ import numpy as np
 from model_repo.huge_pages import collapse_heap
 from model_repo.network import NetworkSpec, initial_state, meta_network
 from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
-from understudy.lifetime import die_with_parent, orphaned
+from understudy.wire.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,17 @@ class PromoteReplica:
     variant: str
 
 
-Action = LoadVariant | UnloadVariant | PromoteReplica
+@dataclass(frozen=True, slots=True)
+class RemoveStray:
+    """Unload a model ``server_id`` holds that no record wants (found when reconciling an
+    agent; the controller's alone: a simulated cluster holds no strays)."""
+
+    server_id: str
+    app_id: str
+    variant: str
+
+
+Action = LoadVariant | UnloadVariant | PromoteReplica | RemoveStray
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from understudy.lifetime import die_with_parent, orphaned
+from understudy.wire.lifetime import die_with_parent, orphaned
 
 READY = "READY"
 """First stdout word of a replica that listens, followed by its ``host:port``."""

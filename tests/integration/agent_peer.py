@@ -19,7 +19,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from understudy.protocol import AGENT_WS_PATH, CommandResult, encode, parse_agent_message
+from understudy.wire.protocol import AGENT_WS_PATH, CommandResult, encode, parse_agent_message
 
 
 @dataclass
@@ -114,7 +114,7 @@ class AgentPeer:
 
     async def command(self, kind: str, timeout: float = 120.0, **fields: Any) -> CommandResult:
         """Send one command and wait for its result."""
-        from understudy.protocol import InventoryCommand, LoadCommand, UnloadCommand
+        from understudy.wire.protocol import InventoryCommand, LoadCommand, UnloadCommand
 
         command_id = f"c{next(self._ids)}"
         types = {"load": LoadCommand, "unload": UnloadCommand, "inventory": InventoryCommand}

@@ -16,7 +16,7 @@ import pytest
 
 from agent.daemon import Agent, AgentConfig
 from tests.integration.agent_peer import AgentPeer, LoopThread
-from understudy.protocol import CommandResult, Heartbeat, Hello, TritonDown, TritonUp
+from understudy.wire.protocol import CommandResult, Heartbeat, Hello, TritonDown, TritonUp
 
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "test-token"

@@ -25,7 +25,7 @@ from model_repo.native_backend import (
 )
 from model_repo.network import NetworkSpec, initial_state
 from model_repo.runtime import runtime_stats
-from understudy.ports import free_ports
+from understudy.wire.ports import free_ports
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler to build with")
 

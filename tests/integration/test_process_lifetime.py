@@ -76,7 +76,7 @@ def test_an_agents_replica_runs_at_its_niceness_and_dies_with_it(tmp_path: Path)
 import asyncio, sys
 from pathlib import Path
 from agent.replicas import ReplicaSupervisor
-from understudy.protocol import StartReplicaCommand
+from understudy.wire.protocol import StartReplicaCommand
 
 async def main():
     supervisor = ReplicaSupervisor(Path({str(tmp_path)!r}), nice=7)

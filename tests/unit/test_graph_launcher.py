@@ -13,7 +13,12 @@ from controller.errors import AgentCommandError
 from controller.graph_launcher import SERVER_GONE, AgentReplicaLauncher
 from controller.graph_placement import PlacementError
 from stateful.errors import LaunchError
-from understudy.protocol import CommandResult, ReplicaInfo, StartReplicaCommand, StopReplicaCommand
+from understudy.wire.protocol import (
+    CommandResult,
+    ReplicaInfo,
+    StartReplicaCommand,
+    StopReplicaCommand,
+)
 
 
 class FakeHub:

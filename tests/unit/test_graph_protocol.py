@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from understudy.protocol import (
+from understudy.wire.protocol import (
     CommandResult,
     Hello,
     ProtocolError,

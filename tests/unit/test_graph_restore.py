@@ -14,7 +14,7 @@ from stateful.core.effects import Effect, Kill, Send
 from stateful.graph import MANAGER
 from stateful.messages import Configure, Durable, GraphConfig, Mode, Placement, RuntimeOptions
 from stateful.services import sp_graph
-from understudy.protocol import ReplicaInfo
+from understudy.wire.protocol import ReplicaInfo
 
 OPTIONS = RuntimeOptions(mode=Mode.NSPB)
 

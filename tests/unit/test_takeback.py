@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from controller.records import AppRecord, AppSpec, Replica, ReplicaRole, ReplicaState
-from controller.takeback import take_back
-from understudy.protocol import InventoryItem, ModelState
+from controller.decide.takeback import take_back
+from understudy.wire.protocol import InventoryItem, ModelState
 
 ACCURACY = {"small": 0.6, "medium": 0.8, "large": 0.9}
 

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from model_repo.artifacts import Manifest
+from understudy.wire.artifacts import Manifest
 
 PROTOCOL_VERSION = 1
 AGENT_WS_PATH = "/v1/agents/connect"
