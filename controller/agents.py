@@ -197,6 +197,16 @@ class AgentHub:
         return await self.command(server_id, UnloadCommand(command_id=self.next_id(),
                                                            app_id=app_id, variant=variant))
 
+    async def start_unload(self, server_id: str, app_id: str,
+                           variant: str) -> Awaitable[CommandResult]:
+        """Send an unload now; its result comes from the returned awaitable.
+
+        The caller may hold a lock that orders this unload before a later load of the model.
+        """
+        command = UnloadCommand(command_id=self.next_id(), app_id=app_id, variant=variant)
+        sent = await self.send(server_id, command)
+        return self.command(server_id, command, sent=sent)
+
     async def inventory(self, server_id: str) -> list[InventoryItem]:
         """What the server's Triton holds now."""
         result = await self.command(server_id, InventoryCommand(command_id=self.next_id()),

@@ -196,7 +196,7 @@ def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list
 
     @app.post("/v1/plan/solve", dependencies=mutating, tags=["plan"])
     async def solve() -> dict[str, Any]:
-        return await controller.orchestrator.replan_warm()
+        return await controller.warm.replan()
 
 
 def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:

@@ -13,15 +13,13 @@ written to Redis, and a prefetch that fails is retried at the next registration 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from controller.errors import AgentCommandError, AgentUnavailableError
+from controller.interfaces import AgentLink, ManifestSource, RecordStore
 from controller.records import ServerState
 from policies.model import Family
-
-if TYPE_CHECKING:
-    from controller.orchestrator import Orchestrator
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +32,14 @@ def interim_variants(families: Mapping[str, Family], in_use: Iterable[str]) -> l
 class InterimPrefetcher:
     """Keeps the interim variants' weights cached on every up server."""
 
-    def __init__(self, orchestrator: Orchestrator) -> None:
-        self.o = orchestrator
+    def __init__(self, store: RecordStore, agents: AgentLink, artifacts: ManifestSource,
+                 families: Mapping[str, Family],
+                 spawn: Callable[[Awaitable[Any], str], object]) -> None:
+        self.store = store
+        self.agents = agents
+        self.artifacts = artifacts
+        self.families = families
+        self.spawn = spawn
         self._asked: set[tuple[str, str]] = set()
         """(server, variant) pairs sent (or being sent) since the server's last join."""
 
@@ -46,26 +50,25 @@ class InterimPrefetcher:
 
     def request(self) -> None:
         """Bring every up server's cache up to date, in the background."""
-        self.o.spawn(self.run(), "prefetch interim variants")
+        self.spawn(self.run(), "prefetch interim variants")
 
     async def run(self) -> None:
         """Send the prefetches not yet sent (one task per server and variant)."""
-        o = self.o
-        apps, servers = await o.store.apps_and_servers()
-        variants = interim_variants(o.families, (r.spec.family for r in apps.values()))
+        apps, servers = await self.store.apps_and_servers()
+        variants = interim_variants(self.families, (r.spec.family for r in apps.values()))
         for server_id, server in sorted(servers.items()):
-            if server.state is not ServerState.UP or not o.agents.connected(server_id):
+            if server.state is not ServerState.UP or not self.agents.connected(server_id):
                 continue
             for variant in variants:
                 if (server_id, variant) not in self._asked:
                     self._asked.add((server_id, variant))
-                    o.spawn(self._prefetch(server_id, variant),
+                    self.spawn(self._prefetch(server_id, variant),
                             f"prefetch {variant} on {server_id}")
 
     async def _prefetch(self, server_id: str, variant: str) -> None:
         try:
-            manifest = await self.o.artifacts.manifest(variant)
-            result = await self.o.agents.prefetch(server_id, variant, manifest)
+            manifest = await self.artifacts.manifest(variant)
+            result = await self.agents.prefetch(server_id, variant, manifest)
         except (AgentUnavailableError, AgentCommandError) as exc:
             self._asked.discard((server_id, variant))
             logger.warning("prefetch of %s on %s: %s", variant, server_id, exc)

@@ -17,13 +17,18 @@ from controller.agents import AgentHub
 from controller.artifacts import ArtifactCatalog
 from controller.detector import FailureDetector
 from controller.events import EventHub
-from controller.failures import ServerLifecycle
+from controller.executor import Executor
 from controller.graphs import GraphManager
+from controller.interfaces import SystemClock
+from controller.lifecycle import ServerLifecycle
 from controller.metrics import Metrics
 from controller.orchestrator import Orchestrator
+from controller.prefetch import InterimPrefetcher
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
 from controller.redis_server import RedisServer
+from controller.returns import ServerReturns
 from controller.store import Store
+from controller.warm_plan import WarmPlanner
 from model_repo.profiles import load_families
 
 logger = logging.getLogger(__name__)
@@ -81,9 +86,26 @@ class Controller:
                                         config.heartbeat_misses, self._on_failure)
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
-        self.orchestrator = Orchestrator(self.store, self.events, self.agents, self.families,
-                                         self.metrics, config, self.artifacts)
-        self.lifecycle = ServerLifecycle(self.orchestrator)
+        clock = SystemClock()
+        self.executor = Executor(self.store, self.agents, self.events, self.families,
+                                 self.metrics, self.artifacts, clock,
+                                 on_serving_moved=lambda: self.warm.request())
+        self.prefetcher = InterimPrefetcher(self.store, self.agents, self.artifacts,
+                                            self.families, self.executor.spawn)
+        self.orchestrator = Orchestrator(self.executor, self.store, self.families, config,
+                                         clock, on_registered=self.prefetcher.request)
+        self.warm = WarmPlanner(self.executor, self.store, self.families,
+                                lambda: self.orchestrator.config, self.orchestrator.policy,
+                                self.metrics, clock)
+        self.returns = ServerReturns(
+            self.executor, self.store, self.agents, self.detector, self.families, self.metrics,
+            failback=lambda: self.orchestrator.config.failback,
+            place_unplaced=self.orchestrator.place_unplaced,
+            server_joined=self.prefetcher.server_joined,
+            request_warm_replan=self.warm.request)
+        self.lifecycle = ServerLifecycle(
+            self.executor, self.store, self.agents, self.detector, self.families,
+            self.orchestrator.policy, self.metrics, clock, self.warm.replan, self.returns)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
@@ -92,7 +114,8 @@ class Controller:
         await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
-        self._watchdog = asyncio.ensure_future(self.lifecycle.watchdog())
+        self._watchdog = asyncio.ensure_future(
+            self.lifecycle.watchdog(lambda: self.orchestrator.config.failback))
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -110,13 +133,13 @@ class Controller:
 
     async def _on_hello(self, hello: Any) -> None:
         self.graphs.on_hello(hello)
-        await self.lifecycle.on_hello(hello)
+        await self.returns.on_hello(hello)
 
     async def _on_revived(self, server_id: str) -> None:
-        await self.lifecycle.revive(server_id)
+        await self.returns.revive(server_id)
 
     async def _on_triton_up(self, server_id: str, message: Any) -> None:
-        await self.lifecycle.on_triton_up(server_id, message)
+        await self.returns.on_triton_up(server_id, message)
 
     async def stop(self) -> None:
         """Close connections and stop the embedded Redis."""
@@ -150,7 +173,7 @@ class Controller:
             await self.agents.configure(config.heartbeat_interval_ms)
         if {"alpha", "solver", "time_limit_s", "mip_rel_gap", "site_independent",
                 "warm_replicas", "policy"} & changes.keys():
-            o.request_warm_replan()
+            self.warm.request()
         return config
 
     async def refresh_gauges(self) -> None:

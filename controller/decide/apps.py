@@ -1,0 +1,171 @@
+"""An app's own decisions: where its primary goes, its warm backups, its removal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from controller.decide.decision import Decision, accuracy_of, event_for
+from controller.records import (
+    AppRecord,
+    AppStatus,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServerRecord,
+    ServerState,
+)
+from policies.actions import Action, LoadVariant, PromoteReplica, Stage, UnloadVariant
+from policies.errors import PolicyError
+from policies.model import ClusterSnapshot, Family, Role
+from policies.primary import place_primaries
+
+
+def needs_placement(record: AppRecord) -> bool:
+    """Nothing serves the app and nothing of it is loading or ready."""
+    return record.serving is None and not any(
+        r.state in (ReplicaState.LOADING, ReplicaState.READY) for r in record.replicas)
+
+
+def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
+                 families: Mapping[str, Family], now: float) -> Decision | None:
+    """Choose the primary's server (worst-fit or pinned) and load it there.
+
+    None when the app needs no placement (or nothing changes: still no room, same reason).
+    """
+    if not needs_placement(record):
+        return None
+    reason = ""
+    try:
+        result = place_primaries(snapshot, [record.app_id], largest_first=False)
+    except PolicyError as exc:
+        result, reason = None, str(exc)
+    if result is None or not result.placements:
+        why = result.unplaced[0].reason if result and result.unplaced else reason
+        if record.status is AppStatus.UNAVAILABLE and record.reason == why:
+            return None
+        record.status, record.reason = AppStatus.UNAVAILABLE, why
+        return Decision(apps=(record,),
+                        events=(event_for(record, "unplaced", None, why, {}, None, now),))
+    placement = result.placements[0]
+    replica = Replica(server_id=placement.server_id, variant=placement.variant,
+                      role=ReplicaRole.PRIMARY,
+                      accuracy=accuracy_of(families, record.spec.family, placement.variant))
+    # An app that served before (or found no room) is in an outage; a new one is not.
+    urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
+    record.replicas.append(replica)
+    record.home = replica.key
+    record.status = AppStatus.PENDING
+    record.reason = ""
+    load = LoadVariant(replica.server_id, record.app_id, replica.variant, Role.PRIMARY)
+    return Decision(apps=(record,), stages=(Stage("place", (load,), urgent=urgent),),
+                    notes=(f"primary {replica.variant} on {replica.server_id}",))
+
+
+def decide_delete(record: AppRecord) -> Decision:
+    """Every replica of the app unloads (the caller forgets the app once they are gone)."""
+    for replica in record.replicas:
+        replica.state = ReplicaState.UNLOADING
+    return Decision(apps=(record,), stages=(Stage("delete", tuple(
+        UnloadVariant(r.server_id, record.app_id, r.variant) for r in record.replicas)),))
+
+
+Key = tuple[str, str, str]
+"""(app, server, variant) of a warm backup."""
+
+
+def decide_warm_backups(record: AppRecord, to_load: Iterable[Key], to_unload: Iterable[Key],
+                        families: Mapping[str, Family]) -> Decision:
+    """One app's part of a warm re-plan: its new backups load, its dropped ones unload.
+
+    Works on the app's record read again after the solve (a load that ended meanwhile wrote
+    a newer one): a planned backup whose model has another use now is skipped, and a dropped
+    one promoted since (a warm switch) stays.
+    """
+    loads: list[LoadVariant] = []
+    unloads: list[UnloadVariant] = []
+    for _, server_id, variant in to_load:
+        key = (server_id, variant)
+        existing = record.replica(server_id, variant)
+        if record.serving == key or (
+                existing is not None and existing.role is not ReplicaRole.WARM
+                and existing.state in (ReplicaState.LOADING, ReplicaState.READY)):
+            continue
+        # Never two replicas of one (server, variant): one being unloaded is reused.
+        record.replicas = [r for r in record.replicas if r.key != key]
+        record.replicas.append(Replica(server_id=server_id, variant=variant,
+                                       role=ReplicaRole.WARM,
+                                       accuracy=accuracy_of(families, record.spec.family,
+                                                            variant)))
+        loads.append(LoadVariant(server_id, record.app_id, variant, Role.WARM))
+    for _, server_id, variant in to_unload:
+        replica = record.replica(server_id, variant)
+        if replica is None or replica.role is not ReplicaRole.WARM \
+                or record.serving == replica.key:
+            continue
+        replica.state = ReplicaState.UNLOADING
+        unloads.append(UnloadVariant(server_id, record.app_id, variant))
+    return Decision(apps=(record,), stages=(Stage("warm", tuple(loads) + tuple(unloads)),))
+
+
+def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
+        tuple[str, str, str]], plan_switches: Iterable[tuple[str, str, str]],
+        families: Mapping[str, Family]) -> Decision:
+    """Drain, first step: each app's target loads elsewhere, or its warm backup takes over.
+
+    ``plan_recoveries`` and ``plan_switches`` are (app, server, variant) from the failover plan
+    of the drained server. The new places become the apps' homes.
+    """
+    changed: dict[str, AppRecord] = {}
+    loads: list[LoadVariant] = []
+    switches = []
+    for app_id, server_id, variant in plan_recoveries:
+        record = apps[app_id]
+        record.replicas.append(Replica(
+            server_id=server_id, variant=variant, role=ReplicaRole.UPGRADE,
+            accuracy=accuracy_of(families, record.spec.family, variant)))
+        record.home = (server_id, variant)
+        changed[app_id] = record
+        loads.append(LoadVariant(server_id, app_id, variant, Role.UPGRADE))
+    for app_id, server_id, variant in plan_switches:
+        record = apps[app_id]
+        replica = record.replica(server_id, variant)
+        if replica is not None:
+            replica.role = ReplicaRole.UPGRADE  # the state machine makes it serve at once
+            record.home = replica.key
+            changed[app_id] = record
+            switches.append(app_id)
+    promotes = tuple(PromoteReplica(a, *home) for a in switches
+                     if (home := changed[a].home) is not None)
+    return Decision(apps=tuple(changed[a] for a in sorted(changed)),
+                    stages=(Stage("move", tuple(loads)),
+                            Stage("switch", promotes, after=("move",))))
+
+
+def decide_drain_leftovers(apps: Mapping[str, AppRecord], server_id: str) -> Decision:
+    """Drain, second step: whatever is left on the server (backups, apps that found no room)."""
+    changed: list[AppRecord] = []
+    chain: list[Action] = []
+    for record in apps.values():
+        mine = [r for r in record.replicas if r.server_id == server_id]
+        if not mine:
+            continue
+        for replica in mine:
+            replica.state = ReplicaState.UNLOADING
+            if record.serving == replica.key:
+                record.serving = None
+            chain.append(UnloadVariant(server_id, record.app_id, replica.variant))
+        if record.home and record.home[0] == server_id:
+            record.home = None
+        elsewhere = next((r for r in record.replicas if r.server_id != server_id
+                          and r.state is ReplicaState.READY
+                          and r.role in (ReplicaRole.PRIMARY, ReplicaRole.UPGRADE)), None)
+        if elsewhere is not None:
+            chain.append(PromoteReplica(record.app_id, *elsewhere.key))
+        changed.append(record)
+    return Decision(apps=tuple(changed), stages=(Stage("leftovers", tuple(chain)),))
+
+
+def server_drained(server: ServerRecord) -> Decision:
+    """Drain, last step: the server is marked drained."""
+    server.state = ServerState.DRAINED
+    return Decision(servers=(server,), serving_moved=True)

@@ -1,0 +1,134 @@
+"""A server failed: the two decisions of a failover (FailLite §3).
+
+First :func:`decide_server_failed`: the server is marked failed and every app with a live warm
+backup is switched to it (no agent command is needed: the backup is loaded), with the intent
+that lets a restarted controller resume. Then :func:`decide_cold` applies the policy's
+``FailoverPlan`` to the records: warm backups preempted so that more apps fit, interim and
+target replicas of the apps recovered progressively, the apps no server has room for, the
+failed server's replicas forgotten; its stages are the plan's own (``FailoverPlan.stages``).
+The executor writes and announces the first before the plan is even made, so the critical
+apps' clients hear first whatever the size of the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.decide.decision import Decision, Recovery, accuracy_of, event_for
+from controller.records import (
+    AppRecord,
+    AppStatus,
+    Event,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServerRecord,
+    ServerState,
+)
+from policies.actions import FailoverPlan, WarmSwitch
+from policies.model import Family
+
+FAILOVER = "failover"
+"""The intent kind of a failover (resumed after a controller restart)."""
+
+
+def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, ServerRecord],
+                         server_id: str, reason: str, detected_at: float, connected: bool,
+                         switches: tuple[WarmSwitch, ...], now: float) -> Decision:
+    """Mark ``server_id`` failed and switch the apps in ``switches`` to their warm backups."""
+    server = servers[server_id]
+    server.state, server.failed_at, server.failure_reason = (
+        ServerState.FAILED, detected_at, reason)
+    server.connected = connected
+    switched: list[AppRecord] = []
+    events: list[Event] = []
+    recoveries: dict[str, Recovery] = {}
+    for switch in switches:
+        record = apps[switch.app_id]
+        replica = record.replica(switch.server_id, switch.variant)
+        if replica is None:
+            continue
+        replica.role = ReplicaRole.PRIMARY
+        record.serving = replica.key
+        record.status = (AppStatus.SERVING if record.home and replica.variant == record.home[1]
+                         else AppStatus.DEGRADED)
+        recovery = recoveries[record.app_id] = Recovery(detected_at, server_id, notified=True)
+        events.append(event_for(record, "warm_switch", replica, f"server {server_id} failed",
+                                servers, recovery, now))
+        switched.append(record)
+    return Decision(apps=tuple(switched), servers=(server,), events=tuple(events),
+                    intent={"kind": FAILOVER, "server_id": server_id, "reason": reason},
+                    recoveries=recoveries,
+                    notes=(f"{len(switched)} warm switches",))
+
+
+def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: str,
+                detected_at: float, families: Mapping[str, Family], now: float) -> Decision:
+    """The plan's cold part applied to the records; its stages are the plan's."""
+    changed: set[str] = set()
+    recoveries: dict[str, Recovery] = {}
+    preempted = _preempt(plan, apps)
+    changed |= preempted
+    for recovery in plan.recoveries:
+        record = apps[recovery.app_id]
+        record.serving = None
+        record.status = AppStatus.RECOVERING
+        family = record.spec.family
+        interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
+                          role=ReplicaRole.INTERIM,
+                          accuracy=accuracy_of(families, family, recovery.interim_variant))
+        record.replicas.append(interim)
+        if recovery.target_variant != recovery.interim_variant:
+            record.replicas.append(Replica(
+                server_id=recovery.server_id, variant=recovery.target_variant,
+                role=ReplicaRole.UPGRADE,
+                accuracy=accuracy_of(families, family, recovery.target_variant)))
+        else:
+            interim.role = ReplicaRole.UPGRADE  # one load that serves as the final target
+        recoveries[record.app_id] = Recovery(detected_at, server_id)
+        changed.add(record.app_id)
+    lost: list[Event] = []
+    for unrecoverable in plan.unrecoverable:
+        record = apps[unrecoverable.app_id]
+        record.serving = None
+        record.status = AppStatus.UNAVAILABLE
+        record.reason = unrecoverable.reason
+        recovery = recoveries[record.app_id] = Recovery(detected_at, server_id)
+        lost.append(event_for(record, "unrecoverable", None, unrecoverable.reason, {},
+                              recovery, now))
+        changed.add(record.app_id)
+    changed |= forget_replicas_on(server_id, apps)
+    notes = (f"{len(plan.recoveries)} progressive", f"{len(plan.unrecoverable)} unrecoverable",
+             f"{len(preempted)} warm backups preempted, {len(plan.deferred_preemptions)} of "
+             "them once the interims serve") + plan.notes
+    return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(lost),
+                    stages=plan.stages(), recoveries=recoveries, notes=notes)
+
+
+def _preempt(plan: FailoverPlan, apps: Mapping[str, AppRecord]) -> set[str]:
+    """Mark the warm backups the plan preempts as unloading; returns their apps."""
+    changed = set()
+    for placement in plan.preempted:
+        record = apps.get(placement.app_id)
+        replica = record.replica(placement.server_id, placement.variant) if record else None
+        if record is None or replica is None or replica.role is not ReplicaRole.WARM:
+            continue
+        replica.state = ReplicaState.UNLOADING
+        changed.add(record.app_id)
+    return changed
+
+
+def forget_replicas_on(server_id: str, apps: Mapping[str, AppRecord]) -> set[str]:
+    """Drop the replicas a failed server held (their home is kept for fail-back).
+
+    Returns the apps that changed.
+    """
+    changed = set()
+    for record in apps.values():
+        before = len(record.replicas)
+        record.replicas = [r for r in record.replicas if r.server_id != server_id]
+        if record.serving and record.serving[0] == server_id:
+            record.serving = None
+        if len(record.replicas) != before:
+            changed.add(record.app_id)
+    return changed

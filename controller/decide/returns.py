@@ -1,0 +1,136 @@
+"""A server comes back: take-back of what it still holds, reconcile, fail-back.
+
+Each function decides from records read by the caller under the planning lock; the executor
+writes the decision and then runs its stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from controller.decide.decision import Decision, accuracy_of
+from controller.decide.takeback import take_back
+from controller.records import (
+    AppRecord,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServerRecord,
+)
+from policies.actions import (
+    LoadVariant,
+    PromoteReplica,
+    RemoveStray,
+    Stage,
+    UnloadVariant,
+)
+from policies.model import ClusterSnapshot, Family, Role
+from understudy.wire.protocol import InventoryItem
+
+
+def decide_take_back(apps: Mapping[str, AppRecord], server_id: str,
+                     inventory: Iterable[InventoryItem], families: Mapping[str, Family],
+                     revived: ServerRecord | None = None) -> Decision:
+    """Switch apps back to models a returned server still holds (``decide.takeback``).
+
+    ``revived``: the server's record, already marked up, written in the same transaction.
+    """
+    result = take_back(server_id, inventory, dict(apps),
+                       lambda family, variant: accuracy_of(families, family, variant))
+    changed = sorted({a for a, _ in result.adopted + result.backups})
+    adopt = tuple(PromoteReplica(a, server_id, v) for a, v in result.adopted)
+    retire = tuple(UnloadVariant(s, a, v) for a, s, v in result.retired)
+    notes = ()
+    if changed:
+        notes = (f"server {server_id} returned holding models: {len(result.adopted)} serve "
+                 "again without a load (" + ", ".join(f"{a}/{v}" for a, v in result.adopted)
+                 + f"), {len(result.backups)} kept as warm backups",)
+    return Decision(apps=tuple(apps[a] for a in changed),
+                    servers=(revived,) if revived is not None else (),
+                    stages=(Stage("adopt", adopt), Stage("retire", retire)), notes=notes)
+
+
+def decide_fail_back(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
+                     app_id: str, families: Mapping[str, Family]) -> Decision | None:
+    """Load the app's home primary again (the serving state machine switches to it).
+
+    A primary outranks warm backups: backups on the home server are reclaimed if the primary
+    needs their room (the warm re-plan that follows puts them elsewhere), and the load waits
+    for their unloads. None when the home server has no room or nothing is to be done.
+    """
+    record = apps.get(app_id)
+    if record is None or record.home is None:
+        return None
+    server_id, variant = record.home
+    app = snapshot.app_by_id.get(app_id)
+    if app is None or server_id not in snapshot.free or \
+            record.replica(server_id, variant) is not None:
+        return None
+    demand = snapshot.families[app.family].variant(variant).demand(app.max_rate_rps)
+    free = snapshot.free[server_id]
+    evict: list[tuple[AppRecord, Replica]] = []
+    for other in apps.values():
+        for replica in other.replicas:
+            if demand.fits_within(free):
+                break
+            if replica.server_id == server_id and replica.role is ReplicaRole.WARM \
+                    and replica.state is ReplicaState.READY:
+                spec = snapshot.app_by_id.get(other.app_id)
+                if spec is None:
+                    continue
+                free = free + snapshot.families[spec.family].variant(
+                    replica.variant).demand(spec.max_rate_rps)
+                evict.append((other, replica))
+    if not demand.fits_within(free):
+        return None
+    for _, replica in evict:
+        replica.state = ReplicaState.UNLOADING
+    record.replicas.append(Replica(server_id=server_id, variant=variant,
+                                   role=ReplicaRole.UPGRADE,
+                                   accuracy=accuracy_of(families, app.family, variant)))
+    changed = {other.app_id: other for other, _ in evict} | {app_id: record}
+    reclaim = tuple(UnloadVariant(r.server_id, other.app_id, r.variant) for other, r in evict)
+    return Decision(
+        apps=tuple(changed[a] for a in sorted(changed)),
+        stages=(Stage("reclaim", reclaim),
+                Stage("failback", (LoadVariant(server_id, app_id, variant, Role.UPGRADE),),
+                      after=("reclaim",))))
+
+
+def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
+                     inventory: Iterable[InventoryItem]) -> Decision:
+    """Converge one agent to the records: re-issue loads and unloads, remove strays.
+
+    A replica the agent lacks (or that is still LOADING) is loaded again, urgently when
+    nothing else serves its app (an outage); an UNLOADING one is unloaded; a model no record
+    wants is a stray.
+    """
+    loaded = {(i.app_id, i.variant) for i in inventory}
+    wanted: set[tuple[str, str]] = set()
+    changed: dict[str, AppRecord] = {}
+    urgent: list[LoadVariant] = []
+    routine: list[LoadVariant] = []
+    unloads: list[UnloadVariant] = []
+    for record in apps.values():
+        for replica in record.replicas:
+            if replica.server_id != server_id:
+                continue
+            key = (record.app_id, replica.variant)
+            if replica.state is ReplicaState.UNLOADING:
+                unloads.append(UnloadVariant(server_id, record.app_id, replica.variant))
+                continue
+            wanted.add(key)
+            if replica.state is ReplicaState.LOADING or key not in loaded:
+                replica.state = ReplicaState.LOADING
+                changed[record.app_id] = record
+                load = LoadVariant(server_id, record.app_id, replica.variant, Role(replica.role))
+                # Nothing else serves the app (or this replica was what served): an outage.
+                outage = record.serving is None or record.serving == replica.key
+                (urgent if outage else routine).append(load)
+    strays = tuple(RemoveStray(server_id, a, v) for a, v in sorted(loaded - wanted))
+    return Decision(apps=tuple(changed[a] for a in sorted(changed)),
+                    stages=(Stage("unload", tuple(unloads)), Stage("strays", strays),
+                            Stage("reload-urgent", tuple(urgent), urgent=True),
+                            Stage("reload", tuple(routine))),
+                    notes=tuple(f"server {server_id} holds stray model {a}__{v}; unloading it"
+                                for a, v in sorted(loaded - wanted)))

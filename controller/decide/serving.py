@@ -1,0 +1,97 @@
+"""Which replica serves an app: the state machine every finished load and switch goes through.
+
+An app's progress depends only on its replicas' stored states: a ready UPGRADE (or a new
+PRIMARY) replica takes over from whatever serves; a ready INTERIM serves an app that has nothing
+serving. A controller restarted mid-failover therefore resumes by re-issuing the loads still
+marked LOADING and deciding again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.decide.decision import Decision, Recovery, event_for, status_of
+from controller.records import (
+    AppRecord,
+    AppStatus,
+    Replica,
+    ReplicaRole,
+    ReplicaState,
+    ServerRecord,
+    ServerState,
+)
+from policies.actions import Stage, UnloadVariant
+
+
+def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: float,
+                   recovery: Recovery | None,
+                   loaded: tuple[str, str, float | None] | None = None) -> Decision | None:
+    """Move an app forward from its replicas' states.
+
+    ``loaded`` = (server, variant, load seconds) of a replica whose load just succeeded: it
+    is marked READY in the same decision. None comes back when that replica is no longer
+    wanted (deleted or re-planned while it loaded): the caller unloads it.
+    """
+    if loaded is not None:
+        replica = record.replica(loaded[0], loaded[1])
+        if replica is None or replica.state is not ReplicaState.LOADING:
+            return None
+        replica.state, replica.since, replica.load_s = ReplicaState.READY, now, loaded[2]
+    live = {s for s, r in servers.items() if r.state is not ServerState.FAILED}
+    kind, current, retired = next_serving(record, live)
+    for old in retired:
+        old.state = ReplicaState.UNLOADING
+    loading = any(r.state is ReplicaState.LOADING for r in record.replicas)
+    record.status = status_of(record, current, loading)
+    if record.status is AppStatus.SERVING:
+        record.reason = ""
+    events = (event_for(record, kind, current, "", servers, recovery, now),) if kind else ()
+    if loaded is not None and not kind:
+        backup = record.replica(loaded[0], loaded[1])
+        if backup is not None and backup.role is ReplicaRole.WARM:
+            events = (event_for(record, "backup_ready", backup, "", servers, recovery, now),)
+    unloads = tuple(UnloadVariant(old.server_id, record.app_id, old.variant) for old in retired)
+    return Decision(apps=(record,), events=events,
+                    stages=(Stage("retire", unloads),) if unloads else (),
+                    serving_moved=bool(kind))
+
+
+def next_serving(record: AppRecord, live: set[str]
+                 ) -> tuple[str, Replica | None, list[Replica]]:
+    """Switch ``record`` to its best ready replica (in place).
+
+    Returns the event kind ("" when serving does not move), the replica now serving and the
+    replicas to retire.
+    """
+    ready = [r for r in record.replicas if r.state is ReplicaState.READY and r.server_id in live]
+    current = record.serving_replica()
+    if current is not None and (current.server_id not in live
+                                or current.state is not ReplicaState.READY):
+        current = None
+    upgrade = next((r for r in ready if r.role in (ReplicaRole.UPGRADE, ReplicaRole.PRIMARY)
+                    and r.key != (current.key if current else None)), None)
+    interim = next((r for r in ready if r.role is ReplicaRole.INTERIM), None)
+    retired: list[Replica] = []
+    kind = ""
+    if upgrade is not None and (current is None or current.role is not ReplicaRole.PRIMARY
+                                or upgrade.role is ReplicaRole.UPGRADE):
+        if current is not None and current.role is not ReplicaRole.WARM:
+            retired.append(current)
+        if interim is not None and interim is not current:
+            retired.append(interim)
+        kind = "failback" if upgrade.key == record.home and current else (
+            "upgraded" if current is not None else "serving")
+        upgrade.role = ReplicaRole.PRIMARY
+        record.serving, current = upgrade.key, upgrade
+    elif current is None and interim is not None:
+        record.serving, current = interim.key, interim
+        kind = "interim_serving"
+    return kind, current, retired
+
+
+def drop_replica(record: AppRecord, server_id: str, variant: str, reason: str) -> None:
+    """Forget a replica whose load failed for good (in place)."""
+    record.replicas = [r for r in record.replicas if r.key != (server_id, variant)]
+    if record.serving == (server_id, variant):
+        record.serving = None
+    record.reason = reason

@@ -1,0 +1,251 @@
+"""Servers failing and draining: events in, decisions (``controller.decide``) out, executed.
+
+A failure goes: the detector's callback (:meth:`ServerLifecycle.on_failure`) ->
+``decide.failover.decide_server_failed`` (the server and the warm switches, with the intent),
+committed and announced -> the policy's ``FailoverPlan`` (on the event loop when small, in a
+thread when large: the critical apps' clients have heard by then either way) ->
+``decide.failover.decide_cold``, committed -> its stages run by the executor -> a warm re-plan
+-> the intent is done. A controller restarted in between finds the intent and runs the
+failover again from the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from controller.decide.apps import decide_drain_leftovers, decide_drain_moves, server_drained
+from controller.decide.failover import FAILOVER, decide_cold, decide_server_failed
+from controller.errors import ConflictError, NotFoundError
+from controller.executor import Executor
+from controller.interfaces import AgentLink, Clock, FailureWatch, RecordStore
+from controller.metrics import Metrics
+from controller.records import ServerRecord, ServerState
+from controller.returns import ServerReturns
+from controller.snapshot import build_snapshot
+from policies.actions import FailoverPlan
+from policies.failover import split_affected
+from policies.model import ClusterSnapshot, Family
+from policies.policy import FailoverPolicy
+
+logger = logging.getLogger(__name__)
+
+INLINE_PLAN_WORK = 2_000
+"""apps x servers up to which a failover is planned on the event loop: a plan this size takes
+about a millisecond, far below the heartbeat timeout; a larger one goes to a thread so that
+the loop keeps reading the other servers' heartbeats."""
+
+
+class ServerLifecycle:
+    """Failure, resumption, drain and the watchdog; returns are :class:`ServerReturns`."""
+
+    def __init__(self, executor: Executor, store: RecordStore, agents: AgentLink,
+                 watch: FailureWatch, families: Mapping[str, Family],
+                 policy: Callable[[], FailoverPolicy], metrics: Metrics, clock: Clock,
+                 replan_warm: Callable[[], Awaitable[Any]],
+                 returns: ServerReturns) -> None:
+        self.executor = executor
+        self.store = store
+        self.agents = agents
+        self.watch = watch
+        self.families = families
+        self.policy = policy
+        self.metrics = metrics
+        self.clock = clock
+        self.replan_warm = replan_warm
+        self.returns = returns
+        self._failing: set[str] = set()
+        """Servers whose failover task is running."""
+
+    # --- failure ---------------------------------------------------------------------------
+
+    def on_failure(self, server_id: str, reason: str, detected_at: float,
+                   last_seen: float) -> None:
+        """Detector callback (synchronous, on the loop): start the failover task."""
+        self.metrics.detection.observe(max(0.0, detected_at - last_seen))
+        self.metrics.server_failures.labels(reason).inc()
+        logger.error("server %s declared failed (%s, %.1f ms after its last sign of life)",
+                     server_id, reason, (detected_at - last_seen) * 1000)
+        self.executor.spawn(self.fail_server(server_id, reason, detected_at),
+                            f"failover of {server_id}")
+
+    async def fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
+        """Mark the server failed and recover every app that served or was backed up there."""
+        self._failing.add(server_id)
+        try:
+            await self._fail_server(server_id, reason, detected_at)
+        finally:
+            self._failing.discard(server_id)
+
+    async def _fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
+        ex = self.executor
+        async with ex.locks.everything():
+            locked_at = self.clock.time()
+            apps, servers = await self.store.apps_and_servers()
+            server = servers.get(server_id)
+            if server is None or server.state is ServerState.FAILED:
+                return
+            if self.watch.watching(server_id):
+                # Heard from again while this task waited for the lock: not failed.
+                logger.warning("server %s is alive again; failover cancelled", server_id)
+                self.watch.false_alarm(server_id)
+                return
+            snapshot = build_snapshot(self.families, servers, apps)
+            switches = split_affected(snapshot, [server_id]).warm_switches
+            failed = decide_server_failed(apps, servers, server_id, reason, detected_at,
+                                          self.agents.connected(server_id), switches,
+                                          self.clock.time())
+            intent = await ex.commit(failed)
+            self._announced(server_id, len(failed.apps), detected_at, locked_at)
+            plan, planned_ms = await self._plan(snapshot, server_id, len(apps) * len(servers))
+            cold = decide_cold(apps, plan, server_id, detected_at, self.families,
+                               self.clock.time())
+            await ex.commit(cold)
+        for _ in plan.recoveries:
+            self.metrics.failovers.labels("progressive").inc()
+        for _ in plan.unrecoverable:
+            self.metrics.failovers.labels("unrecoverable").inc()
+        logger.info("failover of %s: %s; %s; planned in %.1f ms", server_id,
+                    "; ".join(failed.notes), "; ".join(cold.notes), planned_ms)
+        await ex.act(cold)
+        await self.replan_warm()
+        if intent is not None:
+            await self.store.done_intent(intent)
+
+    async def _plan(self, snapshot: ClusterSnapshot, server_id: str, work: int
+                    ) -> tuple[FailoverPlan, float]:
+        """The policy's failover plan, and the milliseconds it took to get it."""
+        asked = self.clock.monotonic()
+        policy = self.policy()
+        if work <= INLINE_PLAN_WORK:
+            plan = policy.plan_failover(snapshot, [server_id])
+        else:
+            plan = await asyncio.to_thread(policy.plan_failover, snapshot, [server_id])
+        return plan, (self.clock.monotonic() - asked) * 1000
+
+    def _announced(self, server_id: str, switched: int, detected_at: float,
+                   locked_at: float) -> None:
+        """Log and count the warm switches just written and pushed to the clients."""
+        now = self.clock.time()
+        logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
+                    "(%.1f ms waiting for the planning lock)", server_id, switched,
+                    (now - detected_at) * 1000, (locked_at - detected_at) * 1000)
+        for _ in range(switched):
+            self.metrics.failovers.labels("warm").inc()
+            self.metrics.mttr.labels("warm").observe(now - detected_at)
+
+    async def resume_failover(self, server_id: str) -> None:
+        """Run a failover again for a failed server whose apps were not all moved.
+
+        The controller died in the middle: every step is decided from the records again.
+        """
+        async with self.executor.locks.plan:
+            servers = await self.store.servers()
+            record = servers.get(server_id)
+            if record is None or record.state is not ServerState.FAILED:
+                return
+            detected_at = record.failed_at or self.clock.time()
+            record.state = ServerState.UP  # fail_server re-marks it, with its plan
+            await self.store.put_server(record)
+        logger.warning("resuming the failover of %s", server_id)
+        await self.fail_server(server_id, "failover resumed", detected_at)
+
+    # --- drain -----------------------------------------------------------------------------
+
+    async def drain(self, server_id: str) -> ServerRecord:
+        """Move every app off a server without interrupting it, then mark it drained."""
+        servers = await self.store.servers()
+        record = servers.get(server_id)
+        if record is None:
+            raise NotFoundError(f"server {server_id!r} is unknown")
+        if record.state is not ServerState.UP:
+            raise ConflictError(f"server {server_id!r} is {record.state.value}, not up")
+        record.state = ServerState.DRAINING
+        await self.store.put_server(record)
+        self.executor.spawn(self._drain(server_id), f"drain of {server_id}")
+        return record
+
+    async def _drain(self, server_id: str) -> None:
+        """Targets load elsewhere first, then the switch, then what is left unloads."""
+        ex = self.executor
+        async with ex.locks.everything():
+            apps, servers = await self.store.apps_and_servers()
+            snapshot = build_snapshot(self.families, servers, apps)
+            plan = await asyncio.to_thread(self.policy().plan_failover, snapshot, [server_id])
+            moves = decide_drain_moves(
+                apps, [(r.app_id, r.server_id, r.target_variant) for r in plan.recoveries],
+                [(s.app_id, s.server_id, s.variant) for s in plan.warm_switches],
+                self.families)
+            await ex.commit(moves)
+        await ex.act(moves)
+        async with ex.locks.everything():
+            leftovers = decide_drain_leftovers(await self.store.apps(), server_id)
+            await ex.commit(leftovers)
+        await ex.act(leftovers)
+        async with ex.locks.plan:
+            server = (await self.store.servers())[server_id]
+            drained = server_drained(server)
+            await ex.commit(drained)
+        self.watch.forget(server_id)
+        await ex.act(drained)
+        logger.info("server %s drained", server_id)
+
+    # --- safety nets -------------------------------------------------------------------------
+
+    async def watchdog(self, failback: Callable[[], bool], interval_s: float = 1.0) -> None:
+        """Take back failed servers heard from again; resume stuck failovers; fail back.
+
+        Whatever order the events came in, a server the detector watches is alive.
+        """
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.watchdog_pass(failback())
+            except Exception:  # noqa: BLE001 - keep watching
+                logger.exception("server watchdog pass failed")
+
+    async def watchdog_pass(self, failback: bool) -> None:
+        """One pass of :meth:`watchdog`."""
+        servers = await self.store.servers()
+        for server in servers.values():
+            if server.state is ServerState.FAILED and \
+                    self.agents.connected(server.server_id) and \
+                    self.watch.watching(server.server_id):
+                await self.returns.revive(server.server_id)
+        await self._resume_stuck_failovers(servers)
+        if failback:
+            await self.returns.retry_failbacks(servers)
+
+    async def _resume_stuck_failovers(self, servers: dict[str, ServerRecord]) -> None:
+        """A failed server that still serves some app, with no failover running: redo it."""
+        failed = {s for s, r in servers.items() if r.state is ServerState.FAILED
+                  and s not in self._failing}
+        if not failed:
+            return
+        stuck = {r.serving[0] for r in (await self.store.apps()).values()
+                 if r.serving and r.serving[0] in failed}
+        for server_id in sorted(stuck):
+            self.executor.spawn(self.resume_failover(server_id),
+                                f"resumed failover of {server_id}")
+
+    async def startup_reconcile(self, grace_s: float) -> list[asyncio.Task[Any]]:
+        """After a controller (re)start: every known UP server must say hello within grace.
+
+        Unfinished failovers (their intents) are run again; returns their tasks.
+        """
+        for server in (await self.store.servers()).values():
+            if server.state in (ServerState.UP, ServerState.DRAINING) and \
+                    not self.agents.connected(server.server_id):
+                self.watch.watch(server.server_id, grace_s=grace_s)
+        resumed = []
+        for intent_id, intent in (await self.store.intents()).items():
+            logger.info("resuming after restart: unfinished %s (%s)", intent.get("kind"),
+                        intent)
+            if intent.get("kind") == FAILOVER and intent.get("server_id"):
+                resumed.append(self.executor.spawn(
+                    self.resume_failover(intent["server_id"]),
+                    f"resumed failover of {intent['server_id']}"))
+            await self.store.done_intent(intent_id)
+        return resumed
