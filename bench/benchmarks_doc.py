@@ -1,0 +1,355 @@
+"""Record benchmark results and regenerate docs/benchmarks.md.
+
+    .venv/bin/python bench/benchmarks_doc.py                       # re-render the page
+    .venv/bin/python bench/benchmarks_doc.py --record NAME FILE    # store a result, re-render
+    .venv/bin/python bench/benchmarks_doc.py --check               # exit 1 if the page is stale
+
+Every script in ``bench/`` prints one JSON object as its last line. ``--record NAME FILE`` takes
+that line from FILE (the bench's saved stdout), stores it as ``bench/results/NAME.json`` with the
+time it was recorded, and re-renders the page: a hand-written method section per benchmark (below,
+in :data:`BENCHES`) and the figures of its latest recorded result.
+
+    .venv/bin/python bench/ilp_scale.py | tee /tmp/ilp.out
+    .venv/bin/python bench/benchmarks_doc.py --record ilp_scale /tmp/ilp.out
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+DEFAULT_OUT = REPO / "docs" / "benchmarks.md"
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark script: how it is run, what it measures, which figures lead its table."""
+
+    title: str
+    command: str
+    method: str
+    headline: tuple[tuple[str, str], ...]
+    """(flattened JSON key, label) pairs shown first, in this order."""
+    make: str = ""
+
+
+BENCHES: dict[str, Bench] = {
+    "ilp_scale": Bench(
+        "Warm-backup ILP at the paper's large setting", "python bench/ilp_scale.py", """\
+FailLite §5.3's large setting: 100 servers in 10 sites, 640 apps drawn from all 22 profile
+families, K = 50 %, headroom 20 %, α = 0.1. Ours is `policies.warm_ilp.plan_warm_backups`
+(dominated and forbidden candidates pruned, an aggregate ILP over app × variant, a packer that
+places the chosen backups on servers, HiGHS). The baseline is the same model written literally:
+one binary per app × variant × server, eq. (1)-(7) with PuLP's `lpSum`, solved by CBC with no
+pruning and a time limit (`--baseline-time-limit`, default 600 s). Both run in one process on
+the same snapshot; ours is the median of `--runs`. Reported: build + solve time of each, the
+speed-up (a lower bound when the baseline hits its limit), both objectives (Σ accuracy × rate),
+the gap certified against the aggregate bound, uncovered critical apps and constraint
+violations of our plan (checked independently). `objective_gap` < 0 means ours is better.""",
+        (("total_s", "ours: build + solve, median (s)"),
+         ("baseline_total_s", "baseline: build + solve (s)"),
+         ("baseline_status", "baseline solver status"),
+         ("speedup", "speed-up (x)"), ("objective", "ours: objective"),
+         ("baseline_objective", "baseline: objective"),
+         ("objective_gap", "objective gap vs baseline (fraction; < 0: ours better)"),
+         ("certified_gap", "ours: certified gap to the bound"),
+         ("uncovered", "critical apps left uncovered"), ("violations", "constraint violations")),
+        make="bench"),
+    "heuristic_scale": Bench(
+        "Progressive-failover heuristic (Algorithm 1) at scale",
+        "python bench/heuristic_scale.py", """\
+A seeded synthetic cluster: `--servers` live servers (default 1000) in 10 sites, each 70-80 %
+full of unaffected primaries, and `--apps` affected apps (default 3000) whose primaries were on
+failed servers, families of 4 variants. Outside the timed region it builds the snapshot; it then
+times `policies.progressive.plan_progressive` and a direct reference implementation that scans
+every server per placement (`tests/unit/progressive_reference.py`) on the same instance and
+asserts that both give the same plan. Memory is in whole MB and compute in multiples of 1/64, so
+the two must agree to the bit. Target: at most 0.2 s (the paper reports < 4 s).""",
+        (("median_s", "heuristic, median (s)"), ("reference_median_s", "reference, median (s)"),
+         ("speedup", "speed-up (x)"), ("apps", "affected apps"), ("servers", "live servers"),
+         ("recovered", "apps recovered"), ("unrecoverable", "unrecoverable"),
+         ("demand_ratio", "demand ratio δ")),
+        make="bench"),
+    "load_times": Bench(
+        "Load time against model size on a real Triton", "python bench/load_times.py", """\
+Three families × three sizes (the smallest, a middle and the largest variant) on one fresh
+Triton, the median of `--repeats` loads each, and the least-squares fit
+`load_s = a + b × weights_mb`. It uses weights of the real profiled size (scale 1.0, built once
+into their own store), not the demo store's 0.35: each load pays a size-independent start-up
+cost, which at 0.35 would hide the size effect on the smallest variants. Target: the largest
+variant of each family loads at least 3× slower than its smallest (FailLite Fig. 2b).""",
+        (("fit_intercept_s", "fit intercept a (s)"), ("fit_slope_s_per_mb", "fit slope b (s/MB)"),
+         ("fit_r2", "fit r²"), ("min_largest_over_smallest", "smallest largest/smallest ratio")),
+        make="bench-live"),
+    "load_cpu": Bench(
+        "CPU cost of one model load, per backend", "python bench/load_cpu.py", """\
+For each Triton backend (the native `understudy` backend, then Triton's Python backend, in one
+run) it starts one Triton with the torch runtime and measures, per load of `--variant` (default
+`mobilenet_v3_small`): the CPU time of the Python stub Triton starts (Python backend only), of
+the runtime worker that builds the model, and of Triton and the runtime themselves (scheduler
+run time from `/proc`), then the wall time of 1..`--concurrent` loads of distinct copies started
+together. Medians over `--repeats`. A failover's interim loads run at once, so a CPU-bound load
+cannot finish in the time of one when several share a server's cores.""",
+        (("understudy.load_wall_ms", "native: one load, wall (ms)"),
+         ("understudy.load_cpu_ms", "native: one load, CPU (ms)"),
+         ("understudy.concurrent_3_slowest_wall_ms", "native: slowest of 3 at once (ms)"),
+         ("python.load_wall_ms", "Python backend: one load, wall (ms)"),
+         ("python.load_cpu_ms", "Python backend: one load, CPU (ms)"),
+         ("python.concurrent_3_slowest_wall_ms", "Python backend: slowest of 3 at once (ms)"),
+         ("python_over_native_load_wall_ms", "Python / native, wall (x)"),
+         ("python_over_native_load_cpu_ms", "Python / native, CPU (x)"),
+         ("python_over_native_concurrent_3_slowest_wall_ms", "Python / native, 3 at once (x)"))),
+    "kill_cost": Bench(
+        "Teardown cost of a SIGKILLed server", "python bench/kill_cost.py", """\
+Starts one Triton with the torch runtime, loads `--models` demo variants through the native
+backend, SIGKILLs every process of that server at once, and reports how long until all are dead
+and how much CPU the whole machine was busy for from the kill to 200 ms later (`/proc/stat`; run
+it on an otherwise idle machine). Medians over `--repeats`. On the single-machine testbed this
+teardown competes with the survivors' interim loads; on a real cluster it belongs to the dead
+machine.""",
+        (("dead_ms", "all processes gone after the kill (ms)"),
+         ("busy_cpu_ms", "machine CPU in the 200 ms after the kill (ms)"),
+         ("models", "models loaded"), ("repeats", "repeats"))),
+    "runtime_huge_pages": Bench(
+        "Torch runtime heap in huge pages", "python bench/runtime_huge_pages.py", """\
+The torch runtime collapses its heap into 2 MB pages (`MADV_COLLAPSE`, `model_repo/huge_pages.py`)
+before it forks model workers; `UNDERSTUDY_HEAP_HUGE_PAGES=0` turns that off. This bench runs
+each part with the collapse off and on, alternating, in one process tree. *Fork and exit*: a
+process imports torch, freezes its heap, forks `--children` idle children and SIGKILLs them: a
+fork's time, the time until all are reaped, and the machine's busy CPU in the 200 ms after the
+kill. *A load after a kill*: two Tritons with the runtime, A holding 4 models; a
+`mobilenet_v3_small` load on B on a quiet machine, and again right after every process of A is
+SIGKILLed (an interim load next to a dead server's teardown). Medians over `--repeats`.""",
+        (("fork_ms_off", "fork, off (ms)"), ("fork_ms_on", "fork, on (ms)"),
+         ("fork_ratio", "fork, off / on (x)"),
+         ("busy_cpu_ms_off", "teardown CPU, off (ms)"), ("busy_cpu_ms_on", "teardown CPU, on (ms)"),
+         ("teardown_cpu_ratio", "teardown CPU, off / on (x)"),
+         ("load_after_kill_ms_off", "load after a kill, off (ms)"),
+         ("load_after_kill_ms_on", "load after a kill, on (ms)"),
+         ("load_after_kill_ratio", "load after a kill, off / on (x)"))),
+    "spawn_stall": Bench(
+        "Agent event-loop stall per replica spawn", "python bench/spawn_stall.py", """\
+The agent's heartbeats share one asyncio loop with everything else it does, so a fork that holds
+the GIL shows up as a heartbeat gap. This process imports what the agent imports and runs a 1 ms
+ticker on its loop; the stall of a spawn is the ticker's worst lateness from just before the spawn
+until it returned. Phase `spawn`: `subprocess.Popen` of a child that does nothing, from a worker
+thread and on the loop, with a `preexec_fn` (CPython must fork) and without (it may vfork). Phase
+`replica`: real `stateful.replica` starts through `agent.replicas.ReplicaSupervisor`, one at a
+time then three at once; `idle_same_window` is the loop's own noise over an equally long window.
+Run it at the agent's niceness (`nice -n -5`) to see what the agent sees.""",
+        (("plain_thread.median_ms", "no preexec_fn, from a thread: median (ms)"),
+         ("plain_thread.max_ms", "no preexec_fn, from a thread: max (ms)"),
+         ("preexec_thread.median_ms", "preexec_fn, from a thread: median (ms)"),
+         ("preexec_thread.max_ms", "preexec_fn, from a thread: max (ms)"))),
+    "nspb": Bench(
+        "Stateful service graphs: NSPB overhead, recovery, consistency",
+        "python bench/nspb.py", """\
+Three parts (HAMS §VI). *Latency* (real replica processes over TCP): for the SP-like and OL-like
+services, `bare`, `nspb` and `remus` deployments run side by side and are measured in interleaved
+rounds of one batch each (the order rotates every round) at batch sizes 1, 16 and 64, one batch
+in flight, one stream per request; the figure is the median per-request latency, and overhead =
+median(mode) / median(bare) − 1. Replicas talk over loopback with a per-peer emulated link
+(`--link-mbps`, default 1 Gbit/s). The headline overheads are the mean over the services at the
+largest batch. *Recovery* (real processes): during a stream, SIGKILL a stateful primary and time
+from the kill to the end of the manager's recovery (detection, freeze, fence, promotion, resume),
+`--kills` times per service. *Campaign* (the deterministic simulator: the same protocol cores and
+torch operators, seeded noise on every execution, a lossy reordering network): randomized
+failover trials until `nspb` and `strawman` have each seen `--failovers` crashed stateful
+primaries; the consistency checker counts inconsistencies. Targets: NSPB overhead ≤ 5 %, Remus ≥
+3× NSPB's, recovery p50 ≤ 200 ms, 0 NSPB inconsistencies (and > 0 for the strawman).""",
+        (("overhead_nspb_pct", "NSPB latency overhead (%)"),
+         ("overhead_remus_pct", "Remus latency overhead (%)"),
+         ("recovery_p50_ms", "recovery after a primary's SIGKILL, p50 (ms)"),
+         ("trials", "campaign failovers (each mode)"),
+         ("inconsistencies_nspb", "NSPB inconsistencies"),
+         ("inconsistencies_strawman", "strawman inconsistencies"))),
+    "failover": Bench(
+        "Failover on the live testbed", "python bench/failover.py", """\
+A 6-server, 3-site testbed (Redis, the controller, one agent with its own Triton per server) with
+12 generated apps (half critical, headroom 20 %); `--failures` single-server SIGKILLs (default 12,
+each server twice), first under Understudy, then under Full-Size-Warm(K) on a fresh testbed in the
+same run. After each failure the bench waits until every affected app is recovered or declared
+unrecoverable, restarts the agent, and waits for fail-back and the warm plan before the next one.
+A websocket subscriber in the bench process stands in for the clients: "notified" is when it
+receives the event. Figures (FailLite §5.1/§5.2): *warm notify*, injected failure → client
+receives the warm switch; *interim first serving*, injected failure → client told the interim
+variant serves, also given minus the interim variant's quiet load time (measured by this run on
+a fresh Triton once the testbeds are down) and minus that very load's own time as the agent
+timed it (what detection, planning and notification add); *upgrade done*, injected failure →
+client told the target serves; *MTTR*, detection → client notification (the paper's definition);
+recovery rate and accuracy reduction over the affected apps. Targets: warm notify p50 ≤ 60 ms and
+p99 ≤ 100 ms, interim first serving ≤ 60 ms over the quiet load time, 100 % recovery, MTTR at
+least 2× below the baseline's, accuracy reduction ≤ 1 %.""",
+        (("warm_notify_p50_ms", "warm notify p50 (ms)"),
+         ("warm_notify_p99_ms", "warm notify p99 (ms)"),
+         ("detection_p50_ms", "detection p50 (ms)"),
+         ("interim_first_serving_p50_ms", "interim first serving p50 (ms)"),
+         ("interim_minus_load_time_now_p50_ms", "... minus the quiet load time, p50 (ms)"),
+         ("interim_minus_own_load_p50_ms", "... minus that load's own time, p50 (ms)"),
+         ("upgrade_done_p50_ms", "upgrade done p50 (ms)"),
+         ("recovery_rate", "recovery rate"), ("baseline_recovery_rate", "baseline recovery rate"),
+         ("mttr_mean_ms", "mean MTTR (ms)"), ("baseline_mttr_mean_ms", "baseline mean MTTR (ms)"),
+         ("mttr_ratio", "baseline / ours MTTR (x)"),
+         ("accuracy_reduction_pct", "accuracy reduction (%)")),
+        make="bench-live"),
+}
+
+HEAD = """\
+# Benchmarks
+
+<!-- Generated by `python bench/benchmarks_doc.py` from the method sections in that script and
+the results in `bench/results/`; do not edit by hand. -->
+
+What each script in `bench/` measures and how, and the figures of its latest recorded run. The
+figures depend on the machine and on what else runs on it: compare runs of one machine only.
+`make bench` runs the two planning benchmarks (no processes); `make bench-live` runs the load-time
+and failover benchmarks on real processes (several minutes each). The rest run on their own.
+
+Recording a result: every bench prints one JSON object as its last line. Save the output and
+record it; the page is re-rendered from `bench/results/<name>.json`:
+
+```
+.venv/bin/python bench/nspb.py | tee /tmp/nspb.out
+.venv/bin/python bench/benchmarks_doc.py --record nspb /tmp/nspb.out
+```
+
+A result whose `source` says "transcribed" was copied by hand from an earlier write-up, before
+results were recorded this way, and holds only the figures that write-up gave.
+"""
+
+
+def last_json_line(text: str) -> dict[str, Any]:
+    """The JSON object on the last non-empty line of a bench's output."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("the output is empty")
+    value = json.loads(lines[-1])
+    if not isinstance(value, dict):
+        raise ValueError("the last line is not a JSON object")
+    return value
+
+
+def record(name: str, output: Path, results: Path = RESULTS,
+           now: dt.datetime | None = None) -> Path:
+    """Store the last JSON line of ``output`` as ``results/<name>.json``."""
+    if name not in BENCHES:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}")
+    result = last_json_line(output.read_text(encoding="utf-8"))
+    stamp = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat()
+    document = {"bench": name, "recorded_at": stamp, "source": f"bench/{name}.py",
+                "result": result}
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys; lists stay whole (shown as JSON)."""
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(flatten(inner, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: value}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, list | dict):
+        text = json.dumps(value)
+        if len(text) > 120:
+            text = text[:117] + "..."
+    else:
+        text = str(value)
+    return text.replace("|", "\\|")
+
+
+def _section(name: str, bench: Bench, results: Path) -> list[str]:
+    lines = [f"## {bench.title} (`{name}`)", "", "```", bench.command, "```", ""]
+    if bench.make:
+        lines += [f"Part of `make {bench.make}`.", ""]
+    lines += [bench.method, "", "### Latest figures", ""]
+    path = results / f"{name}.json"
+    if not path.exists():
+        return lines + ["No result recorded yet.", ""]
+    document = json.loads(path.read_text(encoding="utf-8"))
+    flat = flatten(document.get("result", {}))
+    lines += [f"Recorded {document.get('recorded_at', 'at an unknown time')} "
+              f"(source: {document.get('source', 'unknown')}).", "",
+              "| figure | value |", "|---|---|"]
+    shown = set()
+    for key, label in bench.headline:
+        if key in flat:
+            lines.append(f"| {label} | {_show(flat[key])} |")
+            shown.add(key)
+    rest = [key for key in flat if key not in shown]
+    if rest:
+        lines += ["", "<details><summary>Every field of the result</summary>", "",
+                  "| field | value |", "|---|---|"]
+        lines += [f"| `{key}` | {_show(flat[key])} |" for key in rest]
+        lines += ["", "</details>"]
+    return lines + [""]
+
+
+def render(results: Path = RESULTS) -> str:
+    """The whole page."""
+    lines = [HEAD, "| benchmark | script | latest result |", "|---|---|---|"]
+    for name, bench in BENCHES.items():
+        path = results / f"{name}.json"
+        when = (json.loads(path.read_text(encoding="utf-8")).get("recorded_at", "?")
+                if path.exists() else "none yet")
+        lines.append(f"| [{bench.title}](#{_anchor(bench.title, name)}) | "
+                     f"`bench/{name}.py` | {when} |")
+    lines.append("")
+    for name, bench in BENCHES.items():
+        lines += _section(name, bench, results)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _anchor(title: str, name: str) -> str:
+    text = f"{title} ({name})".lower()
+    kept = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", nargs=2, metavar=("NAME", "FILE"),
+                        help="store the last JSON line of FILE as bench/results/NAME.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the page differs from what would be written")
+    options = parser.parse_args(argv)
+    if options.record:
+        name, output = options.record
+        try:
+            path = record(name, Path(output))
+        except (ValueError, OSError) as exc:
+            print(f"cannot record {name}: {exc}", file=sys.stderr)
+            return 1
+        print(f"recorded {path}")
+    text = render()
+    if options.check:
+        current = options.out.read_text(encoding="utf-8") if options.out.exists() else ""
+        if current != text:
+            print(f"{options.out} is out of date: run python bench/benchmarks_doc.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(text, encoding="utf-8")
+    print(f"wrote {options.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
