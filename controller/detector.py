@@ -88,10 +88,12 @@ class _GapWindow:
 class FailureDetector:
     """Deadlines per server on the running event loop."""
 
-    def __init__(self, interval_s: float, misses: int, on_failure: FailureCallback) -> None:
+    def __init__(self, interval_s: float, misses: int,
+                 *listeners: FailureCallback) -> None:
         self.interval_s = interval_s
         self.misses = misses
-        self.on_failure = on_failure
+        self.listeners: list[FailureCallback] = list(listeners)
+        """Called in order on each declaration (on the loop, synchronously)."""
         self._watches: dict[str, _Watch] = {}
         self._gaps: dict[str, _GapWindow] = {}
         self._last_beat: dict[str, float] = {}
@@ -171,7 +173,9 @@ class FailureDetector:
             return
         if watch.handle is not None:
             watch.handle.cancel()
-        self.on_failure(server_id, reason, time.time(), watch.last_seen)
+        detected_at = time.time()
+        for listener in self.listeners:
+            listener(server_id, reason, detected_at, watch.last_seen)
 
     def forget(self, server_id: str) -> None:
         """Stop watching (drained or deleted server)."""

@@ -83,7 +83,7 @@ class Controller:
         await self.store.put_config(config)
         self.events = EventHub(self.store)
         self.detector = FailureDetector(config.heartbeat_interval_ms / 1000.0,
-                                        config.heartbeat_misses, self._on_failure)
+                                        config.heartbeat_misses)
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
         clock = SystemClock()
@@ -110,6 +110,9 @@ class Controller:
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
+        # Graph replicas first: their recovery needs no agent command, only the signal.
+        self.detector.listeners += [lambda server_id, *_: self.graphs.on_server_failed(server_id),
+                                    self.lifecycle.on_failure]
         self.graphs.hosts.free_of = self._free_capacity
         await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)
@@ -124,12 +127,6 @@ class Controller:
         """Each live server's capacity left after its app placements (graph replicas' room)."""
         snapshot, _, _ = await self.orchestrator.snapshot()
         return {server: dict(free) for server, free in snapshot.free.items()}
-
-    def _on_failure(self, server_id: str, reason: str, detected_at: float,
-                    last_seen: float) -> None:
-        # Graph replicas first: their recovery needs no agent command, only the signal.
-        self.graphs.on_server_failed(server_id)
-        self.lifecycle.on_failure(server_id, reason, detected_at, last_seen)
 
     async def _on_hello(self, hello: Any) -> None:
         self.graphs.on_hello(hello)

@@ -93,7 +93,7 @@ def test_a_silent_server_fails_one_timeout_after_its_last_heartbeat() -> None:
 
     async def scenario(detector: FailureDetector) -> None:
         loop = asyncio.get_running_loop()
-        detector.on_failure = lambda s, why, at, seen: timings.append(loop.time())
+        detector.listeners = [lambda s, why, at, seen: timings.append(loop.time())]
         detector.watch("s")
         for _ in range(5):
             await asyncio.sleep(T / 2)
