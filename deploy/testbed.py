@@ -177,7 +177,7 @@ def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> Pr
 
 
 def _understudy(*args: str) -> list[str]:
-    return [sys.executable, "-m", "understudy.cli", "--log-level", "INFO", *args]
+    return [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", *args]
 
 
 def _alive(pid: int) -> bool:

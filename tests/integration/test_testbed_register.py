@@ -41,7 +41,7 @@ def _register(bed: Testbed, *extra: str, token: str | None = None,
     if token is not None:
         env["UNDERSTUDY_TOKEN"] = token
     return subprocess.run(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "understudy.cli", "testbed", "register",
+        [sys.executable, "-m", "understudy.cli.main", "testbed", "register",
          "--controller-url", bed.state.controller_url, "--servers", str(SERVERS),
          "--sites", str(SITES), "--apps", str(APPS), "--headroom", str(HEADROOM),
          "--critical", str(CRITICAL), "--seed", str(seed), "--timeout-s", "240", *extra],

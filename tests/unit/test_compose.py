@@ -120,9 +120,10 @@ TESTBED_UP = ["testbed", "up", "--servers", "6", "--sites", "3", "--apps", "12",
 
 
 def _parse(argv: list[str]) -> Any:
-    from understudy import cli
+    from understudy.cli import main as cli
 
-    return cli._build_parser(cli._command_modules()).parse_args(argv)
+    command = cli.command_token(argv)
+    return cli.build_parser(command, cli.load_command(command)).parse_args(argv)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +229,7 @@ def test_sites_match_the_topology(services: dict[str, Any], topology: Topology) 
 def test_capacity_is_what_the_generator_sized_for_the_testbed(services: dict[str, Any],
                                                               workload: Workload) -> None:
     """The testbed's agents get ``cluster.servers[0].capacity``; so must the containers."""
-    from understudy.agent_cli import parse_capacity
+    from understudy.cli.agent import parse_capacity
 
     generated = {key: float(value) for key, value in workload.cluster.servers[0].capacity.items()}
     assert all(dict(s.capacity) == dict(workload.cluster.servers[0].capacity)
@@ -365,15 +366,14 @@ def test_each_image_is_built_by_one_service(services: dict[str, Any]) -> None:
 def test_commands_parse_with_the_cli(name: str, services: dict[str, Any]) -> None:
     """Each ``understudy`` command line is accepted by the real CLI parser (if it has the command
     in this checkout; commands still being written are skipped)."""
-    from understudy import cli
+    from understudy.cli import main as cli
 
     command = services[name]["command"]
     if command[0] != "understudy":
         pytest.skip(f"{name} does not run understudy")
-    modules = cli._command_modules()
-    if command[1] not in modules:
+    if command[1] not in cli.COMMANDS:
         pytest.skip(f"'understudy {command[1]}' is not in this checkout yet")
-    cli._build_parser(modules).parse_args(command[1:])
+    _parse(command[1:])
 
 
 # --- Dockerfiles -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from understudy.cli import main
+from understudy.cli.main import main
 
 
 def test_demo_prints_warm_plan_failover_plan_and_baselines(capsys):

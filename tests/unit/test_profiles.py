@@ -19,7 +19,7 @@ from model_repo.profiles import (
     write_profiles,
 )
 from policies.model import Family, Variant
-from understudy import cli
+from understudy.cli import main as cli
 
 SHARED_CSV = (Path(__file__).resolve().parents[3]
               / "shared/data/torchvision_classification.csv")
@@ -233,7 +233,8 @@ def test_cli_demo_passes_every_argument_through(monkeypatch: pytest.MonkeyPatch)
             return 0
 
     real_import = cli.importlib.import_module
-    monkeypatch.setattr(cli.importlib, "import_module",
-                        lambda name: FakeDemo if name == "understudy.demo" else real_import(name))
+    monkeypatch.setattr(
+        cli.importlib, "import_module",
+        lambda name: FakeDemo if name == "understudy.cli.demo" else real_import(name))
     assert cli.main(["--log-level", "WARNING", "demo", "--servers", "10", "-h"]) == 0
     assert seen == [["--servers", "10", "-h"]]

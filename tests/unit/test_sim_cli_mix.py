@@ -9,12 +9,12 @@ import pytest
 from sim.cluster import CALIBRATED, FIG78_FIT, MixKnobs
 from sim.report import markdown
 from sim.timing import Timing
-from understudy import sim_cli
+from understudy.cli import sim as sim_cli
 
 
 def _options(*args: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    sim_cli.register(parser.add_subparsers(dest="command"))
+    sim_cli.register(parser.add_subparsers(dest="command").add_parser("sim"))
     return parser.parse_args(["sim", "experiment", "fig11", *args])
 
 

@@ -22,7 +22,7 @@ from sim.runner import (
 )
 from sim.suite import run_suite
 from sim.timing import Timing
-from understudy import cli
+from understudy.cli import main as cli
 
 FAMILIES = load_families()
 

@@ -9,7 +9,7 @@ import pytest
 
 from stateful.campaign import run_trial
 from stateful.messages import Mode
-from understudy.cli import main
+from understudy.cli.main import main
 
 
 def test_graph_spec_prints_a_valid_graph(capsys: pytest.CaptureFixture[str]) -> None:

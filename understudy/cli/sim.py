@@ -12,19 +12,17 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sim.cluster import MixKnobs
 
-COMMAND = "sim"
 CHOICES = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig13", "all")
 
 
-def register(commands: Any) -> None:
-    """Add ``sim experiment`` to the ``understudy`` sub-parsers."""
-    sim = commands.add_parser("sim", help="discrete-event simulator of large edge clusters")
-    actions = sim.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add ``sim experiment`` to the ``sim`` command parser."""
+    actions = parser.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
     experiment = actions.add_parser(
         "experiment", help="reproduce FailLite's simulated experiments",
         description="Run one of FailLite's experiments (or all) with the four policies; "

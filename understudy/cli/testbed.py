@@ -13,14 +13,12 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-COMMAND = "testbed"
 DEFAULT_RUN_DIR = Path("runs/testbed")
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
 
 
-def register(commands: Any) -> None:
-    """Add the ``testbed`` sub-parser."""
-    parser = commands.add_parser("testbed", help="local testbed: Redis, controller, agents")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``testbed`` options and actions to its command parser."""
     actions = parser.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="start everything and register generated apps")
     _workload_arguments(up)

@@ -9,13 +9,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
-COMMAND = "agent"
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
 
 
@@ -40,9 +38,8 @@ def parse_capacity(text: str) -> dict[str, float]:
     return capacity
 
 
-def register(commands: Any) -> None:
-    """Add the ``agent`` sub-parser."""
-    parser = commands.add_parser("agent", help="run a server's agent and its Triton")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``agent`` options and actions to its command parser."""
     parser.add_argument("--server-id", required=True)
     parser.add_argument("--site", required=True, dest="site_id")
     parser.add_argument("--controller-url", required=True,

@@ -24,7 +24,6 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-COMMAND = "graph"
 
 
 @dataclass(frozen=True)
@@ -45,8 +44,7 @@ class KillSpec:
             raise argparse.ArgumentTypeError(f"--kill: bad count in {text!r}") from exc
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(COMMAND, help="stateful service graphs with NSPB replication")
+def register(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="graph_command", required=True, metavar="ACTION")
     run = actions.add_parser("run", help="deploy a service locally and stream requests")
     spec = actions.add_parser("spec", help="print a service's graph spec as JSON")

@@ -7,19 +7,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
-COMMAND = "controller"
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
 
 
-def register(commands: Any) -> None:
-    """Add the ``controller`` sub-parser."""
-    parser = commands.add_parser("controller", help="run the controller (FastAPI + Redis)")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``controller`` options and actions to its command parser."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--run-dir", type=Path, default=Path("runs/controller"))

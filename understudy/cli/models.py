@@ -11,7 +11,6 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-COMMAND = "models"
 DEFAULT_STORE = Path("runs/artifacts")
 DEMO_FAMILIES = ("mobilenet_v3", "shufflenet_v2", "convnext", "efficientnet", "regnet_y")
 
@@ -20,11 +19,10 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def register(commands: Any) -> None:
-    """Add the ``models`` sub-parser."""
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``models`` options and actions to its command parser."""
     from model_repo.artifacts import DEFAULT_SCALE
 
-    parser = commands.add_parser("models", help="model-variant artifacts and profiling")
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     build = actions.add_parser("build", help="write Triton model directories with seeded weights")
     build.add_argument("--families", type=_csv, default=list(DEMO_FAMILIES),

@@ -1,5 +1,9 @@
-"""The ``understudy`` command line: ``demo``, ``profiles build|show`` and the commands of
-:data:`COMMAND_MODULES`."""
+"""The ``understudy`` command line: ``demo``, ``profiles build|show`` and :data:`COMMANDS`.
+
+Only the chosen command's module is imported (and only it registers its options), so
+``understudy --help`` needs nothing beyond the standard library: it works in a client-only
+install, where the server packages' dependencies are absent.
+"""
 
 from __future__ import annotations
 
@@ -9,47 +13,58 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared/data/torchvision_classification.csv"
+DEFAULT_CSV = Path(__file__).resolve().parents[3] / "shared/data/torchvision_classification.csv"
 """The torchvision metadata CSV, in the ``shared/`` folder beside the repository."""
 
 _GLOBAL_OPTIONS_WITH_VALUE = ("--log-level",)
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "understudy.models_cli",
-    "understudy.agent_cli",
-    "understudy.sim_cli",
-    "understudy.controller_cli",
-    "understudy.testbed_cli",
-    "understudy.graph_cli",
-)
-"""Modules that each add one top-level command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("understudy.cli.models", "model-variant artifacts and profiling"),
+    "agent": ("understudy.cli.agent", "run a server's agent and its Triton"),
+    "sim": ("understudy.cli.sim", "discrete-event simulator of large edge clusters"),
+    "controller": ("understudy.cli.controller", "run the controller (FastAPI + Redis)"),
+    "testbed": ("understudy.cli.testbed", "local testbed: Redis, controller, agents"),
+    "graph": ("understudy.cli.graph", "stateful service graphs with NSPB replication"),
+}
+"""Top-level command -> (module, one-line help).
 
-Each defines ``COMMAND`` (its name), ``register(commands)`` (adds its sub-parser to the
-``argparse`` sub-parsers object) and ``run(options) -> int``. A module absent from this
-checkout is skipped, so a command lands together with its module.
+Each module defines ``register(parser)`` (adds its options and actions to the command's own
+``argparse`` parser) and ``run(options) -> int``. It is imported only when its command runs.
 """
 
 
-def _command_modules() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        found[module.COMMAND] = module
-    return found
+def _command_index(args: Sequence[str]) -> int | None:
+    index = 0
+    while index < len(args):
+        token = args[index]
+        if token in _GLOBAL_OPTIONS_WITH_VALUE:
+            index += 2
+        elif token.startswith("-"):
+            index += 1
+        else:
+            return index
+    return None
 
 
-def _build_parser(modules: dict[str, Any]) -> argparse.ArgumentParser:
-    from model_repo.profiles import PROFILE_DIR
+def command_token(args: Sequence[str]) -> str | None:
+    """The command named by ``args`` (the first argument that is not a global option)."""
+    index = _command_index(args)
+    return None if index is None else args[index]
 
+
+def load_command(name: str) -> ModuleType | None:
+    """The module of command ``name``; None for ``demo``, ``profiles`` and unknown names."""
+    entry = COMMANDS.get(name)
+    return importlib.import_module(entry[0]) if entry is not None else None
+
+
+def build_parser(command: str | None = None,
+                 module: ModuleType | None = None) -> argparse.ArgumentParser:
+    """The ``understudy`` parser; only ``command`` (with its ``module``) gets its options."""
     parser = argparse.ArgumentParser(
         prog="understudy", description="Failover control plane for ML model serving at the edge.")
     parser.add_argument("--log-level", default="INFO",
@@ -63,6 +78,18 @@ def _build_parser(modules: dict[str, Any]) -> argparse.ArgumentParser:
              "the demo; see 'understudy demo --help')")
 
     profiles = commands.add_parser("profiles", help="model-variant profiles")
+    if command == "profiles":
+        _register_profiles(profiles)
+    for name, (_, help_text) in COMMANDS.items():
+        command_parser = commands.add_parser(name, help=help_text)
+        if name == command and module is not None:
+            module.register(command_parser)
+    return parser
+
+
+def _register_profiles(profiles: argparse.ArgumentParser) -> None:
+    from model_repo.profiles import PROFILE_DIR
+
     actions = profiles.add_subparsers(dest="profiles_command", required=True, metavar="ACTION")
     build = actions.add_parser("build", help="regenerate the JSON profiles from the CSV")
     build.add_argument("--csv", type=Path, default=DEFAULT_CSV,
@@ -73,25 +100,14 @@ def _build_parser(modules: dict[str, Any]) -> argparse.ArgumentParser:
     show.add_argument("--family", help="list this family's variants instead of the summary")
     show.add_argument("--dir", type=Path, default=None,
                       help=f"profile folder (default {PROFILE_DIR})")
-    for module in modules.values():
-        module.register(commands)
-    return parser
 
 
 def _split_demo(args: list[str]) -> tuple[list[str], list[str]] | None:
     """Split ``[global options] demo REST`` into the part we parse and REST, untouched."""
-    index = 0
-    while index < len(args):
-        token = args[index]
-        if token in _GLOBAL_OPTIONS_WITH_VALUE:
-            index += 2
-        elif token.startswith("-"):
-            index += 1
-        elif token == "demo":
-            return args[: index + 1], args[index + 1:]
-        else:
-            return None
-    return None
+    index = _command_index(args)
+    if index is None or args[index] != "demo":
+        return None
+    return args[: index + 1], args[index + 1:]
 
 
 def _configure_logging(level: str) -> None:
@@ -107,11 +123,11 @@ def _configure_logging(level: str) -> None:
 
 def _run_demo(argv: list[str]) -> int:
     try:
-        demo = importlib.import_module("understudy.demo")
+        demo = importlib.import_module("understudy.cli.demo")
     except ModuleNotFoundError as exc:
-        if exc.name != "understudy.demo":
+        if exc.name != "understudy.cli.demo":
             raise
-        logger.error("the demo module (understudy/demo.py) is not installed in this checkout")
+        logger.error("the demo module (understudy/cli/demo.py) is not installed in this checkout")
         return 1
     result = demo.main(argv)
     return int(result or 0)
@@ -177,14 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = _split_demo(args)
     if split is not None:
         args, passthrough = split
-    modules = _command_modules()
-    parser = _build_parser(modules)
-    options = parser.parse_args(args)
+    command = command_token(args)
+    module = load_command(command) if command is not None else None
+    options = build_parser(command, module).parse_args(args)
     _configure_logging(options.log_level)
     if options.command == "demo":
         return _run_demo(passthrough or [])
-    if options.command in modules:
-        return int(modules[options.command].run(options) or 0)
+    if module is not None:
+        return int(module.run(options) or 0)
     from model_repo.profiles import ProfileError
 
     try:

@@ -1,0 +1,1 @@
+"""The ``understudy`` command line: ``understudy.cli.main`` and one module per command."""
