@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from controller.decide.decision import Decision, Recovery
+from controller.decide.decision import LOADED_FOR_THE_CHANGE, Decision, Recovery
 from controller.decide.serving import decide_advance, drop_replica
 from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.interfaces import AgentLink, Clock, EventSink, ManifestSource, RecordStore
@@ -42,6 +42,10 @@ from policies.actions import (
 from policies.model import Family
 
 logger = logging.getLogger(__name__)
+
+SERVING_MOVES = LOADED_FOR_THE_CHANGE
+"""Event kinds that tell a recovering app's clients where it serves now (its MTTR ends at the
+first of them; a warm switch is counted by the failover itself)."""
 
 
 class Locks:
@@ -141,7 +145,7 @@ class Executor:
         for event in stored:
             self.metrics.events.labels(event.kind).inc()
             record = by_id.get(event.app_id)
-            if record is not None:
+            if record is not None and event.kind in SERVING_MOVES:
                 self._announced(record.app_id, record.status)
         for note in decision.notes:
             logger.info("%s", note)
