@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +14,10 @@ from pydantic import ValidationError
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
+ENV_PREFIX = "UNDERSTUDY_AGENT_"
+"""Every agent setting may come from ``UNDERSTUDY_AGENT_<FIELD>`` (JSON for the capacity; see
+``understudy.wire.settings`` for the precedence); the ones without a default are required
+from a flag or the environment."""
 
 
 def parse_capacity(text: str) -> dict[str, float]:
@@ -40,59 +43,61 @@ def parse_capacity(text: str) -> dict[str, float]:
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``agent`` options and actions to its command parser."""
-    parser.add_argument("--server-id", required=True)
-    parser.add_argument("--site", required=True, dest="site_id")
-    parser.add_argument("--controller-url", required=True,
+    parser.add_argument("--server-id", default=None, help="server id (required)")
+    parser.add_argument("--site", default=None, dest="site_id", help="site id (required)")
+    parser.add_argument("--controller-url", default=None,
                         help="controller base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--capacity", required=True, type=parse_capacity,
+    parser.add_argument("--capacity", default=None, type=parse_capacity,
                         help="resources, e.g. memory_mb=8000,compute=100")
-    parser.add_argument("--artifacts", required=True,
+    parser.add_argument("--artifacts", default=None,
                         help="artifact store directory or HTTP base URL")
     parser.add_argument("--artifacts-mirror", type=Path, default=None,
                         help="local copy of the HTTP store (same host or shared file system): "
                         "weights matching the served sha256 are linked, not downloaded")
-    parser.add_argument("--run-dir", type=Path, required=True,
+    parser.add_argument("--run-dir", type=Path, default=None,
                         help="where Triton's repository, logs and caches live")
     parser.add_argument("--token", default=None,
                         help=f"bearer token for the controller (default ${TOKEN_ENV})")
-    parser.add_argument("--heartbeat-ms", type=float, default=20.0)
-    parser.add_argument("--triton-restart", choices=["always", "never"], default="always")
-    parser.add_argument("--max-restarts", type=int, default=5)
-    parser.add_argument("--http-port", type=int, default=0)
-    parser.add_argument("--grpc-port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--model-load-threads", type=int, default=3,
+    parser.add_argument("--heartbeat-ms", type=float, default=None)
+    parser.add_argument("--triton-restart", choices=["always", "never"], default=None)
+    parser.add_argument("--max-restarts", type=int, default=None)
+    parser.add_argument("--http-port", type=int, default=None)
+    parser.add_argument("--grpc-port", type=int, default=None)
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--model-load-threads", type=int, default=None,
                         help="Triton load threads and runtime spare workers (urgent loads, "
                              "the ones that end an outage, may use all)")
-    parser.add_argument("--routine-load-slots", type=int, default=2,
+    parser.add_argument("--routine-load-slots", type=int, default=None,
                         help="load threads warm-backup, target and fail-back loads may use")
-    parser.add_argument("--server-type", default="testbed")
-    parser.add_argument("--triton-host", default="127.0.0.1",
+    parser.add_argument("--server-type", default=None)
+    parser.add_argument("--triton-host", default=None,
                         help="address Triton binds to (0.0.0.0 in a container)")
     parser.add_argument("--advertise-host", default=None,
                         help="host name clients use to reach this Triton (default: bind host)")
-    parser.add_argument("--triton-nice", type=int, default=0,
+    parser.add_argument("--triton-nice", type=int, default=None,
                         help="niceness of Triton and its runtime (0-19; >0 favours heartbeats)")
 
 
 def run(options: argparse.Namespace) -> int:
     """Run the agent until SIGINT/SIGTERM."""
     from agent.daemon import Agent, AgentConfig
+    from understudy.wire.settings import resolve
 
     try:
-        config = AgentConfig(
-            server_id=options.server_id, site_id=options.site_id,
-            controller_url=options.controller_url, capacity=options.capacity,
-            artifacts=options.artifacts, artifacts_mirror=options.artifacts_mirror,
-            run_dir=options.run_dir,
-            token=options.token or os.environ.get(TOKEN_ENV),
-            heartbeat_interval_ms=options.heartbeat_ms, triton_restart=options.triton_restart,
-            max_restarts=options.max_restarts, http_port=options.http_port,
-            grpc_port=options.grpc_port, metrics_port=options.metrics_port,
-            model_load_threads=options.model_load_threads,
-            routine_load_slots=options.routine_load_slots, server_type=options.server_type,
-            triton_nice=options.triton_nice, triton_host=options.triton_host,
-            advertise_host=options.advertise_host)
+        config = resolve(AgentConfig, {
+            "server_id": options.server_id, "site_id": options.site_id,
+            "controller_url": options.controller_url, "capacity": options.capacity,
+            "artifacts": options.artifacts, "artifacts_mirror": options.artifacts_mirror,
+            "run_dir": options.run_dir, "token": options.token,
+            "heartbeat_interval_ms": options.heartbeat_ms,
+            "triton_restart": options.triton_restart, "max_restarts": options.max_restarts,
+            "http_port": options.http_port, "grpc_port": options.grpc_port,
+            "metrics_port": options.metrics_port,
+            "model_load_threads": options.model_load_threads,
+            "routine_load_slots": options.routine_load_slots,
+            "server_type": options.server_type, "triton_nice": options.triton_nice,
+            "triton_host": options.triton_host, "advertise_host": options.advertise_host},
+            ENV_PREFIX, env_names={"token": TOKEN_ENV})
     except ValidationError as exc:
         logger.error("invalid agent settings: %s", exc)
         return 2

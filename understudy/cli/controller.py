@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -13,13 +12,17 @@ from pydantic import ValidationError
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
+ENV_PREFIX = "UNDERSTUDY_CONTROLLER_"
+"""Every controller setting may come from ``UNDERSTUDY_CONTROLLER_<FIELD>`` (see
+``understudy.wire.settings`` for the precedence)."""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``controller`` options and actions to its command parser."""
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--run-dir", type=Path, default=Path("runs/controller"))
+    parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="run directory (default runs/controller)")
     parser.add_argument("--redis-url", default=None,
                         help="use this Redis (default: start a private redis-server)")
     parser.add_argument("--token", default=None,
@@ -31,10 +34,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=None)
     parser.add_argument("--solver", choices=["highs", "cbc", "gurobi"], default=None)
     parser.add_argument("--policy", choices=["understudy", "full-size-warm-k"], default=None)
-    parser.add_argument("--startup-grace-s", type=float, default=3.0)
-    parser.add_argument("--graph-host", default="127.0.0.1",
+    parser.add_argument("--startup-grace-s", type=float, default=None,
+                        help="how long known servers have to reconnect after a restart "
+                             "(default 3)")
+    parser.add_argument("--graph-host", default=None,
                         help="address service-graph frontends listen on (replicas on the "
-                             "servers must reach it)")
+                             "servers must reach it; default 127.0.0.1)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -44,6 +49,7 @@ def run(options: argparse.Namespace) -> int:
     from controller.api import create_app
     from controller.records import ConfigPatch
     from controller.service import Controller, ControllerSettings
+    from understudy.wire.settings import resolve
 
     overrides = {"heartbeat_interval_ms": options.heartbeat_ms,
                  "heartbeat_misses": options.heartbeat_misses, "alpha": options.alpha,
@@ -51,11 +57,12 @@ def run(options: argparse.Namespace) -> int:
     try:
         patch = (ConfigPatch(**{k: v for k, v in overrides.items() if v is not None})
                  if any(v is not None for v in overrides.values()) else None)
-        settings = ControllerSettings(
-            host=options.host, port=options.port, run_dir=options.run_dir,
-            redis_url=options.redis_url, token=options.token or os.environ.get(TOKEN_ENV),
-            artifacts=options.artifacts, startup_grace_s=options.startup_grace_s, config=patch,
-            graph_host=options.graph_host)
+        settings = resolve(ControllerSettings, {
+            "host": options.host, "port": options.port, "run_dir": options.run_dir,
+            "redis_url": options.redis_url, "token": options.token,
+            "artifacts": options.artifacts, "startup_grace_s": options.startup_grace_s,
+            "config": patch, "graph_host": options.graph_host},
+            ENV_PREFIX, env_names={"token": TOKEN_ENV})
     except ValidationError as exc:
         logger.error("invalid controller settings: %s", exc)
         return 2

@@ -8,10 +8,10 @@ Precedence, highest first:
    (``token`` reads ``UNDERSTUDY_TOKEN``, shared by the controller and its agents);
 3. the settings model's default.
 
-Environment values are validated like flags (the model's types and bounds); a mapping or list
-field takes JSON. Any ``UNDERSTUDY_*`` variable that no process reads is reported with a
-warning (a typo would otherwise be silently ignored), as are a process's own variables that
-name no field.
+Environment values are validated like flags (the model's types and bounds); a value that starts
+with ``{`` or ``[`` is read as JSON (mappings, lists, nested settings). Any ``UNDERSTUDY_*``
+variable that no process reads is reported with a warning (a typo would otherwise be silently
+ignored), as are a process's own variables that name no field.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def resolve(model: type[Settings], flags: Mapping[str, Any], env_prefix: str,
     environ = os.environ if environ is None else environ
     env_names = dict(env_names or {})
     values: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
+    for name in model.model_fields:
         flag = flags.get(name)
         if flag is not None:
             values[name] = flag
@@ -69,8 +69,7 @@ def resolve(model: type[Settings], flags: Mapping[str, Any], env_prefix: str,
         raw = environ.get(variable)
         if raw is None:
             continue
-        annotation = str(field.annotation)
-        values[name] = json.loads(raw) if annotation.startswith(("dict", "list")) else raw
+        values[name] = json.loads(raw) if raw.lstrip().startswith(("{", "[")) else raw
     warn_unknown(model, env_prefix, env_names, environ)
     return model.model_validate(values)
 
@@ -78,7 +77,7 @@ def resolve(model: type[Settings], flags: Mapping[str, Any], env_prefix: str,
 def warn_unknown(model: type[BaseModel], env_prefix: str, env_names: Mapping[str, str],
                  environ: Mapping[str, str]) -> list[str]:
     """Warn about ``UNDERSTUDY_*`` variables nothing reads; returns their names."""
-    own = {env_prefix + name.upper() for name in model.model_fields} | set(env_names.values())
+    own = {env_names.get(name, env_prefix + name.upper()) for name in model.model_fields}
     unknown = []
     for variable in sorted(environ):
         if not variable.startswith(PREFIX) or variable in own or variable in OTHER_VARIABLES:
