@@ -180,22 +180,30 @@ class Executor:
         await asyncio.gather(*(self._chain(stage, actions) for actions in chains.values()))
 
     async def _chain(self, stage: Stage, actions: list[Action]) -> None:
+        loaded: tuple[str, str] | None = None
         for action in actions:
             try:
-                await self.perform(action, urgent=stage.urgent)
+                if isinstance(action, PromoteReplica) and \
+                        loaded == (action.server_id, action.variant):
+                    continue  # the load's own result already went through advance()
+                done = await self.perform(action, urgent=stage.urgent)
+                loaded = ((action.server_id, action.variant)
+                          if isinstance(action, LoadVariant) and done else None)
             except Exception:  # noqa: BLE001 - the others go on
                 logger.exception("%s (stage %s) failed", action, stage.name)
 
-    async def perform(self, action: Action, urgent: bool = False) -> None:
-        """One action against the agents and the records."""
+    async def perform(self, action: Action, urgent: bool = False) -> bool:
+        """One action against the agents and the records; False when it did not happen."""
         if isinstance(action, LoadVariant):
-            await self.load(action.app_id, action.server_id, action.variant, urgent=urgent)
-        elif isinstance(action, UnloadVariant):
+            return await self.load(action.app_id, action.server_id, action.variant,
+                                   urgent=urgent)
+        if isinstance(action, UnloadVariant):
             await self.unload(action.app_id, action.server_id, action.variant)
         elif isinstance(action, PromoteReplica):
-            await self.advance(action.app_id)
+            return await self.advance(action.app_id)
         elif isinstance(action, RemoveStray):
             await self.remove_stray(action.server_id, action.app_id, action.variant)
+        return True
 
     # --- actions -----------------------------------------------------------------------------
 
