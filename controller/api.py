@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect
 
 from controller.errors import ControllerError, NotFoundError, UnauthorizedError
-from controller.graph_api import graph_routes
+from controller.graphs.api import graph_routes
 from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
 from controller.service import Controller
 from policies.errors import PolicyError

@@ -18,7 +18,7 @@ from controller.artifacts import ArtifactCatalog
 from controller.detector import FailureDetector
 from controller.events import EventHub
 from controller.executor import Executor
-from controller.graphs import GraphManager
+from controller.graphs.manager import GraphManager
 from controller.interfaces import SystemClock
 from controller.lifecycle import ServerLifecycle
 from controller.metrics import Metrics

@@ -28,7 +28,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from controller.graph_records import GraphRecord
+from controller.graphs.records import GraphRecord
 from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
 
 logger = logging.getLogger(__name__)

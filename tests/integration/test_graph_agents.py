@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from controller.graph_records import GraphRecord
+from controller.graphs.records import GraphRecord
 from deploy.testbed import Testbed, wait_until
 from deploy.topology import make_topology
 from stateful.services import request_maker, sp_graph

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from controller.errors import AgentCommandError
-from controller.graph_launcher import SERVER_GONE, AgentReplicaLauncher
-from controller.graph_placement import PlacementError
+from controller.graphs.launcher import SERVER_GONE, AgentReplicaLauncher
+from controller.graphs.placement import PlacementError
 from stateful.errors import LaunchError
 from understudy.wire.protocol import (
     CommandResult,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from controller.graph_placement import (
+from controller.graphs.placement import (
     Host,
     OperatorSlots,
     PlacementError,

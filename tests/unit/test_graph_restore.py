@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from controller.graph_records import GraphRecord, GraphRegistration, ReplicaView
-from controller.graph_restore import Inventories, Running, plan_adoption
-from controller.graph_runtime import ClusterGraph, needs_record
+from controller.graphs.records import GraphRecord, GraphRegistration, ReplicaView
+from controller.graphs.restore import Inventories, Running, plan_adoption
+from controller.graphs.runtime import ClusterGraph, needs_record
 from stateful.core.coordinator import initial_config
 from stateful.core.effects import Effect, Kill, Send
 from stateful.graph import MANAGER

@@ -5,7 +5,7 @@ hello (``Hello.replicas``). :class:`Inventories` keeps those lists (minus the ex
 since); :func:`plan_adoption` — a pure function of the graph's stored record and the replicas
 that run — decides what the new incarnation of the manager adopts, which role holders failed
 while no controller watched (their backups are promoted by the recovery that follows), which
-standbys stay in the pool and which processes are stopped (``controller/graph_runtime.py``
+standbys stay in the pool and which processes are stopped (``controller/graphs/runtime.py``
 carries it out).
 """
 
@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from controller.graph_records import GraphRecord
+from controller.graphs.records import GraphRecord
 from stateful.messages import GraphConfig
 from understudy.wire.protocol import ReplicaInfo
 

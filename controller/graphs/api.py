@@ -1,4 +1,4 @@
-"""REST routes of service graphs: decode, call ``controller.graphs.GraphManager``, encode.
+"""REST routes of service graphs: decode, call ``controller.graphs.manager.GraphManager``, encode.
 
 ``POST /v1/graphs`` (a :class:`GraphRegistration`; ``?wait=false`` answers 202 while the
 replicas start), ``GET /v1/graphs``, ``GET/DELETE /v1/graphs/{name}``, ``POST
@@ -15,7 +15,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from controller.graph_records import GraphRecord, GraphRegistration
+from controller.graphs.records import GraphRecord, GraphRegistration
 from controller.service import Controller
 from stateful.core.frontend import ClientRequest
 from stateful.messages import Payload

@@ -3,10 +3,10 @@
 A registered graph is deployed with ``stateful.runtime.LocalGraph`` — the same recovery manager
 (``Coordinator``) and frontend the local runtime uses, hosted in the controller process — over an
 :class:`AgentReplicaLauncher`, which starts every replica process through the agent of a server
-chosen by ``controller.graph_placement`` (a stateful operator's primary and backup on different
+chosen by ``controller.graphs.placement`` (a stateful operator's primary and backup on different
 servers, different sites when there are several; standbys spread over the live servers) from
-the hosts ``controller/graph_hosts.py`` offers. A graph's record (what Redis and the API see) is
-a snapshot of its :class:`~controller.graph_live.LiveGraph` (``controller/graph_live.py``).
+the hosts ``controller/graphs/hosts.py`` offers. A graph's record (what Redis and the API see) is
+a snapshot of its :class:`~controller.graphs.live.LiveGraph` (``controller/graphs/live.py``).
 
 Failure signals, all ending in ``on_replica_failed(operator, replica)`` through the replica
 handle's ``wait()`` (the death watch ``LocalGraph`` keeps on every replica):
@@ -17,17 +17,17 @@ handle's ``wait()`` (the death watch ``LocalGraph`` keeps on every replica):
 * an agent reports a replica process exit (``replica_exited``) -> that handle ends;
 * a replica that does not answer a recovery round in time (the coordinator's own timeout).
 
-Replica processes are started and stopped by ``controller/graph_launcher.py``.
+Replica processes are started and stopped by ``controller/graphs/launcher.py``.
 
-Knows nothing of HTTP (``controller/graph_api.py`` is the REST layer).
+Knows nothing of HTTP (``controller/graphs/api.py`` is the REST layer).
 
 **Controller restarts.** The manager writes every config it sends (and every failure it acts
-on) to Redis first (``controller/graph_runtime.py``), and the agents keep their replicas running
+on) to Redis first (``controller/graphs/runtime.py``), and the agents keep their replicas running
 while no controller is there. On start-up every graph Redis remembers as live is ``restoring``:
 once the agents that ran its replicas said hello again (or ``RESTORE_WAIT_S`` passed), a new
 incarnation of the manager and frontend adopts the replicas that still run — their state goes on
 — and fails the ones that do not, so their backups are promoted as after a server failure
-(``controller/graph_restore.py``). Client requests in flight at the crash are lost with their
+(``controller/graphs/restore.py``). Client requests in flight at the crash are lost with their
 HTTP connections (clients retry them); replies already sent stay consistent. HAMS replicates the
 manager and frontend with SMR; we rebuild them from the replicas and Redis instead.
 """
@@ -50,13 +50,13 @@ from controller.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from controller.graph_hosts import GraphHosts
-from controller.graph_launcher import SERVER_GONE, AgentReplicaHandle, AgentReplicaLauncher
-from controller.graph_live import LiveGraph, replica_demand, runtime_options, snapshot
-from controller.graph_placement import OperatorSlots, PlacementError, place_graph
-from controller.graph_records import GraphRecord, GraphRegistration, GraphStatus
-from controller.graph_restore import Inventories, plan_adoption
-from controller.graph_runtime import ClusterGraph
+from controller.graphs.hosts import GraphHosts
+from controller.graphs.launcher import SERVER_GONE, AgentReplicaHandle, AgentReplicaLauncher
+from controller.graphs.live import LiveGraph, replica_demand, runtime_options, snapshot
+from controller.graphs.placement import OperatorSlots, PlacementError, place_graph
+from controller.graphs.records import GraphRecord, GraphRegistration, GraphStatus
+from controller.graphs.restore import Inventories, plan_adoption
+from controller.graphs.runtime import ClusterGraph
 from controller.records import now
 from controller.store import Store
 from stateful.core.coordinator import initial_config

@@ -12,16 +12,16 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from controller.graph_launcher import AgentReplicaLauncher
-from controller.graph_placement import ReplicaDemand
-from controller.graph_records import (
+from controller.graphs.launcher import AgentReplicaLauncher
+from controller.graphs.placement import ReplicaDemand
+from controller.graphs.records import (
     GraphRecord,
     GraphRegistration,
     GraphStatus,
     RecoveryView,
     ReplicaView,
 )
-from controller.graph_runtime import ClusterGraph
+from controller.graphs.runtime import ClusterGraph
 from stateful.messages import NoiseSpec, RuntimeOptions
 
 

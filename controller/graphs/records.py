@@ -5,7 +5,7 @@ A :class:`GraphRecord` is written before the graph is deployed (write-ahead, sta
 replica process. Every config the graph's manager sends (and every failure it acts on) is
 written here first (``config``, ``dead``, ``spares``, ...): a restarted controller rebuilds the
 manager and the frontend from that and the replicas the agents still run (see
-``controller/graph_restore.py``).
+``controller/graphs/restore.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 from controller.agents import AgentHub
 from controller.errors import AgentCommandError, AgentUnavailableError
-from controller.graph_placement import PlacementError
+from controller.graphs.placement import PlacementError
 from stateful.errors import LaunchError
 from understudy.wire.protocol import StartReplicaCommand, StopReplicaCommand
 

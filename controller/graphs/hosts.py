@@ -1,6 +1,6 @@
 """Which servers may run graph replicas now, and the server of each replica as it starts.
 
-The placement rules are pure functions (``controller.graph_placement``); this is what feeds
+The placement rules are pure functions (``controller.graphs.placement``); this is what feeds
 them: the servers whose record is up and whose agent is connected and watched by the detector
 (a server the detector failed, even on a false alarm, gets nothing new), each with the replicas
 every live graph runs there and the capacity left after the apps (the orchestrator's snapshot,
@@ -14,8 +14,8 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 
 from controller.agents import AgentHub
-from controller.graph_live import LiveGraph, replica_demand
-from controller.graph_placement import Host, place_spare, spare_rank
+from controller.graphs.live import LiveGraph, replica_demand
+from controller.graphs.placement import Host, place_spare, spare_rank
 from controller.records import ServerState
 from controller.store import Store
 from policies.resources import COMPUTE, MEMORY_MB

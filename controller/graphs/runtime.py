@@ -1,7 +1,7 @@
 """``LocalGraph`` as the controller hosts it: write-ahead configs, restorable after a restart.
 
 The controller hosts each graph's manager (``Coordinator``) and frontend in its own process
-(``controller/graphs.py``). Two things make that survive a controller crash:
+(``controller/graphs/manager.py``). Two things make that survive a controller crash:
 
 * **Write-ahead.** Before the manager's effects go out, any that act on its state — a config
   (``Configure``/``Resume``), the start of a recovery (``Freeze``), a fence (``Kill``) — wait
