@@ -51,10 +51,14 @@ def test_timeline_with_one_load_thread_and_one_upgrade_at_a_time() -> None:
     assert (got["b"].how, got["b"].mttr_ms) == (PROGRESSIVE, 111.0)
     # c's interim waits for the thread: 101..201, notified at 211.
     assert got["c"].mttr_ms == 211.0
-    # b's upgrade takes the upgrade slot at 111 but the thread only at 201: 201..601, +10.
-    assert got["b"].settled_ms == 611.0
-    # c's upgrade waits for b's upgrade slot (611): 611..1011, +10.
-    assert got["c"].settled_ms == 1021.0
+    # Upgrades run in the plan's "upgrade" stage, after every interim of the failure serves
+    # (FailoverPlan.stages(), the controller's order too), so b's upgrade starts at 211, when
+    # c's interim serves, not at 111 after its own: slot and thread at 211, 211..611, +10.
+    # (Before the simulator ran the shared stages it took the slot at 111 and the thread,
+    # freed by c's interim, at 201, settling at 611; c at 1021. MTTRs do not move.)
+    assert got["b"].settled_ms == 621.0
+    # c's upgrade waits for b's upgrade slot (621): 621..1021, +10.
+    assert got["c"].settled_ms == 1031.0
     assert got["b"].accuracy_reduction == 0.0
     assert got["b"].interim_accuracy_reduction == pytest.approx(0.3)
     assert got["a"].accuracy_reduction == pytest.approx(0.15)
