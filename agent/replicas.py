@@ -1,15 +1,15 @@
 """Service-graph replica processes on this server: start, stop, kill, and report their deaths.
 
 The controller's graph manager places the NSPB replicas of a service graph on servers and asks
-their agents to start them (``start_replica``). The supervisor runs ``python -m stateful.replica
---node NODE`` and answers once the process printed ``READY host:port`` — the handshake of
-``stateful.runtime.SubprocessLauncher`` — with the address rewritten to the agent's advertised
-host, so peers on other servers can reach it. A replica's exit is reported at once through
-``on_exit`` (the agent sends ``replica_exited``): that is the per-process failure signal, next to
-the controller's detector that fails every replica of a server that goes silent.
+their agents to start them (``start_replica``). The supervisor runs ``python -m
+stateful.replica_main --node NODE`` and answers once the process printed ``READY host:port`` —
+the handshake of ``stateful.runtime.SubprocessLauncher`` — with the address rewritten to the
+agent's advertised host, so peers on other servers can reach it. A replica's exit is reported at
+once through ``on_exit`` (the agent sends ``replica_exited``): that is the per-process failure
+signal, next to the controller's detector that fails every replica of a server that goes silent.
 
 Replicas are bound to the agent's life, like Triton: each replica asks Linux to SIGKILL it when
-the agent dies (``PR_SET_PDEATHSIG``, first thing in ``stateful.replica``, which then exits if
+the agent dies (``PR_SET_PDEATHSIG``, first thing in ``stateful.replica_main``, which then exits if
 its parent is no longer this agent: no window where a dead agent leaves a replica running; the
 forking thread lives as long as the agent) and stays in the agent's process group. A replica
 outliving its agent would keep serving a graph whose controller already promoted its backup.
@@ -45,7 +45,7 @@ from understudy.wire.protocol import (
 logger = logging.getLogger(__name__)
 
 READY = "READY"
-"""First stdout word of a replica that listens (``stateful.replica.READY``; not imported, so
+"""First stdout word of a replica that listens (``stateful.replica_main.READY``; not imported, so
 the agent does not load torch)."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,7 @@ class ReplicaSupervisor:
 
     def _spawn(self, command: StartReplicaCommand) -> subprocess.Popen[bytes]:
         """On the spawner thread."""
-        args = [*self._nice_prefix(), self.python, "-m", "stateful.replica",
+        args = [*self._nice_prefix(), self.python, "-m", "stateful.replica_main",
                 "--node", command.node, "--host", self.bind_host,
                 "--log-level", command.log_level, "--parent-pid", str(os.getpid())]
         if command.observe_dir:

@@ -14,7 +14,7 @@ Two phases:
   with a ``preexec_fn`` (what ``agent/replicas.py`` used: CPython must fork, holding the GIL
   while the kernel copies the page tables) and without one (CPython may vfork), and the same
   on the loop itself; isolates the process creation from whatever the child does next;
-* ``replica``: ``agent.replicas.ReplicaSupervisor.start`` of real ``stateful.replica``
+* ``replica``: ``agent.replicas.ReplicaSupervisor.start`` of real ``stateful.replica_main``
   processes (one at a time, then three at once as a server gets them for a graph), the worst
   lateness over the whole start, torch import and CPU contention included; ``idle-same-window``
   is the worst lateness over an equally long window with nothing started (the machine's own

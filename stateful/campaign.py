@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from stateful.messages import Mode, NoiseSpec, RuntimeOptions
 from stateful.services import request_maker, service_graph
-from stateful.sim import NetParams, SimCluster
+from stateful.simulation import NetParams, SimCluster
 
 
 @dataclass(frozen=True)

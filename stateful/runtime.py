@@ -35,7 +35,7 @@ from stateful.errors import LaunchError, ReplicaUnavailableError
 from stateful.graph import FRONTEND, MANAGER, GraphSpec
 from stateful.messages import GraphConfig, Mode, Payload, RuntimeOptions
 from stateful.nodehost import NodeHost
-from stateful.replica import READY
+from stateful.replica_main import READY
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ReplicaLauncher(Protocol):
     """Starts blank replica processes; the agent implements this for its server."""
 
     async def launch(self, node: str, server: str | None = None) -> ReplicaHandle:
-        """Start ``python -m stateful.replica --node NODE`` and return once it listens.
+        """Start ``python -m stateful.replica_main --node NODE`` and return once it listens.
 
         ``server`` is where to run it (None: the launcher chooses). Whoever places replicas
         (the controller) must keep a stateful operator's primary and backup on different
@@ -136,7 +136,7 @@ class SubprocessLauncher:
 
     async def launch(self, node: str, server: str | None = None) -> SubprocessHandle:
         """Start a local process (``server`` is ignored: everything runs on this machine)."""
-        args = [self.python, "-m", "stateful.replica", "--node", node,
+        args = [self.python, "-m", "stateful.replica_main", "--node", node,
                 "--log-level", self.log_level]
         if self.observe_dir is not None:
             args += ["--observe-dir", str(self.observe_dir)]

@@ -375,7 +375,8 @@ def _replica_pid(bed: Testbed, graph: str, node: str) -> int:
 
 
 def _replica_processes(bed: Testbed, graph: str = GRAPH) -> list[int]:
-    """Pids of ``stateful.replica`` processes of a graph started under this testbed's agents."""
+    """Pids of ``stateful.replica_main`` processes of a graph started under this testbed's
+    agents."""
     found = []
     root = str(Path(bed.state.run_dir).resolve() / "ctl" / "graphs" / graph) + "/"
     for proc in Path("/proc").iterdir():
@@ -386,6 +387,6 @@ def _replica_processes(bed: Testbed, graph: str = GRAPH) -> list[int]:
         except OSError:
             continue
         # Observing replicas write under the controller's run directory, inside the testbed's.
-        if b"stateful.replica" in cmdline and root.encode() in cmdline:
+        if b"stateful.replica_main" in cmdline and root.encode() in cmdline:
             found.append(int(proc.name))
     return found

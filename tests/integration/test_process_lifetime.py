@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = """
 import subprocess, sys, time
 import os
-child = subprocess.Popen([sys.executable, "-m", "stateful.replica", "--node", "lifetime.p0",
+child = subprocess.Popen([sys.executable, "-m", "stateful.replica_main", "--node", "lifetime.p0",
                           "--parent-pid", str(os.getpid())],
                          stdout=subprocess.PIPE)
 print(child.pid, flush=True)
@@ -63,7 +63,7 @@ def test_a_replica_whose_launcher_is_gone_exits_at_once() -> None:
     # A launcher that died between the spawn and the replica's PR_SET_PDEATHSIG: the replica's
     # parent is no longer the pid it was given.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "stateful.replica", "--node", "late.p0",
+    done = subprocess.run([sys.executable, "-m", "stateful.replica_main", "--node", "late.p0",
                            "--parent-pid", str(os.getpid() + 1_000_000)],
                           env=env, cwd=REPO, capture_output=True, timeout=30, check=False)
     assert done.returncode == 1 and not done.stdout

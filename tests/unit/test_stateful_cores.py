@@ -20,7 +20,7 @@ from stateful.core.effects import (
     Update,
 )
 from stateful.core.frontend import ClientRequest, FrontendNode
-from stateful.core.replica import ReplicaNode
+from stateful.core.replica_node import ReplicaNode
 from stateful.graph import FRONTEND, GraphSpec, OperatorSpec
 from stateful.messages import (
     Configure,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from stateful.core.backup import BackupRole
 from stateful.messages import Mode, NoiseSpec, RuntimeOptions
 from stateful.services import ol_graph, request_maker, service_graph
-from stateful.sim import NetParams, SimCluster
+from stateful.simulation import NetParams, SimCluster
 
 
 def finished(c: SimCluster, requests: int) -> bool:

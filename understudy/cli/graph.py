@@ -97,7 +97,7 @@ def _options(options: argparse.Namespace) -> Any:
 
 def _run_sim(graph: Any, options: argparse.Namespace) -> dict[str, Any]:
     from stateful.services import request_maker
-    from stateful.sim import SimCluster
+    from stateful.simulation import SimCluster
 
     sim = SimCluster(graph, _options(options), seed=options.seed, spares=options.spares)
     make = request_maker(options.service, seed=options.seed, side=options.side)

@@ -97,7 +97,7 @@ class ErrorInfo(BaseModel):
 
 
 class ReplicaInfo(BaseModel):
-    """A service-graph replica process an agent runs (``python -m stateful.replica``)."""
+    """A service-graph replica process an agent runs (``python -m stateful.replica_main``)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -278,7 +278,7 @@ class _ReplicaCommand(_Command):
 
 
 class StartReplicaCommand(_ReplicaCommand):
-    """Start ``python -m stateful.replica --node NODE``; the result carries its address.
+    """Start ``python -m stateful.replica_main --node NODE``; the result carries its address.
 
     Idempotent: a replica of that graph and node that is already running is reported again.
     """

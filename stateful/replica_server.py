@@ -1,11 +1,12 @@
-"""A replica process once its entry point (``stateful.replica``) has set it up.
+"""A replica process once its entry point (``stateful.replica_main``) has set it up.
 
 It starts blank (a warm standby: torch imported, nothing loaded), listens on a free port,
-prints ``READY <host:port>`` on stdout and then serves whatever role the manager's configs give
-it (stateless operator, stateful primary or backup; HAMS's proxy and model in one process). The
-graph spec, mode and noise arrive with the first config, so the same process image serves any
-graph. SIGTERM or SIGINT stops it at once (connections closed, no interpreter teardown); the
-launcher (a local graph's runtime or an agent) watches it and reports its death to the manager.
+announces its address (the entry point prints ``READY <host:port>`` on stdout) and then serves
+whatever role the manager's configs give it (stateless operator, stateful primary or backup;
+HAMS's proxy and model in one process). The graph spec, mode and noise arrive with the first
+config, so the same process image serves any graph. SIGTERM or SIGINT stops it at once
+(connections closed, no interpreter teardown); the launcher (a local graph's runtime or an
+agent) watches it and reports its death to the manager.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from stateful.checker import observation_to_json
 from stateful.core.effects import Effect, Observe
-from stateful.core.replica import ReplicaNode
+from stateful.core.replica_node import ReplicaNode
 from stateful.host import ModelHost
 from stateful.messages import Configure, GraphConfig, Resume
 from stateful.nodehost import NodeHost
-from stateful.replica import READY
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ class ReplicaProcess(NodeHost):
             self.observe.flush()
 
 
-async def serve(node: str, host: str, observe_dir: Path | None) -> None:
+async def serve(node: str, host: str, observe_dir: Path | None,
+                announce: Callable[[str], None]) -> None:
+    """Run replica ``node`` until SIGTERM/SIGINT; ``announce(address)`` once it listens."""
     import torch
 
     torch.set_num_threads(1)  # small models, shared cores: intra-op threads only add contention
@@ -72,8 +75,7 @@ async def serve(node: str, host: str, observe_dir: Path | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sys.stdout.write(f"{READY} {address}\n")  # the launcher's handshake
-    sys.stdout.flush()
+    announce(address)
     await stop.wait()
     logger.info("%s: stopping", node)
     await process.close()
