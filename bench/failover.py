@@ -190,7 +190,7 @@ def measure_load_times(variants: set[str]) -> dict[str, float]:
     The profiles' figures were measured by an earlier build; the interim target is judged
     against both them and this same-run measurement (5 loads each, the profiler's method).
     """
-    from model_repo.profiler import ProfileSettings, profile_store
+    from agent.profiler import ProfileSettings, profile_store
 
     if not variants:
         return {}

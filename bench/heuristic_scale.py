@@ -4,7 +4,7 @@ Builds (seeded) a synthetic cluster: ``--servers`` live servers in 10 sites, eac
 70-80 % full of unaffected primaries, plus failed servers that held the primaries of the
 ``--apps`` affected apps (families of 4 variants, 50..2500 MB). Outside the timed region it
 builds the snapshot; it then times ``policies.progressive.plan_progressive`` and the direct
-reference (``tests/unit/progressive_reference.py``, a full server scan per placement attempt)
+reference (``policies/progressive_reference.py``, a full server scan per placement attempt)
 on the same instance, asserts both give the same plan, and prints medians. The last line is
 one JSON object.
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# The reference implementation lives with the tests; make the repository root importable.
+# Run from a checkout: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policies.actions import ProgressivePlan  # noqa: E402
@@ -41,8 +41,8 @@ from policies.model import (  # noqa: E402
     Variant,
 )
 from policies.progressive import plan_progressive  # noqa: E402
+from policies.progressive_reference import reference_plan_progressive  # noqa: E402
 from policies.resources import COMPUTE, MEMORY_MB, Resources  # noqa: E402
-from tests.unit.progressive_reference import reference_plan_progressive  # noqa: E402
 
 SITES = 10
 MEMORY_MB_PER_SERVER = 16000.0

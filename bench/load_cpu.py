@@ -32,10 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from agent.profiler import link_model  # noqa: E402
 from agent.triton import TritonConfig, TritonServer  # noqa: E402
 from model_repo.artifacts import find_variant  # noqa: E402
 from model_repo.native_backend import NATIVE_BACKEND, PYTHON_BACKEND  # noqa: E402
-from model_repo.profiler import link_model  # noqa: E402
 from understudy.wire.ports import free_ports  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

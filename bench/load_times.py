@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from agent.profiler import ProfileSettings, profile_store  # noqa: E402
 from model_repo.artifacts import DEFAULT_SCALE, build_store  # noqa: E402
-from model_repo.profiler import ProfileSettings, profile_store  # noqa: E402
 from model_repo.profiles import load_families  # noqa: E402
 
 FAMILIES = ("convnext", "efficientnet", "regnet_y")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.profiler import fit_load_time
 from model_repo.artifacts import (
     ArtifactError,
     build_store,
@@ -16,7 +17,6 @@ from model_repo.artifacts import (
     render_config,
 )
 from model_repo.network import BYTES_PER_PARAM, NetworkSpec, spec_for_size
-from model_repo.profiler import fit_load_time
 from model_repo.profiles import (
     PROFILE_DIR,
     Measurement,

@@ -11,8 +11,8 @@ from policies.config import ProgressiveConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import Application, ClusterSnapshot, Family, Placement, Role, Server
 from policies.progressive import match_variant, plan_progressive
+from policies.progressive_reference import reference_plan_progressive
 from tests.unit.builders import make_app, make_family, make_server, make_snapshot
-from tests.unit.progressive_reference import reference_plan_progressive
 
 # s: 100 MB, m: 400 MB, l: 1000 MB (the primary: most accurate).
 FAM = make_family("fam", [("s", 100, 0.6), ("m", 400, 0.8), ("l", 1000, 1.0)])

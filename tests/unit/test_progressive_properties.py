@@ -16,7 +16,7 @@ What is checked, for every generated cluster and configuration:
 * the upgrade pass reaches a fixpoint: no recovered app could still move to a more accurate
   variant on its server;
 * the fast implementation returns exactly what the direct reference implementation
-  (``tests/unit/progressive_reference.py``) returns.
+  (``policies/progressive_reference.py``) returns.
 
 Memory is whole MB and compute a multiple of 1/8 %, so the two implementations' sums agree
 to the bit even though they add in different orders.
@@ -34,9 +34,9 @@ from policies.actions import FailoverPlan, LoadVariant, ProgressivePlan, UnloadV
 from policies.config import ProgressiveConfig
 from policies.model import Application, ClusterSnapshot, Family, Server, Variant
 from policies.progressive import match_variant, plan_progressive
+from policies.progressive_reference import reference_plan_progressive
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 from tests.unit.builders import make_family, make_server, make_snapshot
-from tests.unit.progressive_reference import reference_plan_progressive
 
 EPS = 1e-9
 SITES = ("s1", "s2", "s3")

@@ -95,8 +95,8 @@ def _list(store: Path) -> int:
 
 
 def _profile(options: argparse.Namespace) -> int:
+    from agent.profiler import ProfileSettings, profile_store
     from model_repo.artifacts import list_store
-    from model_repo.profiler import ProfileSettings, profile_store
     from model_repo.profiles import (
         PROFILE_DIR,
         apply_measurement,

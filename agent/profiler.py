@@ -5,6 +5,9 @@ loads the model ``repeats`` times (median reported), measures p50/p99 latency of
 requests on one of the loads, reads the model instance's private resident memory from the torch
 runtime, and unloads it (timed until the instance is gone). A least-squares line
 ``load_s = a + b * weights_mb`` is fitted over all measured variants.
+
+It lives with the agent because it drives the agent's Triton wrapper (``agent.triton``); the
+artifact store it reads and the profile tables it feeds are ``model_repo``'s.
 """
 
 from __future__ import annotations

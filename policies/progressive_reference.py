@@ -7,10 +7,10 @@ beat the best one found so far), the upgrade pass re-runs full rounds until noth
 recomputes each server's load from scratch; no heaps, no latency classes, no caches. It shares
 no code with the fast implementation, so agreement between the two is evidence.
 
-It lives under ``tests/unit`` because the tests are its main user; ``bench/heuristic_scale.py``
-imports it as ``tests.unit.progressive_reference`` after putting the repository root on
-``sys.path``. Unrecoverable reasons are not part of the contract shared with the fast
-implementation, so this module only says "no feasible placement".
+The tests (``tests/unit/test_progressive*.py``) and ``bench/heuristic_scale.py`` both compare
+the fast implementation against it, so it lives here rather than under ``tests/``. It is never
+used to plan a real failover. Unrecoverable reasons are not part of the contract shared with
+the fast implementation, so this module only says "no feasible placement".
 
 Float results agree exactly when demands are dyadic (integers for memory, multiples of a
 power of two for compute), which is what the tests and the bench generate: the fast code
