@@ -227,6 +227,8 @@ class Executor:
 
     async def _load(self, app_id: str, server_id: str, variant: str, urgent: bool) -> bool:
         started = self.clock.monotonic()
+        if not urgent and not await self._still_loading(app_id, server_id, variant):
+            return False
         try:
             manifest = await self.artifacts.manifest(variant)
             result = await self.agents.load(server_id, app_id, variant, urgent=urgent,
@@ -254,6 +256,27 @@ class Executor:
             await self.unload(app_id, server_id, variant, even_if_unrecorded=True)
             return False
         return True
+
+    async def _still_loading(self, app_id: str, server_id: str, variant: str) -> bool:
+        """Whether the records still want this load.
+
+        A routine load's stage may start long after its decision: a take-back may have
+        retired it meanwhile (marked UNLOADING, it is forgotten here: nothing was sent).
+        Urgent loads skip the read: they leave right after their decision, on the outage's
+        path, and one made stale in between is unloaded when it completes.
+        """
+        async with self.locks.app(app_id):
+            record = await self.store.get_app(app_id)
+            replica = record.replica(server_id, variant) if record else None
+            if replica is not None and replica.state is ReplicaState.LOADING:
+                return True
+            logger.info("load %s/%s on %s no longer wanted; not sent", app_id, variant,
+                        server_id)
+            if record is not None and replica is not None \
+                    and replica.state is ReplicaState.UNLOADING:
+                record.replicas.remove(replica)
+                await self.commit(Decision(apps=(record,)))
+        return False
 
     async def _drop(self, app_id: str, server_id: str, variant: str, reason: str) -> None:
         async with self.locks.app(app_id):

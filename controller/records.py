@@ -121,6 +121,16 @@ class AppRecord(_Doc):
         """The replica at (server, variant), if any."""
         return next((r for r in self.replicas if r.key == (server_id, variant)), None)
 
+    def put_replica(self, replica: Replica) -> Replica:
+        """Add a replica, replacing any with the same (server, variant): at most one per key.
+
+        The one replaced is typically being unloaded (a dropped warm backup); the agent runs
+        the commands of one model in order, so its unload, then the new load, leave it loaded.
+        """
+        self.replicas = [r for r in self.replicas if r.key != replica.key]
+        self.replicas.append(replica)
+        return replica
+
     def serving_replica(self) -> Replica | None:
         """The replica clients use now."""
         return self.replica(*self.serving) if self.serving else None

@@ -52,7 +52,7 @@ def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
                       accuracy=accuracy_of(families, record.spec.family, placement.variant))
     # An app that served before (or found no room) is in an outage; a new one is not.
     urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
-    record.replicas.append(replica)
+    record.put_replica(replica)
     record.home = replica.key
     record.status = AppStatus.PENDING
     record.reason = ""
@@ -91,8 +91,7 @@ def decide_warm_backups(record: AppRecord, to_load: Iterable[Key], to_unload: It
                 and existing.state in (ReplicaState.LOADING, ReplicaState.READY)):
             continue
         # Never two replicas of one (server, variant): one being unloaded is reused.
-        record.replicas = [r for r in record.replicas if r.key != key]
-        record.replicas.append(Replica(server_id=server_id, variant=variant,
+        record.put_replica(Replica(server_id=server_id, variant=variant,
                                        role=ReplicaRole.WARM,
                                        accuracy=accuracy_of(families, record.spec.family,
                                                             variant)))
@@ -120,7 +119,7 @@ def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
     switches = []
     for app_id, server_id, variant in plan_recoveries:
         record = apps[app_id]
-        record.replicas.append(Replica(
+        record.put_replica(Replica(
             server_id=server_id, variant=variant, role=ReplicaRole.UPGRADE,
             accuracy=accuracy_of(families, record.spec.family, variant)))
         record.home = (server_id, variant)

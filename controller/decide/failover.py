@@ -77,9 +77,9 @@ def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: st
         interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
                           role=ReplicaRole.INTERIM,
                           accuracy=accuracy_of(families, family, recovery.interim_variant))
-        record.replicas.append(interim)
+        record.put_replica(interim)
         if recovery.target_variant != recovery.interim_variant:
-            record.replicas.append(Replica(
+            record.put_replica(Replica(
                 server_id=recovery.server_id, variant=recovery.target_variant,
                 role=ReplicaRole.UPGRADE,
                 accuracy=accuracy_of(families, family, recovery.target_variant)))

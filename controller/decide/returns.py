@@ -85,7 +85,7 @@ def decide_fail_back(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
         return None
     for _, replica in evict:
         replica.state = ReplicaState.UNLOADING
-    record.replicas.append(Replica(server_id=server_id, variant=variant,
+    record.put_replica(Replica(server_id=server_id, variant=variant,
                                    role=ReplicaRole.UPGRADE,
                                    accuracy=accuracy_of(families, app.family, variant)))
     changed = {other.app_id: other for other, _ in evict} | {app_id: record}
@@ -116,10 +116,10 @@ def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
             if replica.server_id != server_id:
                 continue
             key = (record.app_id, replica.variant)
+            wanted.add(key)  # an UNLOADING one is the unload's business, not a stray
             if replica.state is ReplicaState.UNLOADING:
                 unloads.append(UnloadVariant(server_id, record.app_id, replica.variant))
                 continue
-            wanted.add(key)
             if replica.state is ReplicaState.LOADING or key not in loaded:
                 replica.state = ReplicaState.LOADING
                 changed[record.app_id] = record

@@ -72,7 +72,7 @@ def take_back(server_id: str, inventory: Iterable[InventoryItem],
         else:
             backups.append((app_id, variant))
             role = ReplicaRole.WARM
-        record.replicas.append(Replica(server_id=server_id, variant=variant, role=role,
+        record.put_replica(Replica(server_id=server_id, variant=variant, role=role,
                                        state=ReplicaState.READY, accuracy=score))
     return TakeBack(adopted=tuple(adopted), backups=tuple(backups), retired=tuple(retired))
 

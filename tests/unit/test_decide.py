@@ -311,12 +311,6 @@ def test_forget_replicas_on_drops_the_server_and_keeps_home() -> None:
     assert keys(apps["b"].replicas) == [("s3", LARGE)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "controller/decide/failover.py decide_cold appends the interim/target Replica without "
-    "removing a replica of the app with the same (server, variant) that is UNLOADING (a warm "
-    "backup a re-plan dropped): the record then holds two replicas with one key, and "
-    "AppRecord.replica() finds the UNLOADING one, so the interim's finished load is treated "
-    "as unwanted (decide_advance returns None) and unloaded"))
 def test_decide_cold_never_leaves_two_replicas_with_one_key() -> None:
     dropped = r("s2", SMALL, W, UNLOADING)  # a backup being unloaded when s1 failed
     apps = {"p1": app([r("s1", LARGE), dropped], ("s1", LARGE), app_id="p1")}
@@ -383,11 +377,6 @@ def test_decide_reconcile_removes_what_no_record_wants_on_that_server() -> None:
     assert len(decision.notes) == 3 and decision.apps == ()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "controller/decide/returns.py decide_reconcile leaves UNLOADING replicas out of `wanted`, "
-    "so a model the agent still holds that the records are unloading is both an "
-    "UnloadVariant (stage 'unload') and a RemoveStray (stage 'strays', logged as a stray): "
-    "two unload commands for one model"))
 def test_decide_reconcile_sends_one_command_per_held_model() -> None:
     record = app([r("s1", SMALL, W, UNLOADING), r("s2", LARGE)], ("s2", LARGE))
     decision = decide_reconcile({"a": record}, "s1", [item("a", SMALL)])

@@ -244,10 +244,6 @@ def test_a_false_alarm_mid_recovery_switches_back_without_loads_and_retires_the_
     assert_consistent(ctl)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "controller/executor.py Executor._load sends the agent load without checking that the "
-    "replica is still LOADING in the records: a target a take-back already retired "
-    "(UNLOADING) is loaded when the failover's upgrade stage starts, then unloaded"))
 def test_a_retired_target_whose_stage_had_not_started_is_never_loaded() -> None:
     async def body() -> tuple[Controller, int]:
         ctl = new_cluster(failover_apps(), auto_load=False)
