@@ -30,7 +30,7 @@ from controller.decide.serving import decide_advance, drop_replica
 from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.interfaces import AgentLink, Clock, EventSink, ManifestSource, RecordStore
 from controller.metrics import Metrics
-from controller.records import AppRecord, AppStatus, ReplicaState, ServerState
+from controller.records import AppRecord, AppStatus, ServerState
 from policies.actions import (
     Action,
     LoadVariant,
@@ -40,6 +40,7 @@ from policies.actions import (
     UnloadVariant,
 )
 from policies.model import Family
+from understudy.wire.protocol import ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -268,12 +269,12 @@ class Executor:
         async with self.locks.app(app_id):
             record = await self.store.get_app(app_id)
             replica = record.replica(server_id, variant) if record else None
-            if replica is not None and replica.state is ReplicaState.LOADING:
+            if replica is not None and replica.state is ModelState.LOADING:
                 return True
             logger.info("load %s/%s on %s no longer wanted; not sent", app_id, variant,
                         server_id)
             if record is not None and replica is not None \
-                    and replica.state is ReplicaState.UNLOADING:
+                    and replica.state is ModelState.UNLOADING:
                 record.replicas.remove(replica)
                 await self.commit(Decision(apps=(record,)))
         return False
@@ -300,7 +301,7 @@ class Executor:
         current = record.replica(server_id, variant) if record else None
         if current is None and not even_if_unrecorded:
             return
-        if current is not None and current.state is not ReplicaState.UNLOADING:
+        if current is not None and current.state is not ModelState.UNLOADING:
             return
         server = servers.get(server_id)
         if server is not None and server.state is not ServerState.FAILED:
@@ -315,7 +316,7 @@ class Executor:
             record = await self.store.get_app(app_id)
             replica = record.replica(server_id, variant) if record else None
             if record is not None and replica is not None \
-                    and replica.state is ReplicaState.UNLOADING:
+                    and replica.state is ModelState.UNLOADING:
                 record.replicas.remove(replica)
                 await self.commit(Decision(apps=(record,)))
 
@@ -329,8 +330,8 @@ class Executor:
             async with self.locks.plan:
                 record = await self.store.get_app(app_id)
                 replica = record.replica(server_id, variant) if record else None
-                if replica is not None and replica.state in (ReplicaState.LOADING,
-                                                             ReplicaState.READY):
+                if replica is not None and replica.state in (ModelState.LOADING,
+                                                             ModelState.READY):
                     return
                 reply = await self.agents.start_unload(server_id, app_id, variant)
             await reply

@@ -13,6 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.model import Role
+from understudy.wire.protocol import ModelState
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 
 
@@ -50,31 +53,13 @@ class AppSpec(BaseModel):
         return value
 
 
-class ReplicaRole(StrEnum):
-    """What a replica of an app is for."""
-
-    PRIMARY = "primary"
-    WARM = "warm"
-    INTERIM = "interim"
-    UPGRADE = "upgrade"
-
-
-class ReplicaState(StrEnum):
-    """Where a replica is in its life."""
-
-    LOADING = "loading"
-    READY = "ready"
-    UNLOADING = "unloading"
-    FAILED = "failed"
-
-
 class Replica(_Doc):
     """One variant of an app on one server (desired, then observed)."""
 
     server_id: str
     variant: str
-    role: ReplicaRole
-    state: ReplicaState = ReplicaState.LOADING
+    role: Role
+    state: ModelState = ModelState.LOADING
     accuracy: float = 0.0
     since: float = Field(default_factory=now)
     load_s: float | None = None

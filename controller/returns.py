@@ -17,10 +17,10 @@ from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.executor import Executor
 from controller.interfaces import AgentLink, FailureWatch, RecordStore
 from controller.metrics import Metrics
-from controller.records import ReplicaState, ServerRecord, ServerState
+from controller.records import ServerRecord, ServerState
 from controller.snapshot import build_snapshot
 from policies.model import Family
-from understudy.wire.protocol import Hello, InventoryItem, TritonUp
+from understudy.wire.protocol import Hello, InventoryItem, ModelState, TritonUp
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class ServerReturns:
             server = servers.get(home[0])
             if server is None or server.state is not ServerState.UP or not server.connected:
                 continue
-            if any(r.state is not ReplicaState.READY for r in record.replicas):
+            if any(r.state is not ModelState.READY for r in record.replicas):
                 continue
             await self.fail_back(record.app_id)
 

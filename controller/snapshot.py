@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from controller.records import AppRecord, ReplicaRole, ReplicaState, ServerRecord, ServerState
+from controller.records import AppRecord, ServerRecord, ServerState
 from policies.errors import CapacityExceededError, PolicyError
 from policies.model import (
     Application,
@@ -17,17 +17,15 @@ from policies.model import (
     Site,
 )
 from policies.resources import Resources
+from understudy.wire.protocol import ModelState
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE = (ReplicaState.LOADING, ReplicaState.READY)
+_ACTIVE = (ModelState.LOADING, ModelState.READY)
 _DEMOTION_STAGES: tuple[frozenset[Role], ...] = (
     frozenset(), frozenset({Role.INTERIM}), frozenset({Role.INTERIM, Role.UPGRADE}),
     frozenset({Role.INTERIM, Role.UPGRADE, Role.WARM}))
-_RANK = {ReplicaRole.PRIMARY: 0, ReplicaRole.UPGRADE: 1, ReplicaRole.INTERIM: 2,
-         ReplicaRole.WARM: 3}
-_ROLE = {ReplicaRole.PRIMARY: Role.PRIMARY, ReplicaRole.WARM: Role.WARM,
-         ReplicaRole.INTERIM: Role.INTERIM, ReplicaRole.UPGRADE: Role.UPGRADE}
+_RANK = {Role.PRIMARY: 0, Role.UPGRADE: 1, Role.INTERIM: 2, Role.WARM: 3}
 
 
 def application(record: AppRecord) -> Application:
@@ -75,7 +73,7 @@ def warm_backups(apps: Mapping[str, AppRecord],
     known = set(servers)
     return {(app_id, r.server_id, r.variant) for app_id, record in apps.items()
             for r in record.replicas
-            if r.role is ReplicaRole.WARM and r.state in _ACTIVE and record.serving != r.key
+            if r.role is Role.WARM and r.state in _ACTIVE and record.serving != r.key
             and r.server_id in known}
 
 
@@ -101,7 +99,7 @@ def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerR
             if replica.key in seen:  # one placement per (server, variant), the main one
                 continue
             seen.add(replica.key)
-            role = _ROLE[replica.role]
+            role = replica.role
             if record.serving == replica.key:
                 role = Role.PRIMARY
             elif role is Role.PRIMARY and record.serving is not None:

@@ -9,8 +9,6 @@ from controller.records import (
     AppRecord,
     AppStatus,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     ServerRecord,
     ServerState,
 )
@@ -18,12 +16,13 @@ from policies.actions import Action, LoadVariant, PromoteReplica, Stage, UnloadV
 from policies.errors import PolicyError
 from policies.model import ClusterSnapshot, Family, Role
 from policies.primary import place_primaries
+from understudy.wire.protocol import ModelState
 
 
 def needs_placement(record: AppRecord) -> bool:
     """Nothing serves the app and nothing of it is loading or ready."""
     return record.serving is None and not any(
-        r.state in (ReplicaState.LOADING, ReplicaState.READY) for r in record.replicas)
+        r.state in (ModelState.LOADING, ModelState.READY) for r in record.replicas)
 
 
 def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
@@ -48,7 +47,7 @@ def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
                         events=(event_for(record, "unplaced", None, why, {}, None, now),))
     placement = result.placements[0]
     replica = Replica(server_id=placement.server_id, variant=placement.variant,
-                      role=ReplicaRole.PRIMARY,
+                      role=Role.PRIMARY,
                       accuracy=accuracy_of(families, record.spec.family, placement.variant))
     # An app that served before (or found no room) is in an outage; a new one is not.
     urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
@@ -64,7 +63,7 @@ def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
 def decide_delete(record: AppRecord) -> Decision:
     """Every replica of the app unloads (the caller forgets the app once they are gone)."""
     for replica in record.replicas:
-        replica.state = ReplicaState.UNLOADING
+        replica.state = ModelState.UNLOADING
     return Decision(apps=(record,), stages=(Stage("delete", tuple(
         UnloadVariant(r.server_id, record.app_id, r.variant) for r in record.replicas)),))
 
@@ -87,21 +86,21 @@ def decide_warm_backups(record: AppRecord, to_load: Iterable[Key], to_unload: It
         key = (server_id, variant)
         existing = record.replica(server_id, variant)
         if record.serving == key or (
-                existing is not None and existing.role is not ReplicaRole.WARM
-                and existing.state in (ReplicaState.LOADING, ReplicaState.READY)):
+                existing is not None and existing.role is not Role.WARM
+                and existing.state in (ModelState.LOADING, ModelState.READY)):
             continue
         # Never two replicas of one (server, variant): one being unloaded is reused.
         record.put_replica(Replica(server_id=server_id, variant=variant,
-                                       role=ReplicaRole.WARM,
+                                       role=Role.WARM,
                                        accuracy=accuracy_of(families, record.spec.family,
                                                             variant)))
         loads.append(LoadVariant(server_id, record.app_id, variant, Role.WARM))
     for _, server_id, variant in to_unload:
         replica = record.replica(server_id, variant)
-        if replica is None or replica.role is not ReplicaRole.WARM \
+        if replica is None or replica.role is not Role.WARM \
                 or record.serving == replica.key:
             continue
-        replica.state = ReplicaState.UNLOADING
+        replica.state = ModelState.UNLOADING
         unloads.append(UnloadVariant(server_id, record.app_id, variant))
     return Decision(apps=(record,), stages=(Stage("warm", tuple(loads) + tuple(unloads)),))
 
@@ -120,7 +119,7 @@ def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
     for app_id, server_id, variant in plan_recoveries:
         record = apps[app_id]
         record.put_replica(Replica(
-            server_id=server_id, variant=variant, role=ReplicaRole.UPGRADE,
+            server_id=server_id, variant=variant, role=Role.UPGRADE,
             accuracy=accuracy_of(families, record.spec.family, variant)))
         record.home = (server_id, variant)
         changed[app_id] = record
@@ -129,7 +128,7 @@ def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
         record = apps[app_id]
         replica = record.replica(server_id, variant)
         if replica is not None:
-            replica.role = ReplicaRole.UPGRADE  # the state machine makes it serve at once
+            replica.role = Role.UPGRADE  # the state machine makes it serve at once
             record.home = replica.key
             changed[app_id] = record
             switches.append(app_id)
@@ -149,15 +148,15 @@ def decide_drain_leftovers(apps: Mapping[str, AppRecord], server_id: str) -> Dec
         if not mine:
             continue
         for replica in mine:
-            replica.state = ReplicaState.UNLOADING
+            replica.state = ModelState.UNLOADING
             if record.serving == replica.key:
                 record.serving = None
             chain.append(UnloadVariant(server_id, record.app_id, replica.variant))
         if record.home and record.home[0] == server_id:
             record.home = None
         elsewhere = next((r for r in record.replicas if r.server_id != server_id
-                          and r.state is ReplicaState.READY
-                          and r.role in (ReplicaRole.PRIMARY, ReplicaRole.UPGRADE)), None)
+                          and r.state is ModelState.READY
+                          and r.role in (Role.PRIMARY, Role.UPGRADE)), None)
         if elsewhere is not None:
             chain.append(PromoteReplica(record.app_id, *elsewhere.key))
         changed.append(record)

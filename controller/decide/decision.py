@@ -19,12 +19,11 @@ from controller.records import (
     AppStatus,
     Event,
     Replica,
-    ReplicaRole,
     ServerRecord,
 )
 from policies.actions import Stage
 from policies.errors import PolicyError
-from policies.model import Family
+from policies.model import Family, Role
 from understudy.wire.protocol import model_name
 
 LOADED_FOR_THE_CHANGE = frozenset({"interim_serving", "serving", "upgraded", "failback"})
@@ -102,6 +101,6 @@ def status_of(record: AppRecord, serving: Replica | None, loading: bool) -> AppS
         return AppStatus.RECOVERING if loading else AppStatus.UNAVAILABLE
     if record.home is not None and serving.variant != record.home[1]:
         return AppStatus.DEGRADED
-    if serving.role is ReplicaRole.INTERIM:
+    if serving.role is Role.INTERIM:
         return AppStatus.DEGRADED
     return AppStatus.SERVING

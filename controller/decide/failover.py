@@ -20,13 +20,12 @@ from controller.records import (
     AppStatus,
     Event,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     ServerRecord,
     ServerState,
 )
 from policies.actions import FailoverPlan, WarmSwitch
-from policies.model import Family
+from policies.model import Family, Role
+from understudy.wire.protocol import ModelState
 
 FAILOVER = "failover"
 """The intent kind of a failover (resumed after a controller restart)."""
@@ -48,7 +47,7 @@ def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, Se
         replica = record.replica(switch.server_id, switch.variant)
         if replica is None:
             continue
-        replica.role = ReplicaRole.PRIMARY
+        replica.role = Role.PRIMARY
         record.serving = replica.key
         record.status = (AppStatus.SERVING if record.home and replica.variant == record.home[1]
                          else AppStatus.DEGRADED)
@@ -75,16 +74,16 @@ def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: st
         record.status = AppStatus.RECOVERING
         family = record.spec.family
         interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
-                          role=ReplicaRole.INTERIM,
+                          role=Role.INTERIM,
                           accuracy=accuracy_of(families, family, recovery.interim_variant))
         record.put_replica(interim)
         if recovery.target_variant != recovery.interim_variant:
             record.put_replica(Replica(
                 server_id=recovery.server_id, variant=recovery.target_variant,
-                role=ReplicaRole.UPGRADE,
+                role=Role.UPGRADE,
                 accuracy=accuracy_of(families, family, recovery.target_variant)))
         else:
-            interim.role = ReplicaRole.UPGRADE  # one load that serves as the final target
+            interim.role = Role.UPGRADE  # one load that serves as the final target
         recoveries[record.app_id] = Recovery(detected_at, server_id)
         changed.add(record.app_id)
     lost: list[Event] = []
@@ -111,9 +110,9 @@ def _preempt(plan: FailoverPlan, apps: Mapping[str, AppRecord]) -> set[str]:
     for placement in plan.preempted:
         record = apps.get(placement.app_id)
         replica = record.replica(placement.server_id, placement.variant) if record else None
-        if record is None or replica is None or replica.role is not ReplicaRole.WARM:
+        if record is None or replica is None or replica.role is not Role.WARM:
             continue
-        replica.state = ReplicaState.UNLOADING
+        replica.state = ModelState.UNLOADING
         changed.add(record.app_id)
     return changed
 

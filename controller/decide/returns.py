@@ -10,13 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from controller.decide.decision import Decision, accuracy_of
 from controller.decide.takeback import take_back
-from controller.records import (
-    AppRecord,
-    Replica,
-    ReplicaRole,
-    ReplicaState,
-    ServerRecord,
-)
+from controller.records import AppRecord, Replica, ServerRecord
 from policies.actions import (
     LoadVariant,
     PromoteReplica,
@@ -25,7 +19,7 @@ from policies.actions import (
     UnloadVariant,
 )
 from policies.model import ClusterSnapshot, Family, Role
-from understudy.wire.protocol import InventoryItem
+from understudy.wire.protocol import InventoryItem, ModelState
 
 
 def decide_take_back(apps: Mapping[str, AppRecord], server_id: str,
@@ -73,8 +67,8 @@ def decide_fail_back(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
         for replica in other.replicas:
             if demand.fits_within(free):
                 break
-            if replica.server_id == server_id and replica.role is ReplicaRole.WARM \
-                    and replica.state is ReplicaState.READY:
+            if replica.server_id == server_id and replica.role is Role.WARM \
+                    and replica.state is ModelState.READY:
                 spec = snapshot.app_by_id.get(other.app_id)
                 if spec is None:
                     continue
@@ -84,9 +78,9 @@ def decide_fail_back(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
     if not demand.fits_within(free):
         return None
     for _, replica in evict:
-        replica.state = ReplicaState.UNLOADING
+        replica.state = ModelState.UNLOADING
     record.put_replica(Replica(server_id=server_id, variant=variant,
-                                   role=ReplicaRole.UPGRADE,
+                                   role=Role.UPGRADE,
                                    accuracy=accuracy_of(families, app.family, variant)))
     changed = {other.app_id: other for other, _ in evict} | {app_id: record}
     reclaim = tuple(UnloadVariant(r.server_id, other.app_id, r.variant) for other, r in evict)
@@ -117,13 +111,13 @@ def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
                 continue
             key = (record.app_id, replica.variant)
             wanted.add(key)  # an UNLOADING one is the unload's business, not a stray
-            if replica.state is ReplicaState.UNLOADING:
+            if replica.state is ModelState.UNLOADING:
                 unloads.append(UnloadVariant(server_id, record.app_id, replica.variant))
                 continue
-            if replica.state is ReplicaState.LOADING or key not in loaded:
-                replica.state = ReplicaState.LOADING
+            if replica.state is ModelState.LOADING or key not in loaded:
+                replica.state = ModelState.LOADING
                 changed[record.app_id] = record
-                load = LoadVariant(server_id, record.app_id, replica.variant, Role(replica.role))
+                load = LoadVariant(server_id, record.app_id, replica.variant, replica.role)
                 # Nothing else serves the app (or this replica was what served): an outage.
                 outage = record.serving is None or record.serving == replica.key
                 (urgent if outage else routine).append(load)

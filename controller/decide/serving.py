@@ -15,12 +15,12 @@ from controller.records import (
     AppRecord,
     AppStatus,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     ServerRecord,
     ServerState,
 )
 from policies.actions import Stage, UnloadVariant
+from policies.model import Role
+from understudy.wire.protocol import ModelState
 
 
 def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: float,
@@ -34,21 +34,21 @@ def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: 
     """
     if loaded is not None:
         replica = record.replica(loaded[0], loaded[1])
-        if replica is None or replica.state is not ReplicaState.LOADING:
+        if replica is None or replica.state is not ModelState.LOADING:
             return None
-        replica.state, replica.since, replica.load_s = ReplicaState.READY, now, loaded[2]
+        replica.state, replica.since, replica.load_s = ModelState.READY, now, loaded[2]
     live = {s for s, r in servers.items() if r.state is not ServerState.FAILED}
     kind, current, retired = next_serving(record, live)
     for old in retired:
-        old.state = ReplicaState.UNLOADING
-    loading = any(r.state is ReplicaState.LOADING for r in record.replicas)
+        old.state = ModelState.UNLOADING
+    loading = any(r.state is ModelState.LOADING for r in record.replicas)
     record.status = status_of(record, current, loading)
     if record.status is AppStatus.SERVING:
         record.reason = ""
     events = (event_for(record, kind, current, "", servers, recovery, now),) if kind else ()
     if loaded is not None and not kind:
         backup = record.replica(loaded[0], loaded[1])
-        if backup is not None and backup.role is ReplicaRole.WARM:
+        if backup is not None and backup.role is Role.WARM:
             events = (event_for(record, "backup_ready", backup, "", servers, recovery, now),)
     unloads = tuple(UnloadVariant(old.server_id, record.app_id, old.variant) for old in retired)
     return Decision(apps=(record,), events=events,
@@ -63,25 +63,25 @@ def next_serving(record: AppRecord, live: set[str]
     Returns the event kind ("" when serving does not move), the replica now serving and the
     replicas to retire.
     """
-    ready = [r for r in record.replicas if r.state is ReplicaState.READY and r.server_id in live]
+    ready = [r for r in record.replicas if r.state is ModelState.READY and r.server_id in live]
     current = record.serving_replica()
     if current is not None and (current.server_id not in live
-                                or current.state is not ReplicaState.READY):
+                                or current.state is not ModelState.READY):
         current = None
-    upgrade = next((r for r in ready if r.role in (ReplicaRole.UPGRADE, ReplicaRole.PRIMARY)
+    upgrade = next((r for r in ready if r.role in (Role.UPGRADE, Role.PRIMARY)
                     and r.key != (current.key if current else None)), None)
-    interim = next((r for r in ready if r.role is ReplicaRole.INTERIM), None)
+    interim = next((r for r in ready if r.role is Role.INTERIM), None)
     retired: list[Replica] = []
     kind = ""
-    if upgrade is not None and (current is None or current.role is not ReplicaRole.PRIMARY
-                                or upgrade.role is ReplicaRole.UPGRADE):
-        if current is not None and current.role is not ReplicaRole.WARM:
+    if upgrade is not None and (current is None or current.role is not Role.PRIMARY
+                                or upgrade.role is Role.UPGRADE):
+        if current is not None and current.role is not Role.WARM:
             retired.append(current)
         if interim is not None and interim is not current:
             retired.append(interim)
         kind = "failback" if upgrade.key == record.home and current else (
             "upgraded" if current is not None else "serving")
-        upgrade.role = ReplicaRole.PRIMARY
+        upgrade.role = Role.PRIMARY
         record.serving, current = upgrade.key, upgrade
     elif current is None and interim is not None:
         record.serving, current = interim.key, interim

@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from controller.records import AppRecord, Replica, ReplicaRole, ReplicaState
+from controller.records import AppRecord, Replica
+from policies.model import Role
 from understudy.wire.protocol import InventoryItem, ModelState
 
-_RECOVERY_ROLES = (ReplicaRole.PRIMARY, ReplicaRole.UPGRADE, ReplicaRole.INTERIM)
+_RECOVERY_ROLES = (Role.PRIMARY, Role.UPGRADE, Role.INTERIM)
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ def take_back(server_id: str, inventory: Iterable[InventoryItem],
         if _serve_again(record, is_home, score):
             retired += _retire_recovery(record)
             adopted.append((app_id, variant))
-            role = ReplicaRole.UPGRADE
+            role = Role.UPGRADE
         else:
             backups.append((app_id, variant))
-            role = ReplicaRole.WARM
+            role = Role.WARM
         record.put_replica(Replica(server_id=server_id, variant=variant, role=role,
-                                       state=ReplicaState.READY, accuracy=score))
+                                       state=ModelState.READY, accuracy=score))
     return TakeBack(adopted=tuple(adopted), backups=tuple(backups), retired=tuple(retired))
 
 
@@ -89,17 +90,17 @@ def _serve_again(record: AppRecord, is_home: bool, score: float) -> bool:
 def _recovery_replicas(record: AppRecord) -> list[Replica]:
     current = record.serving_replica()
     return [r for r in record.replicas if r is not current and r.role in _RECOVERY_ROLES
-            and r.state in (ReplicaState.LOADING, ReplicaState.READY)]
+            and r.state in (ModelState.LOADING, ModelState.READY)]
 
 
 def _retire_recovery(record: AppRecord) -> list[tuple[str, str, str]]:
     """Retire what the failover started for the app; a promoted backup is a backup again."""
     retired = []
     for replica in _recovery_replicas(record):
-        if replica.state is ReplicaState.READY:
+        if replica.state is ModelState.READY:
             retired.append((record.app_id, replica.server_id, replica.variant))
-        replica.state = ReplicaState.UNLOADING
+        replica.state = ModelState.UNLOADING
     current = record.serving_replica()
-    if current is not None and current.role is ReplicaRole.PRIMARY:
-        current.role = ReplicaRole.WARM
+    if current is not None and current.role is Role.PRIMARY:
+        current.role = Role.WARM
     return retired

@@ -31,15 +31,13 @@ from controller.records import (
     AppStatus,
     Event,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     RuntimeConfig,
     ServerRecord,
     ServerState,
 )
 from controller.returns import ServerReturns
 from controller.warm_plan import WarmPlanner
-from policies.model import Family
+from policies.model import Family, Role
 from tests.unit.builders import make_family
 from understudy.wire.artifacts import Manifest
 from understudy.wire.protocol import (
@@ -521,8 +519,8 @@ def server_record(server_id: str, memory_mb: float = 1000.0,
                         boot_id="boot-" + server_id, last_hello=0.0)
 
 
-def replica(server_id: str, variant: str, role: ReplicaRole = ReplicaRole.PRIMARY,
-            state: ReplicaState = ReplicaState.READY) -> Replica:
+def replica(server_id: str, variant: str, role: Role = Role.PRIMARY,
+            state: ModelState = ModelState.READY) -> Replica:
     return Replica(server_id=server_id, variant=variant, role=role, state=state,
                    accuracy=ACCURACY[variant], since=0.0)
 
@@ -598,5 +596,5 @@ def seed(store: FakeStore, agents: FakeAgents, apps: Iterable[AppRecord],
     for record in apps:
         store.put_app_now(record)
         for r in record.replicas:
-            if r.state is ReplicaState.READY:
+            if r.state is ModelState.READY:
                 agents.connect(r.server_id, [(record.app_id, r.variant)])

@@ -28,8 +28,6 @@ from controller.records import (
     AppRecord,
     AppStatus,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     RuntimeConfig,
     ServerRecord,
     ServerState,
@@ -59,8 +57,8 @@ from understudy.wire.protocol import InventoryItem, ModelState
 
 NOW = 5_000.0
 FAMILIES = families()
-P, W, IN, U = ReplicaRole.PRIMARY, ReplicaRole.WARM, ReplicaRole.INTERIM, ReplicaRole.UPGRADE
-READY, LOADING, UNLOADING = ReplicaState.READY, ReplicaState.LOADING, ReplicaState.UNLOADING
+P, W, IN, U = Role.PRIMARY, Role.WARM, Role.INTERIM, Role.UPGRADE
+READY, LOADING, UNLOADING = ModelState.READY, ModelState.LOADING, ModelState.UNLOADING
 
 
 def servers(*failed: str, memory_mb: float = 1000.0) -> dict[str, ServerRecord]:
@@ -68,8 +66,8 @@ def servers(*failed: str, memory_mb: float = 1000.0) -> dict[str, ServerRecord]:
             for s in ("s1", "s2", "s3", "s4")}
 
 
-def r(server_id: str, variant: str, role: ReplicaRole = P,
-      state: ReplicaState = READY) -> Replica:
+def r(server_id: str, variant: str, role: Role = P,
+      state: ModelState = READY) -> Replica:
     return replica(server_id, variant, role, state)
 
 
@@ -191,7 +189,7 @@ def test_a_finished_load_is_marked_ready_and_its_event_carries_the_load_time() -
 
 
 @pytest.mark.parametrize("state", [UNLOADING, READY, None])
-def test_a_finished_load_no_longer_wanted_gives_no_decision(state: ReplicaState | None) -> None:
+def test_a_finished_load_no_longer_wanted_gives_no_decision(state: ModelState | None) -> None:
     replicas = [r("s1", LARGE)] + ([r("s2", SMALL, IN, state)] if state else [])
     record = app(replicas, ("s1", LARGE))
     before = record.model_copy(deep=True)
@@ -499,8 +497,8 @@ def records(draw: st.DrawFn) -> AppRecord:
     """An app with replicas of unique (server, variant), any roles and states."""
     slots = draw(st.lists(st.tuples(st.sampled_from(SERVERS), st.sampled_from(VARIANTS)),
                           unique=True, max_size=6))
-    replicas = [r(s, v, draw(st.sampled_from(list(ReplicaRole))),
-                  draw(st.sampled_from(list(ReplicaState)))) for s, v in slots]
+    replicas = [r(s, v, draw(st.sampled_from(list(Role))),
+                  draw(st.sampled_from(list(ModelState)))) for s, v in slots]
     serving = draw(st.sampled_from([None, *slots]))
     home = draw(st.sampled_from([None, *[(s, v) for s in SERVERS for v in VARIANTS]]))
     return app(replicas, serving, home)

@@ -14,13 +14,8 @@ from typing import Any
 
 import pytest
 
-from controller.records import (
-    AppSpec,
-    AppStatus,
-    ReplicaRole,
-    ReplicaState,
-    ServerState,
-)
+from controller.records import AppSpec, AppStatus, ServerState
+from policies.model import Role
 from tests.unit.fakes import (
     LARGE,
     MEDIUM,
@@ -36,6 +31,7 @@ from tests.unit.fakes import (
     replica,
     seed,
 )
+from understudy.wire.protocol import ModelState
 
 TEST_LIMIT_S = 8.0
 
@@ -60,7 +56,7 @@ def new_cluster(apps: list[Any], *, auto_load: bool = False, auto_unload: bool =
 def failover_apps() -> list[Any]:
     """s1 serves a critical app (warm backup on s2) and two apps without backups."""
     return [
-        app_record("crit", [replica("s1", LARGE), replica("s2", SMALL, ReplicaRole.WARM)],
+        app_record("crit", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM)],
                    serving=("s1", LARGE), critical=True),
         app_record("p1", [replica("s1", LARGE)], serving=("s1", LARGE)),
         app_record("p2", [replica("s1", MEDIUM)], serving=("s1", MEDIUM), variant=MEDIUM),
@@ -92,7 +88,7 @@ def assert_consistent(ctl: Controller) -> None:
     recorded = set()
     for app_id, record in ctl.store.all_apps().items():
         for r in record.replicas:
-            assert r.state is ReplicaState.READY, (app_id, r)
+            assert r.state is ModelState.READY, (app_id, r)
             recorded.add((r.server_id, app_id, r.variant))
         assert record.serving is not None and record.serving_replica() is not None, app_id
     held = {(s, a, v) for s, server in servers.items() if server.state is not ServerState.FAILED
@@ -136,8 +132,8 @@ def test_failover_announces_warm_switches_first_then_interims_then_upgrades() ->
         p1 = ctl.store.app("p1")
         assert (p1.status, p1.serving) == (AppStatus.RECOVERING, None)
         assert sorted((r.server_id, r.variant, r.role, r.state) for r in p1.replicas) == [
-            ("s3", LARGE, ReplicaRole.UPGRADE, ReplicaState.LOADING),
-            ("s3", SMALL, ReplicaRole.INTERIM, ReplicaState.LOADING)]
+            ("s3", LARGE, Role.UPGRADE, ModelState.LOADING),
+            ("s3", SMALL, Role.INTERIM, ModelState.LOADING)]
         assert commands(ctl) == [("load", "s3", "p1", SMALL, True),
                                  ("load", "s4", "p2", SMALL, True)]
 
@@ -185,12 +181,12 @@ def test_failover_announces_warm_switches_first_then_interims_then_upgrades() ->
     assert [i["kind"] for i in ctl.store.intents_written] == ["failover"]
     assert placement(ctl) == {
         "crit": (AppStatus.DEGRADED, ("s2", SMALL), ("s1", LARGE),
-                 [("s2", SMALL, ReplicaRole.PRIMARY, ReplicaState.READY),
-                  ("s4", LARGE, ReplicaRole.WARM, ReplicaState.READY)]),
+                 [("s2", SMALL, Role.PRIMARY, ModelState.READY),
+                  ("s4", LARGE, Role.WARM, ModelState.READY)]),
         "p1": (AppStatus.SERVING, ("s3", LARGE), ("s1", LARGE),
-               [("s3", LARGE, ReplicaRole.PRIMARY, ReplicaState.READY)]),
+               [("s3", LARGE, Role.PRIMARY, ModelState.READY)]),
         "p2": (AppStatus.SERVING, ("s4", MEDIUM), ("s1", MEDIUM),
-               [("s4", MEDIUM, ReplicaRole.PRIMARY, ReplicaState.READY)])}
+               [("s4", MEDIUM, Role.PRIMARY, ModelState.READY)])}
     assert_consistent(ctl)
 
 
@@ -217,7 +213,7 @@ def test_a_false_alarm_mid_recovery_switches_back_without_loads_and_retires_the_
         assert ctl.watch.false_alarms == ["s1"]
         assert ctl.store.server("s1").state is ServerState.UP
         # The in-flight interim is retired: unloaded once its load completes.
-        assert ctl.store.app("p2").replica("s4", SMALL).state is ReplicaState.UNLOADING
+        assert ctl.store.app("p2").replica("s4", SMALL).state is ModelState.UNLOADING
         await ctl.agents.complete_load("s4", "p2", SMALL)
         ctl.agents.auto_load = True
         ctl.agents.complete_all()
@@ -324,7 +320,7 @@ def test_drain_moves_every_app_without_a_moment_with_nothing_serving() -> None:
         servers = ctl.store.all_servers()
         for app_id, record in ctl.store.all_apps().items():
             serving = record.serving_replica()
-            if serving is None or serving.state is not ReplicaState.READY or \
+            if serving is None or serving.state is not ModelState.READY or \
                     servers[serving.server_id].state not in (ServerState.UP,
                                                              ServerState.DRAINING):
                 gaps.append(f"{app_id} after write {ctl.store.writes}")
@@ -366,7 +362,7 @@ def test_drain_moves_every_app_without_a_moment_with_nothing_serving() -> None:
 def moved_away_apps() -> list[Any]:
     """After a failover of s1, settled: every app serves elsewhere; home is still s1."""
     return [
-        app_record("crit", [replica("s2", SMALL), replica("s4", LARGE, ReplicaRole.WARM)],
+        app_record("crit", [replica("s2", SMALL), replica("s4", LARGE, Role.WARM)],
                    serving=("s2", SMALL), home=("s1", LARGE), critical=True,
                    status=AppStatus.DEGRADED),
         app_record("p1", [replica("s3", LARGE)], serving=("s3", LARGE), home=("s1", LARGE)),
@@ -398,8 +394,8 @@ def test_a_failed_server_returning_empty_gets_its_apps_back() -> None:
                                                ("unload", "s4", "p2", MEDIUM, False)]
     assert placement(ctl)["crit"] == (
         AppStatus.SERVING, ("s1", LARGE), ("s1", LARGE),
-        [("s1", LARGE, ReplicaRole.PRIMARY, ReplicaState.READY),
-         ("s4", LARGE, ReplicaRole.WARM, ReplicaState.READY)])
+        [("s1", LARGE, Role.PRIMARY, ModelState.READY),
+         ("s4", LARGE, Role.WARM, ModelState.READY)])
     assert ctl.store.server("s1").state is ServerState.UP
     assert ctl.watch.watching("s1")
     assert "return" in ctl.replan_requests
@@ -409,9 +405,9 @@ def test_a_failed_server_returning_empty_gets_its_apps_back() -> None:
 def test_fail_back_evicts_only_the_backups_it_needs_and_loads_after_their_unload() -> None:
     apps = [
         app_record("p1", [replica("s3", LARGE)], serving=("s3", LARGE), home=("s1", LARGE)),
-        app_record("q1", [replica("s2", LARGE), replica("s1", MEDIUM, ReplicaRole.WARM)],
+        app_record("q1", [replica("s2", LARGE), replica("s1", MEDIUM, Role.WARM)],
                    serving=("s2", LARGE), critical=True),
-        app_record("q2", [replica("s3", LARGE), replica("s1", MEDIUM, ReplicaRole.WARM)],
+        app_record("q2", [replica("s3", LARGE), replica("s1", MEDIUM, Role.WARM)],
                    serving=("s3", LARGE), critical=True),
         app_record("q3", [replica("s1", LARGE)], serving=("s1", LARGE)),
     ]
@@ -421,8 +417,8 @@ def test_fail_back_evicts_only_the_backups_it_needs_and_loads_after_their_unload
         fail_back = asyncio.ensure_future(ctl.returns.fail_back("p1"))
         await ctl.agents.wait_pending("unload", "s1", "q1", MEDIUM)
         await fail_back
-        assert ctl.store.app("q1").replica("s1", MEDIUM).state is ReplicaState.UNLOADING
-        assert ctl.store.app("q2").replica("s1", MEDIUM).state is ReplicaState.READY
+        assert ctl.store.app("q1").replica("s1", MEDIUM).state is ModelState.UNLOADING
+        assert ctl.store.app("q2").replica("s1", MEDIUM).state is ModelState.READY
         assert commands(ctl, "load") == []  # the load waits for the room
         await ctl.agents.complete_unload("s1", "q1", MEDIUM)
         await ctl.agents.complete_load("s1", "p1", LARGE)
@@ -444,7 +440,7 @@ def test_fail_back_evicts_only_the_backups_it_needs_and_loads_after_their_unload
 def test_no_fail_back_when_evicting_every_backup_would_not_make_room() -> None:
     apps = [
         app_record("p1", [replica("s3", LARGE)], serving=("s3", LARGE), home=("s1", LARGE)),
-        app_record("q1", [replica("s2", LARGE), replica("s1", SMALL, ReplicaRole.WARM)],
+        app_record("q1", [replica("s2", LARGE), replica("s1", SMALL, Role.WARM)],
                    serving=("s2", LARGE), critical=True),
         app_record("q3", [replica("s1", LARGE)], serving=("s1", LARGE)),
         app_record("q4", [replica("s1", LARGE)], serving=("s1", LARGE)),
@@ -458,7 +454,7 @@ def test_no_fail_back_when_evicting_every_backup_would_not_make_room() -> None:
 
     ctl = run(body)
     assert commands(ctl) == [] and events(ctl) == []
-    assert ctl.store.app("q1").replica("s1", SMALL).state is ReplicaState.READY
+    assert ctl.store.app("q1").replica("s1", SMALL).state is ModelState.READY
 
 
 # --- failing actions -----------------------------------------------------------------------
@@ -503,7 +499,7 @@ def test_a_load_whose_agent_is_unreachable_stays_loading_until_the_agent_returns
             AppSpec(app_id="solo", family="f", pinned_server="s3"), wait=True)
         assert record.status is AppStatus.PENDING
         assert [(r.server_id, r.variant, r.state) for r in record.replicas] == [
-            ("s3", LARGE, ReplicaState.LOADING)]
+            ("s3", LARGE, ModelState.LOADING)]
         assert commands(ctl, "load") == [] and events(ctl) == []
         assert ctl.executor.metrics.loads.labels("deferred")._value.get() == 1
         await ctl.executor.idle()

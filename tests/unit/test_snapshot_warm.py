@@ -6,13 +6,12 @@ from controller.records import (
     AppRecord,
     AppSpec,
     Replica,
-    ReplicaRole,
-    ReplicaState,
     ServerRecord,
 )
 from controller.snapshot import build_snapshot, warm_backups
 from model_repo.profiles import load_families
 from policies.model import Role
+from understudy.wire.protocol import ModelState
 
 FAMILIES = load_families()
 LARGE = FAMILIES["convnext"].most_accurate
@@ -29,17 +28,17 @@ def test_a_backup_that_overfills_its_server_is_demoted_in_the_snapshot_but_still
     capacity = {"memory_mb": LARGE.memory_mb * 1.5, "compute": 100.0}
     servers = {s: ServerRecord(server_id=s, site_id=f"site-{s}", capacity=capacity)
                for s in ("s1", "s2")}
-    ready = ReplicaState.READY
+    ready = ModelState.READY
     apps = {
-        "a": _app("a", Replica(server_id="s1", variant=LARGE.name, role=ReplicaRole.PRIMARY,
+        "a": _app("a", Replica(server_id="s1", variant=LARGE.name, role=Role.PRIMARY,
                                state=ready), serving=("s1", LARGE.name)),
-        "b": _app("b", Replica(server_id="s2", variant=LARGE.name, role=ReplicaRole.PRIMARY,
+        "b": _app("b", Replica(server_id="s2", variant=LARGE.name, role=Role.PRIMARY,
                                state=ready),
-                  Replica(server_id="s1", variant=LARGE.name, role=ReplicaRole.WARM,
+                  Replica(server_id="s1", variant=LARGE.name, role=Role.WARM,
                           state=ready), serving=("s2", LARGE.name)),
         # A warm backup that serves its app (after a switch) is no longer a backup.
         "c": _app("c", Replica(server_id="s2", variant=FAMILIES["convnext"].smallest.name,
-                               role=ReplicaRole.WARM, state=ready),
+                               role=Role.WARM, state=ready),
                   serving=("s2", FAMILIES["convnext"].smallest.name)),
     }
     snapshot = build_snapshot(FAMILIES, servers, apps)
