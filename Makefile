@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo plan-demo bench bench-live clean distclean
+.PHONY: venv test test-fast lint demo plan-demo bench bench-live clean distclean
 
 # The virtual environment, (re)installed whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -24,6 +24,12 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy policies
 	$(BIN)/python -m pytest
+
+# Lint, import contracts and the unit tier only (tests/unit, marked `unit` by tests/conftest.py).
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -m unit
 
 demo: $(STAMP)
 	$(BIN)/understudy --log-level WARNING models build
