@@ -1,9 +1,15 @@
 """Exceptions raised by ``stateful``.
 
 Errors a caller can fix by changing its input (a graph spec, a request, a message from the wire)
-derive from ``InvalidGraphError`` / ``InvalidRequestError`` / ``WireFormatError``; they are final.
+derive from ``InvalidGraphError`` / ``InvalidGraphRequestError`` / ``WireFormatError``; they are
+final.
 ``ReplicaUnavailableError`` is the retryable branch: the replica or the frontend is not serving
 yet (or no longer), and the same call may succeed later.
+
+The names are distinct from the controller's: ``understudy.wire.protocol.ProtocolError`` is a
+bad controller <-> agent frame and ``controller.errors.InvalidRequestError`` a rejected API
+request; here a bad replica frame is a ``WireFormatError`` and a message a role cannot take an
+``UnexpectedMessageError``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ class UnknownOperatorKindError(InvalidGraphError):
     """An operator names a model kind that no registered factory provides."""
 
 
-class InvalidRequestError(StatefulError, ValueError):
+class InvalidGraphRequestError(StatefulError, ValueError):
     """A client request does not match the graph (unknown entry, wrong tensor shape...)."""
 
 
@@ -29,7 +35,7 @@ class WireFormatError(StatefulError, ValueError):
     """A frame or message from the wire cannot be decoded (bad length, version, JSON)."""
 
 
-class ProtocolError(StatefulError):
+class UnexpectedMessageError(StatefulError):
     """A replica received a message its role cannot accept; logged and dropped by the cores."""
 
 

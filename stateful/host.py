@@ -17,7 +17,7 @@ import torch
 
 from stateful.api import ComputeResult, ModelInput, OperatorModel, StatefulModel
 from stateful.core.effects import BatchItem
-from stateful.errors import ProtocolError
+from stateful.errors import UnexpectedMessageError
 from stateful.graph import GraphSpec
 from stateful.messages import NoiseSpec, Payload
 from stateful.operators import build_operator
@@ -63,12 +63,12 @@ class ModelHost:
 
     def _stateful(self) -> StatefulModel:
         if not isinstance(self.model, StatefulModel):
-            raise ProtocolError(f"{self.node}: {self.op} is not a stateful operator")
+            raise UnexpectedMessageError(f"{self.node}: {self.op} is not a stateful operator")
         return self.model
 
     def compute(self, batch_no: int, items: Sequence[BatchItem]) -> list[Payload]:
         if self.model is None:
-            raise ProtocolError(f"{self.node}: compute before any model was loaded")
+            raise UnexpectedMessageError(f"{self.node}: compute before any model was loaded")
         batch = [ModelInput(meta=i.meta, inputs=tuple(from_payload(p) for p in i.inputs))
                  for i in items]
         result = self.model.compute(batch)
@@ -82,7 +82,8 @@ class ModelHost:
     def update(self, batch_no: int) -> None:
         result = self.pending.pop(batch_no, None)
         if result is None:
-            raise ProtocolError(f"{self.node}: update of batch {batch_no} without its compute")
+            raise UnexpectedMessageError(
+                f"{self.node}: update of batch {batch_no} without its compute")
         self._stateful().update(result)
 
     def retrieve(self) -> dict[str, Payload]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from stateful.api import ComputeResult, ModelInput, OperatorModel, StatefulModel
-from stateful.errors import InvalidRequestError, UnknownOperatorKindError
+from stateful.errors import InvalidGraphRequestError, UnknownOperatorKindError
 from stateful.graph import GraphSpec, OperatorSpec
 from stateful.triton_operator import TritonOperator
 
@@ -23,7 +23,7 @@ from stateful.triton_operator import TritonOperator
 def _flat(item: ModelInput, width: int, op: str) -> torch.Tensor:
     x = torch.cat([t.reshape(-1).to(torch.float32) for t in item.inputs])
     if x.numel() != width:
-        raise InvalidRequestError(f"{op}: expected {width} input values, got {x.numel()}")
+        raise InvalidGraphRequestError(f"{op}: expected {width} input values, got {x.numel()}")
     return x
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from stateful.api import ComputeResult, ModelInput, OperatorModel
-from stateful.errors import InvalidRequestError
+from stateful.errors import InvalidGraphRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class TritonOperator(OperatorModel):
         self.app_id = str(p.get("app_id", ""))
         self.controller_url = str(p.get("controller_url", ""))
         if not self.app_id or not self.controller_url:
-            raise InvalidRequestError("a triton operator needs params app_id and controller_url")
+            raise InvalidGraphRequestError(
+                "a triton operator needs params app_id and controller_url")
         self.channels = int(p.get("channels", 1))
         self.side = int(p.get("side", 8))
         self.image_side = int(p.get("image_side", 224))
@@ -60,7 +61,7 @@ class TritonOperator(OperatorModel):
         for item in batch:
             x = torch.cat([t.reshape(-1).to(torch.float32) for t in item.inputs])
             if x.numel() != width:
-                raise InvalidRequestError(f"triton operator: expected {width} input values, "
+                raise InvalidGraphRequestError(f"triton operator: expected {width} input values, "
                                           f"got {x.numel()}")
             rows.append(x)
         x = torch.stack(rows).reshape(-1, self.channels, self.side, self.side)

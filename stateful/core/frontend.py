@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from stateful.checker import ObsReply, ObsSubmit
 from stateful.core.common import Durability, fold_seen, is_dead, merge_lineages
 from stateful.core.effects import Effect, Observe, Reply, Send, StartTimer
-from stateful.errors import InvalidRequestError, ReplicaUnavailableError
+from stateful.errors import InvalidGraphRequestError, ReplicaUnavailableError
 from stateful.graph import FRONTEND
 from stateful.messages import (
     Collect,
@@ -112,7 +112,7 @@ class FrontendNode:
         topo = self.config.graph.topology
         unknown = sorted(set(request.inputs) - set(topo.entries))
         if not request.inputs or unknown:
-            raise InvalidRequestError(
+            raise InvalidGraphRequestError(
                 f"request inputs must name entry operators {list(topo.entries)}, got "
                 f"{sorted(request.inputs)}")
         self.next_id += 1

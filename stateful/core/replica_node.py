@@ -26,7 +26,7 @@ from stateful.core.common import Durability
 from stateful.core.effects import Effect, LoadState, Observe, Send
 from stateful.core.operator import StatelessRole, frontend_route
 from stateful.core.primary import PrimaryRole, Snapshot
-from stateful.errors import ProtocolError
+from stateful.errors import UnexpectedMessageError
 from stateful.messages import (
     Collect,
     Configure,
@@ -66,7 +66,7 @@ class ReplicaNode:
     def config(self) -> GraphConfig:
         """The installed config (roles exist only once one is)."""
         if self.installed is None:
-            raise ProtocolError(f"{self.node} has no config yet")
+            raise UnexpectedMessageError(f"{self.node} has no config yet")
         return self.installed
 
     def route(self, op: str) -> str | None:
