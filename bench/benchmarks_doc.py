@@ -69,7 +69,7 @@ A seeded synthetic cluster: `--servers` live servers (default 1000) in 10 sites,
 full of unaffected primaries, and `--apps` affected apps (default 3000) whose primaries were on
 failed servers, families of 4 variants. Outside the timed region it builds the snapshot; it then
 times `policies.progressive.plan_progressive` and a direct reference implementation that scans
-every server per placement (`tests/unit/progressive_reference.py`) on the same instance and
+every server per placement (`policies/progressive_reference.py`) on the same instance and
 asserts that both give the same plan. Memory is in whole MB and compute in multiples of 1/64, so
 the two must agree to the bit. Target: at most 0.2 s (the paper reports < 4 s).""",
         (("median_s", "heuristic, median (s)"), ("reference_median_s", "reference, median (s)"),
