@@ -141,7 +141,7 @@ the GIL shows up as a heartbeat gap. This process imports what the agent imports
 ticker on its loop; the stall of a spawn is the ticker's worst lateness from just before the spawn
 until it returned. Phase `spawn`: `subprocess.Popen` of a child that does nothing, from a worker
 thread and on the loop, with a `preexec_fn` (CPython must fork) and without (it may vfork). Phase
-`replica`: real `stateful.replica` starts through `agent.replicas.ReplicaSupervisor`, one at a
+`replica`: real `stateful.replica_main` starts through `agent.replicas.ReplicaSupervisor`, one at a
 time then three at once; `idle_same_window` is the loop's own noise over an equally long window.
 Run it at the agent's niceness (`nice -n -5`) to see what the agent sees.""",
         (("plain_thread.median_ms", "no preexec_fn, from a thread: median (ms)"),

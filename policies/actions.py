@@ -44,8 +44,10 @@ class PromoteReplica:
 
 @dataclass(frozen=True, slots=True)
 class RemoveStray:
-    """Unload a model ``server_id`` holds that no record wants (found when reconciling an
-    agent; the controller's alone: a simulated cluster holds no strays)."""
+    """Unload a model ``server_id`` holds that no record wants.
+
+    Found when reconciling an agent; the controller's alone: a simulated cluster holds none.
+    """
 
     server_id: str
     app_id: str
