@@ -114,6 +114,7 @@ def test_an_evaluation_reads_every_target() -> None:
     assert 0.0 <= result.score < 100.0
 
 
+@pytest.mark.slow
 def test_fig11_check_of_the_fig7_8_fit() -> None:
     # The curve check (sim/fig11_check.py) on one seed: the best fit to Fig. 7/8 alone keeps
     # its best full-size policy above 71.8 % at five failed sites (full run: 77.7 %), so
@@ -132,6 +133,7 @@ def test_fig11_check_of_the_fig7_8_fit() -> None:
     assert "(Fig. 7/8 fit)" in row and row.endswith("| no / no |")
 
 
+@pytest.mark.slow
 def test_the_calibrated_mix_meets_the_issue_targets_where_the_fig7_8_fit_does_not() -> None:
     # The constraint of the calibration on seed 0 (sim.calibrate.check_targets: the report's
     # verdicts on Fig. 8 at 10 % headroom and Fig. 11 with 5 sites failed): the default meets

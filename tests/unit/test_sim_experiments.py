@@ -51,6 +51,7 @@ def test_simulator_makes_the_controllers_decisions(name: str) -> None:
         len(r.plan.affected_apps) for r in run.results)
 
 
+@pytest.mark.slow
 def test_preemption_shows_up_in_big_site_failures() -> None:
     # The pre-calibration mix (all families, uniform 1-10 req/s, primaries <= 20 % of a GPU):
     # with the calibrated one, five failed sites leave nothing for preemption to do.
@@ -71,6 +72,7 @@ def _csvs(folder: Path) -> dict[str, bytes]:
             if p.name != "timings.csv"}
 
 
+@pytest.mark.slow
 def test_same_seeds_give_byte_identical_csv(tmp_path: Path) -> None:
     first = run_suite(["fig7"], seeds=2, quick=True, out=tmp_path / "a", progress=False)
     run_suite(["fig7"], seeds=2, quick=True, out=tmp_path / "b", progress=False)
@@ -86,6 +88,7 @@ def test_same_seeds_give_byte_identical_csv(tmp_path: Path) -> None:
     assert other.summary != first.summary  # seed 1 is part of the first run's pool
 
 
+@pytest.mark.slow
 def test_fig8_quick_prints_one_json_object_last(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     status = cli.main(["--log-level", "WARNING", "sim", "experiment", "fig8", "--quick",
