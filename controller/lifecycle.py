@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from controller.decide.apps import decide_drain_leftovers, decide_drain_moves, server_drained
+from controller.decide.drain import decide_drain_leftovers, decide_drain_moves, server_drained
 from controller.decide.failover import FAILOVER, decide_cold, decide_server_failed
 from controller.errors import ConflictError, NotFoundError
 from controller.executor import Executor

@@ -5,7 +5,8 @@ backup is switched to it (no agent command is needed: the backup is loaded), wit
 that lets a restarted controller resume. Then :func:`decide_cold` applies the policy's
 ``FailoverPlan`` to the records: warm backups preempted so that more apps fit, interim and
 target replicas of the apps recovered progressively, the apps no server has room for, the
-failed server's replicas forgotten; its stages are the plan's own (``FailoverPlan.stages``).
+failed server's replicas forgotten; its stages are the plan's own (``FailoverPlan.stages``)
+but the warm switches, which the first decision applied.
 The executor writes and announces the first before the plan is even made, so the critical
 apps' clients hear first whatever the size of the cluster.
 """
@@ -100,8 +101,11 @@ def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: st
     notes = (f"{len(plan.recoveries)} progressive", f"{len(plan.unrecoverable)} unrecoverable",
              f"{len(preempted)} warm backups preempted, {len(plan.deferred_preemptions)} of "
              "them once the interims serve") + plan.notes
+    # The plan's "switch" stage was applied by decide_server_failed, as records and events (a
+    # warm backup is loaded: promoting it needs no agent); the rest is what remains to do.
+    stages = tuple(stage for stage in plan.stages() if stage.name != "switch")
     return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(lost),
-                    stages=plan.stages(), recoveries=recoveries, notes=notes)
+                    stages=stages, recoveries=recoveries, notes=notes)
 
 
 def _preempt(plan: FailoverPlan, apps: Mapping[str, AppRecord]) -> set[str]:

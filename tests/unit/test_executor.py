@@ -16,20 +16,22 @@ import pytest
 
 from controller.records import AppSpec, AppStatus, ServerState
 from policies.model import Role
-from tests.unit.fakes import (
+from tests.unit.controller_harness import (
     LARGE,
     MEDIUM,
     SITES,
     SMALL,
     Controller,
-    FakeAgents,
-    FakeStore,
-    ManualClock,
-    Timeline,
     app_record,
     build_controller,
     replica,
     seed,
+)
+from tests.unit.fakes import (
+    FakeAgents,
+    FakeStore,
+    ManualClock,
+    Timeline,
 )
 from understudy.wire.protocol import ModelState
 
