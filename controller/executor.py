@@ -158,11 +158,6 @@ class Executor:
         if decision.serving_moved:
             self.on_serving_moved()
 
-    async def apply(self, decision: Decision) -> None:
-        """Commit (taking no lock: for decisions that need none) and act."""
-        await self.commit(decision)
-        await self.act(decision)
-
     async def run(self, stages: tuple[Stage, ...]) -> None:
         """Run stages under the one rule (``policies.actions.Stage``)."""
         started: dict[str, asyncio.Task[None]] = {}
