@@ -148,8 +148,8 @@ class Executor:
             record = by_id.get(event.app_id)
             if record is not None and event.kind in SERVING_MOVES:
                 self._announced(record.app_id, record.status)
-        for note in decision.notes:
-            logger.info("%s", note)
+        if decision.notes:
+            logger.info("%s", "; ".join(decision.notes))
         return intent_id
 
     async def act(self, decision: Decision) -> None:
@@ -159,15 +159,22 @@ class Executor:
             self.on_serving_moved()
 
     async def run(self, stages: tuple[Stage, ...]) -> None:
-        """Run stages under the one rule (``policies.actions.Stage``)."""
-        started: dict[str, asyncio.Task[None]] = {}
+        """Run stages under the one rule (``policies.actions.Stage``).
+
+        An empty stage with nothing to wait for is done at once: no task, and the stages
+        after it do not wait for it (a failover without preemptions starts its interims
+        without a detour through the event loop).
+        """
+        started: dict[str, asyncio.Future[None]] = {}
         for stage in stages:
             waits = [started[name] for name in stage.after if name in started]
+            if not stage.actions and not waits:
+                continue
             started[stage.name] = asyncio.ensure_future(self._stage(stage, waits))
         if started:
             await asyncio.gather(*started.values())
 
-    async def _stage(self, stage: Stage, waits: list[asyncio.Task[None]]) -> None:
+    async def _stage(self, stage: Stage, waits: list[asyncio.Future[None]]) -> None:
         if waits:
             await asyncio.gather(*waits)
         chains: dict[str, list[Action]] = defaultdict(list)

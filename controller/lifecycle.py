@@ -107,8 +107,7 @@ class ServerLifecycle:
             self.metrics.failovers.labels("progressive").inc()
         for _ in plan.unrecoverable:
             self.metrics.failovers.labels("unrecoverable").inc()
-        logger.info("failover of %s: %s; %s; planned in %.1f ms", server_id,
-                    "; ".join(failed.notes), "; ".join(cold.notes), planned_ms)
+        logger.info("failover of %s planned in %.1f ms", server_id, planned_ms)
         await ex.act(cold)
         await self.replan_warm()
         if intent is not None:

@@ -59,7 +59,7 @@ def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, Se
     return Decision(apps=tuple(switched), servers=(server,), events=tuple(events),
                     intent={"kind": FAILOVER, "server_id": server_id, "reason": reason},
                     recoveries=recoveries,
-                    notes=(f"{len(switched)} warm switches",))
+                    notes=(f"failover of {server_id}: {len(switched)} warm switches",))
 
 
 def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: str,
@@ -98,9 +98,10 @@ def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: st
                               recovery, now))
         changed.add(record.app_id)
     changed |= forget_replicas_on(server_id, apps)
-    notes = (f"{len(plan.recoveries)} progressive", f"{len(plan.unrecoverable)} unrecoverable",
-             f"{len(preempted)} warm backups preempted, {len(plan.deferred_preemptions)} of "
-             "them once the interims serve") + plan.notes
+    notes = (f"failover of {server_id}: {len(plan.recoveries)} progressive, "
+             f"{len(plan.unrecoverable)} unrecoverable, {len(preempted)} warm backups "
+             f"preempted ({len(plan.deferred_preemptions)} once the interims serve)",
+             ) + plan.notes
     # The plan's "switch" stage was applied by decide_server_failed, as records and events (a
     # warm backup is loaded: promoting it needs no agent); the rest is what remains to do.
     stages = tuple(stage for stage in plan.stages() if stage.name != "switch")
