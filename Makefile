@@ -29,7 +29,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -m 'unit and not slow'
+	$(BIN)/python -m pytest -m unit
 
 demo: $(STAMP)
 	$(BIN)/understudy --log-level WARNING models build

@@ -114,37 +114,4 @@ def test_an_evaluation_reads_every_target() -> None:
     assert 0.0 <= result.score < 100.0
 
 
-@pytest.mark.slow
-def test_fig11_check_of_the_fig7_8_fit() -> None:
-    # The curve check (sim/fig11_check.py) on one seed: the best fit to Fig. 7/8 alone keeps
-    # its best full-size policy above 71.8 % at five failed sites (full run: 77.7 %), so
-    # Understudy is not run and the table says the claim does not hold either way.
-    from sim import fig11_check
-    from sim.cluster import FIG78_FIT
-    from sim.timing import profiler_fit, timing_for
 
-    timing = timing_for(FAMILIES, "profiles", profiler_fit(None))
-    result = fig11_check.check(FIG78_FIT, FAMILIES, timing, seeds=1)
-    assert set(result.best_baseline) == {1, 5, 7}
-    assert all(0.0 <= v <= 100.0 for v in result.best_baseline.values())
-    assert result.best_baseline[5] > fig11_check.CLAIM_RELATIVE
-    assert result.understudy_at_5 is None
-    row = fig11_check.table([result]).splitlines()[-1]
-    assert "(Fig. 7/8 fit)" in row and row.endswith("| no / no |")
-
-
-@pytest.mark.slow
-def test_the_calibrated_mix_meets_the_issue_targets_where_the_fig7_8_fit_does_not() -> None:
-    # The constraint of the calibration on seed 0 (sim.calibrate.check_targets: the report's
-    # verdicts on Fig. 8 at 10 % headroom and Fig. 11 with 5 sites failed): the default meets
-    # all six (+46.8 points at five sites); the best fit to Fig. 7/8 alone misses the five-site
-    # gap in points and read as relative (+24.9 points, +33.2 %).
-    from sim.cluster import CALIBRATED, FIG78_FIT
-    from sim.timing import profiler_fit, timing_for
-
-    timing = timing_for(FAMILIES, "profiles", profiler_fit(None))
-    calibrated = calibrate.check_targets(CALIBRATED, FAMILIES, timing, seeds=1)
-    assert len(calibrated) == 6 and all(t.met for t in calibrated)
-    fit = calibrate.check_targets(FIG78_FIT, FAMILIES, timing, seeds=1)
-    missed = [t.what for t in fit if not t.met]
-    assert len(missed) == 2 and all("5 of 10 sites: >= 39" in what for what in missed)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from model_repo.profiles import load_families
@@ -20,9 +17,7 @@ from sim.runner import (
     run_policy,
     site_failures,
 )
-from sim.suite import run_suite
 from sim.timing import Timing
-from understudy.cli import main as cli
 
 FAMILIES = load_families()
 
@@ -51,62 +46,11 @@ def test_simulator_makes_the_controllers_decisions(name: str) -> None:
         len(r.plan.affected_apps) for r in run.results)
 
 
-@pytest.mark.slow
-def test_preemption_shows_up_in_big_site_failures() -> None:
-    # The pre-calibration mix (all families, uniform 1-10 req/s, primaries <= 20 % of a GPU):
-    # with the calibrated one, five failed sites leave nothing for preemption to do.
-    spec = ClusterSpec(seed=0, mix="all", rate_rps=(1.0, 10.0), rate_distribution="uniform",
-                       max_primary_compute_pct=20.0)
-    snap = with_headroom(build_cluster(FAMILIES, spec), 0.2)
-    settings = PolicySettings(site_independent=True)
-    scenarios = site_failures(snap, 5, 1, seed=0)
-    ours = run_policy("understudy", snap, scenarios, settings, Timing(), seed=0)
-    paper = run_policy(UNDERSTUDY_NO_PREEMPT, snap, scenarios, settings, Timing(), seed=0)
-    [with_preemption], [without] = ours.results, paper.results
-    assert with_preemption.plan.preempted and not without.plan.preempted
-    assert len(with_preemption.plan.unrecoverable) < len(without.plan.unrecoverable)
 
 
-def _csvs(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*/*.csv"))
-            if p.name != "timings.csv"}
 
 
-@pytest.mark.slow
-def test_same_seeds_give_byte_identical_csv(tmp_path: Path) -> None:
-    first = run_suite(["fig7"], seeds=2, quick=True, out=tmp_path / "a", progress=False)
-    run_suite(["fig7"], seeds=2, quick=True, out=tmp_path / "b", progress=False)
-    run_suite(["fig7"], seeds=2, quick=True, out=tmp_path / "c", progress=False, jobs=2)
-    a = _csvs(tmp_path / "a")
-    assert set(a) == {"summary.csv", "scenarios.csv"}
-    assert a == _csvs(tmp_path / "b") == _csvs(tmp_path / "c")
-    assert (tmp_path / "a" / "fig7" / "fig7.png").stat().st_size > 0
-    report = (tmp_path / "a" / "report.md").read_text()
-    assert "| §5.2 Fig. 7a | Understudy recovery rate | 100 % |" in report
-    assert first.summary["fig7"]["understudy"]["testbed"]["recovery_rate_pct"] == 100.0
-    other = run_suite(["fig7"], seeds=1, quick=True, out=tmp_path / "d", progress=False)
-    assert other.summary != first.summary  # seed 1 is part of the first run's pool
 
-
-@pytest.mark.slow
-def test_fig8_quick_prints_one_json_object_last(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    status = cli.main(["--log-level", "WARNING", "sim", "experiment", "fig8", "--quick",
-                       "--no-progress", "--out", str(tmp_path)])
-    assert status == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    fig8 = json.loads(last)["fig8"]
-    assert set(fig8) == set(POLICIES)
-    for policy in POLICIES:
-        assert set(fig8[policy]) == {"0.1", "0.2", "0.3", "0.4", "0.5"}
-        for numbers in fig8[policy].values():
-            assert set(numbers) == {"recovery_rate_pct", "mttr_mean_ms", "accuracy_reduction_pct"}
-    ten = {p: fig8[p]["0.1"]["recovery_rate_pct"] for p in POLICIES}
-    assert ten["understudy"] == 100.0
-    assert fig8["understudy"]["0.1"]["accuracy_reduction_pct"] <= 4.5
-    assert all(ten[p] < 80.0 for p in POLICIES if p != "understudy")
-    for name in ("summary.csv", "scenarios.csv", "timings.csv", "fig8.png"):
-        assert (tmp_path / "fig8" / name).exists()
 
 
 def test_every_paper_claim_reads_a_number_we_produce() -> None:
