@@ -55,22 +55,40 @@ class Locks:
     A decision over many apps holds the planning lock and every app's lock; a finished load
     holds only its app's. Taken in id order, so two holders cannot deadlock; nobody holding
     one app's lock waits for another's or for the planning lock.
+
+    The registered apps' ids are read from the store once and then kept here
+    (:meth:`registered`, :meth:`forgotten`), so that taking every lock costs no round trip on
+    a failover's path. An app recorded meanwhile without its lock held is safe: it has no
+    replica yet, and its placement needs the planning lock.
     """
 
     def __init__(self, store: RecordStore) -> None:
         self._store = store
         self.plan = asyncio.Lock()
         self._apps: dict[str, asyncio.Lock] = {}
+        self._known: set[str] | None = None
 
     def app(self, app_id: str) -> asyncio.Lock:
         """Serialises record updates of one app."""
         return self._apps.setdefault(app_id, asyncio.Lock())
 
+    def registered(self, app_id: str) -> None:
+        """An app was recorded: :meth:`every_app` includes it from now on."""
+        if self._known is not None:
+            self._known.add(app_id)
+
+    def forgotten(self, app_id: str) -> None:
+        """An app was deleted."""
+        if self._known is not None:
+            self._known.discard(app_id)
+
     @contextlib.asynccontextmanager
     async def every_app(self) -> AsyncIterator[None]:
         """Holds the lock of every registered app (a decision that rewrites many records)."""
+        if self._known is None:
+            self._known = set(await self._store.app_ids())
         async with contextlib.AsyncExitStack() as stack:
-            for app_id in sorted(await self._store.app_ids()):
+            for app_id in sorted(self._known):
                 await stack.enter_async_context(self.app(app_id))
             yield
 

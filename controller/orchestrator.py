@@ -88,6 +88,7 @@ class Orchestrator:
         self.validate_spec(spec, servers)
         if not await self.store.add_app(AppRecord(spec=spec)):
             raise ConflictError(f"app {spec.app_id!r} is already registered")
+        self.executor.locks.registered(spec.app_id)
         self.on_registered()
         decision = await self.place(spec.app_id)
         if decision is not None and wait:
@@ -135,6 +136,7 @@ class Orchestrator:
             await ex.commit(decision)
         await ex.run(decision.stages)
         await self.store.delete_app(app_id)
+        ex.locks.forgotten(app_id)
         ex.recoveries.pop(app_id, None)
         await ex.commit(Decision(events=(event_for(record, "deleted", None, "deleted by request",
                                                    {}, None, self.clock.time()),)))
