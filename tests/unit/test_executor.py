@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from controller.executor import Locks
 from controller.records import AppSpec, AppStatus, ServerState
 from policies.model import Role
 from tests.unit.controller_harness import (
@@ -515,3 +516,19 @@ def test_a_load_whose_agent_is_unreachable_stays_loading_until_the_agent_returns
     assert events(ctl) == [("serving", "solo", "s3", LARGE)]
     assert ctl.store.app("solo").status is AppStatus.SERVING
     assert_consistent(ctl)
+
+
+def test_every_app_lock_covers_apps_recorded_after_the_first_read_and_not_deleted_ones() -> None:
+    async def body() -> None:
+        clock = ManualClock()
+        store = FakeStore(clock)
+        store.put_app_now(app_record("a", [], serving=None))
+        locks = Locks(store)
+        async with locks.every_app():
+            assert locks.app("a").locked()
+        locks.registered("b")  # recorded by a registration: no read of the store needed
+        locks.forgotten("a")
+        async with locks.every_app():
+            assert locks.app("b").locked() and not locks.app("a").locked()
+
+    run(body)
