@@ -71,22 +71,32 @@ class ServerLifecycle:
         self.executor.spawn(self.fail_server(server_id, reason, detected_at),
                             f"failover of {server_id}")
 
-    async def fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
-        """Mark the server failed and recover every app that served or was backed up there."""
+    async def fail_server(self, server_id: str, reason: str, detected_at: float,
+                          resuming: bool = False) -> None:
+        """Mark the server failed and recover every app that served or was backed up there.
+
+        ``resuming``: the server is marked failed already (a restarted controller found the
+        failover's intent, or apps still served there): decide it all again from the records.
+        """
         self._failing.add(server_id)
         try:
-            await self._fail_server(server_id, reason, detected_at)
+            await self._fail_server(server_id, reason, detected_at, resuming)
         finally:
             self._failing.discard(server_id)
 
-    async def _fail_server(self, server_id: str, reason: str, detected_at: float) -> None:
+    async def _fail_server(self, server_id: str, reason: str, detected_at: float,
+                           resuming: bool) -> None:
         ex = self.executor
         async with ex.locks.everything():
             locked_at = self.clock.time()
             apps, servers = await self.store.apps_and_servers()
             server = servers.get(server_id)
-            if server is None or server.state is ServerState.FAILED:
+            if server is None or (server.state is ServerState.FAILED) is not resuming:
                 return
+            if resuming:
+                # The policy plans the failure of a server it sees up (in memory only: the
+                # record stays failed, so no placement in between can pick the server).
+                server.state = ServerState.UP
             if self.watch.watching(server_id):
                 # Heard from again while this task waited for the lock: not failed.
                 logger.warning("server %s is alive again; failover cancelled", server_id)
@@ -140,16 +150,12 @@ class ServerLifecycle:
 
         The controller died in the middle: every step is decided from the records again.
         """
-        async with self.executor.locks.plan:
-            servers = await self.store.servers()
-            record = servers.get(server_id)
-            if record is None or record.state is not ServerState.FAILED:
-                return
-            detected_at = record.failed_at or self.clock.time()
-            record.state = ServerState.UP  # fail_server re-marks it, with its plan
-            await self.store.put_server(record)
+        record = (await self.store.servers()).get(server_id)
+        if record is None or record.state is not ServerState.FAILED:
+            return
         logger.warning("resuming the failover of %s", server_id)
-        await self.fail_server(server_id, "failover resumed", detected_at)
+        await self.fail_server(server_id, "failover resumed",
+                               record.failed_at or self.clock.time(), resuming=True)
 
     # --- drain -----------------------------------------------------------------------------
 

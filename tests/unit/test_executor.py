@@ -288,6 +288,10 @@ def test_a_restarted_controller_resumes_the_failover_from_its_intent() -> None:
         agents.connected_servers.clear()
         agents.auto_load = True
         second = build_controller(first.store, agents, first.clock)
+        # While the failover is resumed, the failed server is never recorded up (a placement
+        # in between would pick it).
+        states = []
+        first.store.on_commit = lambda: states.append(first.store.server("s1").state)
         resumed = await second.lifecycle.startup_reconcile(grace_s=3.0)
         assert len(resumed) == 1
         assert sorted(second.watch.watched) == ["s2", "s3", "s4"]  # s1 stays failed
@@ -295,6 +299,7 @@ def test_a_restarted_controller_resumes_the_failover_from_its_intent() -> None:
             await second.returns.on_hello(agents.hello(server_id, SITES[server_id], 1000.0))
         await asyncio.gather(*resumed)
         await second.executor.idle()
+        assert states and set(states) == {ServerState.FAILED}
         return first, second
 
     reference = run(uninterrupted)
