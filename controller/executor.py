@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from controller.decide.decision import LOADED_FOR_THE_CHANGE, Decision, Recovery
@@ -39,7 +39,6 @@ from policies.actions import (
     Stage,
     UnloadVariant,
 )
-from policies.model import Family
 from understudy.wire.protocol import ModelState
 
 logger = logging.getLogger(__name__)
@@ -103,12 +102,11 @@ class Executor:
     """Applies decisions: write ahead, announce, then act, and feed the results back."""
 
     def __init__(self, store: RecordStore, agents: AgentLink, events: EventSink,
-                 families: Mapping[str, Family], metrics: Metrics, artifacts: ManifestSource,
-                 clock: Clock, on_serving_moved: Callable[[], None] = lambda: None) -> None:
+                 metrics: Metrics, artifacts: ManifestSource, clock: Clock,
+                 on_serving_moved: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.agents = agents
         self.events = events
-        self.families = families
         self.metrics = metrics
         self.artifacts = artifacts
         self.clock = clock
@@ -293,11 +291,16 @@ class Executor:
                 return True
             logger.info("load %s/%s on %s no longer wanted; not sent", app_id, variant,
                         server_id)
-            if record is not None and replica is not None \
-                    and replica.state is ModelState.UNLOADING:
-                record.replicas.remove(replica)
-                await self.commit(Decision(apps=(record,)))
+            await self._forget_unloading(record, server_id, variant)
         return False
+
+    async def _forget_unloading(self, record: AppRecord | None, server_id: str,
+                                variant: str) -> None:
+        """Drop the replica from the record if it is (still) UNLOADING; hold the app's lock."""
+        replica = record.replica(server_id, variant) if record is not None else None
+        if record is not None and replica is not None and replica.state is ModelState.UNLOADING:
+            record.replicas.remove(replica)
+            await self.commit(Decision(apps=(record,)))
 
     async def _drop(self, app_id: str, server_id: str, variant: str, reason: str) -> None:
         async with self.locks.app(app_id):
@@ -333,12 +336,7 @@ class Executor:
         if current is None:
             return
         async with self.locks.app(app_id):
-            record = await self.store.get_app(app_id)
-            replica = record.replica(server_id, variant) if record else None
-            if record is not None and replica is not None \
-                    and replica.state is ModelState.UNLOADING:
-                record.replicas.remove(replica)
-                await self.commit(Decision(apps=(record,)))
+            await self._forget_unloading(await self.store.get_app(app_id), server_id, variant)
 
     async def remove_stray(self, server_id: str, app_id: str, variant: str) -> None:
         """Unload a model no record wants, unless a record wants it by the time it is sent.

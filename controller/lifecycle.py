@@ -113,10 +113,8 @@ class ServerLifecycle:
             cold = decide_cold(apps, plan, server_id, detected_at, self.families,
                                self.clock.time())
             await ex.commit(cold)
-        for _ in plan.recoveries:
-            self.metrics.failovers.labels("progressive").inc()
-        for _ in plan.unrecoverable:
-            self.metrics.failovers.labels("unrecoverable").inc()
+        self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
+        self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
         logger.info("failover of %s planned in %.1f ms", server_id, planned_ms)
         await ex.act(cold)
         await self.replan_warm()

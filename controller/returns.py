@@ -103,10 +103,8 @@ class ServerReturns:
             decision = decide_take_back(await self.store.apps(), server_id, inventory,
                                         self.families, revived)
             await ex.commit(decision)
-        for stage in decision.stages:
-            if stage.name == "adopt":
-                for _ in stage.actions:
-                    self.metrics.events.labels("take_back").inc()
+        adopted = sum(len(s.actions) for s in decision.stages if s.name == "adopt")
+        self.metrics.events.labels("take_back").inc(adopted)
         await ex.act(decision)
         return True
 

@@ -87,7 +87,7 @@ class Controller:
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
         clock = SystemClock()
-        self.executor = Executor(self.store, self.agents, self.events, self.families,
+        self.executor = Executor(self.store, self.agents, self.events,
                                  self.metrics, self.artifacts, clock,
                                  on_serving_moved=lambda: self.warm.request())
         self.prefetcher = InterimPrefetcher(self.store, self.agents, self.artifacts,

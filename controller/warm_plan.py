@@ -31,9 +31,6 @@ WARM_REPLAN_DEBOUNCE_S = 0.05
 URGENT_HOLD_MAX_S = 10.0
 """How long a requested re-plan waits at most for the urgent loads in flight."""
 
-Key = tuple[str, str, str]
-"""(app, server, variant) of a warm backup."""
-
 
 class WarmPlanner:
     """Re-plans the warm backups of one cluster."""

@@ -109,7 +109,7 @@ def build_controller(store: FakeStore, agents: FakeAgents, clock: ManualClock,
     metrics = Metrics()
     artifacts = NoManifests()
     requests: list[str] = []
-    executor = Executor(store, agents, sink, fams, metrics, artifacts, clock,
+    executor = Executor(store, agents, sink, metrics, artifacts, clock,
                         on_serving_moved=lambda: requests.append("serving moved"))
     prefetcher = InterimPrefetcher(store, agents, artifacts, fams, executor.spawn)
     orchestrator = Orchestrator(executor, store, fams, config or RuntimeConfig(), clock,
