@@ -26,7 +26,7 @@ def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
     """
     changed: dict[str, AppRecord] = {}
     loads: list[LoadVariant] = []
-    switches = []
+    promotes: list[PromoteReplica] = []
     for app_id, server_id, variant in plan_recoveries:
         record = apps[app_id]
         record.put_replica(Replica(
@@ -42,12 +42,10 @@ def decide_drain_moves(apps: Mapping[str, AppRecord], plan_recoveries: Iterable[
             replica.role = Role.UPGRADE  # the state machine makes it serve at once
             record.home = replica.key
             changed[app_id] = record
-            switches.append(app_id)
-    promotes = tuple(PromoteReplica(a, *home) for a in switches
-                     if (home := changed[a].home) is not None)
+            promotes.append(PromoteReplica(app_id, server_id, variant))
     return Decision(apps=tuple(changed[a] for a in sorted(changed)),
                     stages=(Stage("move", tuple(loads)),
-                            Stage("switch", promotes, after=("move",))))
+                            Stage("switch", tuple(promotes), after=("move",))))
 
 
 def decide_drain_leftovers(apps: Mapping[str, AppRecord], server_id: str) -> Decision:
