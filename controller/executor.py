@@ -367,7 +367,7 @@ class Executor:
             record, servers = await self.store.app_and_servers(app_id)
             if record is None:
                 return False
-            before = _fingerprint(record)
+            before = _fingerprint(record) if loaded is None else ()
             decision = decide_advance(record, servers, self.clock.time(),
                                       self.recoveries.get(app_id), loaded)
             if decision is None:
