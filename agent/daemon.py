@@ -1,8 +1,10 @@
 """The per-server agent: supervises Triton, keeps one websocket to the controller, runs commands.
 
-Life of a connection: ``hello`` (identity, capacity, endpoints, inventory), then a heartbeat every
-T ms on a fixed schedule (not "sleep T after each send", which drifts), while commands run as
-independent tasks so a slow load never delays a heartbeat or another command. Results that could
+Life of a connection: ``hello`` (identity, capacity, endpoints, inventory); the controller answers
+with the connection's heartbeat channel, and a dedicated thread then sends a UDP heartbeat every
+T ms on a fixed schedule and answers the controller's probes (``understudy.wire.heartbeat``), so
+neither this loop nor a busy CPU delays it; commands run as independent tasks so a slow load
+never delays another command. Results that could
 not be delivered because the connection dropped are queued and sent after the next ``hello``.
 
 Triton is watched by a thread blocked in ``waitpid``: its death is reported to the controller
@@ -36,6 +38,7 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonConfig, TritonError, TritonServer
+from understudy.wire.heartbeat import HeartbeatSender
 from understudy.wire.ports import free_ports
 from understudy.wire.protocol import (
     AGENT_WS_PATH,
@@ -43,7 +46,7 @@ from understudy.wire.protocol import (
     Configure,
     Endpoints,
     ErrorInfo,
-    Heartbeat,
+    HeartbeatChannel,
     Hello,
     InventoryCommand,
     InventoryItem,
@@ -66,6 +69,10 @@ logger = logging.getLogger(__name__)
 
 MEMORY_MEASURE_DELAY_S = 0.5
 """How long after a load its worker's memory is measured (see ``_record_memory``)."""
+
+TRY_AGAIN_LATER = 1013
+"""Close code of a controller too busy to admit this hello now."""
+BUSY_BACKOFF_S = 1.0
 
 OUTBOX_LIMIT = 1000
 """Undelivered results kept across a disconnection (oldest dropped first, with a warning)."""
@@ -164,6 +171,7 @@ class Agent:
         threads = config.model_load_threads
         self.load_slots = LoadSlots(threads, max(1, min(config.routine_load_slots, threads - 1)))
         self._ws: Any = None
+        self._heartbeats: HeartbeatSender | None = None
         self._outbox: deque[str] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
@@ -282,6 +290,10 @@ class Agent:
                     await self._serve(ws)
                     logger.warning("controller closed the connection (code %s %s)",
                                    ws.close_code, ws.close_reason)
+                    if ws.close_code == TRY_AGAIN_LATER:
+                        # A connect storm: come back after a random share of a second or two,
+                        # so the agents refused together do not return together.
+                        delay = max(delay, BUSY_BACKOFF_S)
             except InvalidStatus as exc:
                 logger.error("controller refused the connection: HTTP %s",
                              exc.response.status_code)
@@ -291,7 +303,7 @@ class Agent:
             if self._stop.is_set():
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay * random.uniform(0.8, 1.2))
+                await asyncio.wait_for(self._stop.wait(), delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, self.config.reconnect_max_s)
 
     async def _serve(self, ws: Any) -> None:
@@ -300,13 +312,30 @@ class Agent:
         logger.info("connected to controller as %s", self.config.server_id)
         while self._outbox:
             await ws.send(self._outbox.popleft())
-        heartbeats = asyncio.ensure_future(self._heartbeats(ws))
         try:
             async for raw in ws:
                 self._dispatch(raw)
         finally:
             self._ws = None
-            heartbeats.cancel()
+            self._stop_heartbeats()
+
+    def _start_heartbeats(self, channel: HeartbeatChannel) -> None:
+        """Beat on the channel the controller gave this connection (replacing any other)."""
+        self._stop_heartbeats()
+        host = channel.host or _host_of(self.config.controller_url)
+        self._heartbeats = HeartbeatSender(
+            (host, channel.port), channel.slot, channel.nonce,
+            interval_s=lambda: self.heartbeat_interval_s,
+            triton_alive=lambda: self._triton_alive).start()
+        logger.info("heartbeats to udp %s:%d every %.0f ms", host, channel.port,
+                    self.heartbeat_interval_s * 1000)
+
+    def _stop_heartbeats(self) -> None:
+        sender, self._heartbeats = self._heartbeats, None
+        if sender is not None:
+            sender.stop()
+            if sender.late:
+                logger.warning("%d heartbeats were sent late (this host stalled)", sender.late)
 
     def _hello(self) -> Hello:
         return Hello(server_id=self.config.server_id, site_id=self.config.site_id,
@@ -315,24 +344,6 @@ class Agent:
                      inventory=list(self.models.values()),
                      heartbeat_interval_ms=self.heartbeat_interval_s * 1000.0,
                      boot_id=self.boot_id, agent_pid=_pid(), replicas=self.replicas.running())
-
-    async def _heartbeats(self, ws: Any) -> None:
-        loop = asyncio.get_running_loop()
-        seq = 0
-        due = loop.time()
-        while True:
-            await ws.send(encode(Heartbeat(seq=seq, sent_at=time.time(),
-                                           triton_alive=self._triton_alive)))
-            seq += 1
-            due += self.heartbeat_interval_s
-            now = loop.time()
-            if due < now - self.heartbeat_interval_s:
-                # A stall of the loop: the next heartbeat is already late, and with k
-                # intervals' slack the controller may have declared this server failed.
-                logger.warning("heartbeat %d is %.0f ms late: the agent's loop stalled", seq,
-                               (now - due) * 1000)
-                due = now  # resume the schedule instead of bursting
-            await asyncio.sleep(max(0.0, due - now))
 
     async def _send(self, message: Any, keep: bool = False) -> None:
         """Send now, or (``keep``) queue for the next connection if there is none."""
@@ -360,6 +371,10 @@ class Agent:
             self._spawn(self._send(CommandResult(
                 command_id=exc.command_id or "", ok=False, command="invalid",
                 error=_error("bad_command", exc)), keep=True))
+            return
+        if isinstance(message, HeartbeatChannel):
+            self.heartbeat_interval_s = message.heartbeat_interval_ms / 1000.0
+            self._start_heartbeats(message)
             return
         if isinstance(message, Configure):
             if message.heartbeat_interval_ms is not None:
@@ -533,3 +548,10 @@ def _pid() -> int:
     import os
 
     return os.getpid()
+
+
+def _host_of(url: str) -> str:
+    """The host part of the controller's URL (where its heartbeat port is too)."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).hostname or "127.0.0.1"

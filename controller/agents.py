@@ -1,8 +1,15 @@
 """The only module that talks to agents: one websocket each, commands with futures by id.
 
-``serve`` runs for the life of one agent connection: it waits for the ``hello``, hands it to
-the orchestrator, then routes heartbeats to the detector, results to the waiting command, and
-Triton death reports to the detector. ``command`` sends one command and awaits its result.
+``serve`` runs for the life of one agent connection: it waits for the ``hello``, gives the agent
+its heartbeat channel (heartbeats go to the detector's monitor process as UDP datagrams, never
+through this loop), hands the hello to the orchestrator, then routes results to the waiting
+command and Triton death reports to the detector. ``command`` sends one command and awaits its
+result.
+
+A connect storm (a thousand agents after a controller restart or a network partition heals) is
+admitted :data:`HELLO_CONCURRENCY` hellos at a time; an agent that waits longer than
+:data:`ADMISSION_WAIT_S` is told to come back later (close code 1013) and retries after a
+jittered back-off.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from model_repo.artifacts import Manifest
 from understudy.wire.protocol import (
     CommandResult,
     Configure,
-    Heartbeat,
     Hello,
     InventoryCommand,
     InventoryItem,
@@ -37,6 +43,10 @@ from understudy.wire.protocol import (
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+HELLO_CONCURRENCY = 32
+"""Hellos handled at once (each one reads and writes Redis and may re-plan)."""
+ADMISSION_WAIT_S = 15.0
+TRY_AGAIN_LATER = 1013
 
 
 class AgentHub:
@@ -54,7 +64,9 @@ class AgentHub:
         self._pending: dict[str, asyncio.Future[CommandResult]] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.heartbeats = 0
+        self._admission = asyncio.Semaphore(HELLO_CONCURRENCY)
+        self.refused_hellos = 0
+        detector.alive_listeners.append(self._on_alive)
         self.on_replica_exited: Callable[[str, ReplicaExited], None] | None = None
         """Set by the graph manager: a service-graph replica process on a server ended."""
 
@@ -74,6 +86,12 @@ class AgentHub:
         if not isinstance(hello, Hello):
             await websocket.close(code=4400, reason="expected a hello frame")
             return
+        try:
+            await asyncio.wait_for(self._admission.acquire(), ADMISSION_WAIT_S)
+        except TimeoutError:
+            self.refused_hellos += 1
+            await websocket.close(code=TRY_AGAIN_LATER, reason="controller busy; retry later")
+            return
         server_id = hello.server_id
         previous = self._sockets.get(server_id)
         if previous is not None:
@@ -82,7 +100,13 @@ class AgentHub:
             await _close_quietly(previous)
         self._sockets[server_id] = websocket
         try:
-            await self.on_hello(hello)
+            try:  # the admission slot is held for the hello only, not the connection
+                channel = self.detector.admit(
+                    server_id, hello.endpoints.http if hello.endpoints else None)
+                await websocket.send_text(encode(channel))
+                await self.on_hello(hello)
+            finally:
+                self._admission.release()
             await self._receive(server_id, websocket)
         finally:
             # Make sure the agent sees the end too (it then reconnects with a fresh hello).
@@ -90,6 +114,15 @@ class AgentHub:
             if self._sockets.get(server_id) is websocket:
                 del self._sockets[server_id]
                 self.detector.connection_closed(server_id)
+
+    def _on_alive(self, server_id: str) -> None:
+        """A declared server's heartbeats say it is alive again: it returns.
+
+        Like a restarted server, but without a new hello (e.g. after a stop of the whole box).
+        """
+        if server_id in self._sockets:
+            self.detector.watch(server_id)
+            self._spawn(self.on_revived(server_id))
 
     async def _receive(self, server_id: str, websocket: Any) -> None:  # noqa: C901 - a branch per frame type
         from starlette.websockets import WebSocketDisconnect
@@ -108,16 +141,7 @@ class AgentHub:
             except ProtocolError as exc:
                 logger.warning("bad frame from %s: %s", server_id, exc)
                 continue
-            if isinstance(message, Heartbeat):
-                self.heartbeats += 1
-                if self.detector.watching(server_id):
-                    self.detector.beat(server_id)
-                elif message.triton_alive:
-                    # Declared failed (e.g. heartbeats stalled) but alive after all: it
-                    # returns like a restarted server, without a new hello.
-                    self.detector.watch(server_id)
-                    self._spawn(self.on_revived(server_id))
-            elif isinstance(message, CommandResult):
+            if isinstance(message, CommandResult):
                 future = self._pending.pop(message.command_id, None)
                 if future is not None and not future.done():
                     future.set_result(message)

@@ -1,229 +1,258 @@
-"""Failure detector: one deadline per server, reset by each heartbeat (an event-driven timer).
+"""Failure detector: immediate signals here, heartbeat timing in the monitor process.
 
-A server is declared failed when no heartbeat arrived for ``misses`` intervals plus half an
-interval of slack (so one late-but-arriving heartbeat is not a failure), when its agent's
-connection closes, or when the agent reports its Triton dead (both immediate signals, declared
-without the confirmation below). Each
-declaration fires once; a new ``watch`` (the agent's next hello) re-arms the server.
+Two kinds of evidence, two paths:
 
-The timeout adapts to each server, in the spirit of accrual failure detectors: it is the
-larger of (k + 1/2) T and 1.5 times the largest heartbeat gap seen in the last 200 heartbeats,
-times a penalty that doubles (up to 8x) each time a server declared failed turns out to be
-alive and halves after 30 s without such a mistake. On a quiet server that is exactly
-(k + 1/2) T; on a saturated one it stops the flapping that a fixed 50 ms produces, where each
-false failover adds the load that causes the next. A crash is still seen at once: it closes
-the agent's connection.
+* **Crashes are immediate signals**, handled on the controller's loop: the agent's websocket
+  closing (:meth:`FailureDetector.connection_closed`) and the agent's own report that its Triton
+  died (:meth:`FailureDetector.declare`). No waiting: a dead process cannot send anything more.
+* **Silence is a suspicion**, judged by the heartbeat monitor (``controller.heartbeat_monitor``,
+  a separate process reading UDP heartbeats): phi-accrual over each server's own inter-arrival
+  distribution, then probes of the agent and of its Triton, and only then a declaration, which
+  comes back here (``controller.suspicion`` has the rule). Slow is not dead.
 
-A deadline that fires is confirmed before it counts, because the controller itself can be the
-slow one: a heartbeat may already sit in the socket while the event loop was busy (a warm-plan
-solve, a burst of events). If the timer ran late by more than one interval, the loop was
-stalled and the server gets one more interval; otherwise the declaration waits two loop turns
-(``CONFIRM_S``) so frames already received are processed first. Both add at most a few
-milliseconds to a real detection.
+This class owns the monitor process (started by :meth:`start`, restarted if it dies, with every
+admitted server sent again), gives each agent connection its heartbeat channel
+(:meth:`admit`), and calls the listeners once per declaration. A new :meth:`watch` (the agent's
+next hello, or its revival) re-arms a server. Each watch has a generation number, so a
+declaration the monitor made for an older watch is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import os
+import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controller.suspicion import SuspicionSettings
+from understudy.wire.heartbeat import new_nonce
+from understudy.wire.protocol import HeartbeatChannel
 
 logger = logging.getLogger(__name__)
 
-CONFIRM_S = 0.002
-GAP_WINDOW = 200
-"""Heartbeat inter-arrival gaps remembered per server (4 s at T = 20 ms)."""
-GAP_FACTOR = 1.5
-"""The timeout is at least this multiple of the largest recent gap."""
-MAX_PENALTY = 8.0
-PENALTY_DECAY_S = 30.0
-
 FailureCallback = Callable[[str, str, float, float], None]
 """(server_id, reason, detected_at wall time, last sign of life wall time)."""
+AliveCallback = Callable[[str], None]
+"""A server declared failed sent a heartbeat (its Triton alive): it is back."""
+
+MONITOR_START_TIMEOUT_S = 20.0
+MONITOR_RESTART_GRACE_S = 1.0
+"""After a monitor restart, how long every server has to be heard again."""
 
 
 @dataclass
-class _Watch:
-    handle: asyncio.TimerHandle | None
-    last_seen: float
-    """Wall time of the last heartbeat (or of the watch start)."""
-    due: float = 0.0
-    """Loop time of the current deadline."""
-    fires_at: float = 0.0
-    """Loop time the timer handle fires (<= due: a heartbeat only moves ``due``)."""
-    stalls: int = 0
-    confirming: bool = False
-    """The deadline passed and the declaration waits CONFIRM_S (a heartbeat cancels it)."""
+class MonitorStats:
+    """The monitor's counters (cumulative since the controller started)."""
+
+    heartbeats: int = 0
+    acks: int = 0
+    rejected: int = 0
+    suspicions: int = 0
+    cleared: int = 0
+    declarations: int = 0
+    cpu_s: float = 0.0
+    servers: int = 0
+    restarts: int = 0
 
 
-class _GapWindow:
-    """The last ``size`` heartbeat gaps and their maximum, in O(1) amortised per gap.
-
-    A heartbeat arrives every T per server (300 a second for six agents at T = 20 ms): taking
-    ``max`` over 200 gaps on each was a sixth of the controller's heartbeat CPU.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.count = 0
-        self._peaks: deque[tuple[int, float]] = deque()  # (index, gap), gaps decreasing
-
-    def add(self, gap: float) -> None:
-        """Record one gap (the oldest leaves the window once it is full)."""
-        while self._peaks and self._peaks[-1][1] <= gap:
-            self._peaks.pop()
-        self._peaks.append((self.count, gap))
-        self.count += 1
-        if self._peaks[0][0] <= self.count - 1 - self.size:
-            self._peaks.popleft()
-
-    def max(self) -> float:
-        """The largest gap in the window (0.0 when empty)."""
-        return self._peaks[0][1] if self._peaks else 0.0
+@dataclass
+class _Admission:
+    slot: int
+    nonce: int
+    triton: str | None
 
 
 class FailureDetector:
-    """Deadlines per server on the running event loop."""
+    """The controller's view of which servers are watched, and the monitor process."""
 
-    def __init__(self, interval_s: float, misses: int,
-                 *listeners: FailureCallback) -> None:
+    def __init__(self, interval_s: float, misses: int, *listeners: FailureCallback,
+                 host: str = "127.0.0.1", port: int = 0,
+                 advertise_host: str | None = None) -> None:
         self.interval_s = interval_s
         self.misses = misses
         self.listeners: list[FailureCallback] = list(listeners)
         """Called in order on each declaration (on the loop, synchronously)."""
-        self._watches: dict[str, _Watch] = {}
-        self._gaps: dict[str, _GapWindow] = {}
-        self._last_beat: dict[str, float] = {}
-        self._penalty: dict[str, tuple[float, float]] = {}
+        self.alive_listeners: list[AliveCallback] = []
+        self.host, self.port, self.advertise_host = host, port, advertise_host
+        self.stats = MonitorStats()
+        self._base_stats = MonitorStats()
+        self._watched: dict[str, int] = {}
+        """Watched server -> the generation of its current watch."""
+        self._last_watch: dict[str, float] = {}
+        self._admitted: dict[str, _Admission] = {}
+        self._slots: dict[str, int] = {}
+        self._generation = 0
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # --- the monitor process ----------------------------------------------------------------
+
+    def settings(self) -> SuspicionSettings:
+        """The monitor's settings for the current T."""
+        t = self.interval_s
+        return SuspicionSettings(interval_s=t, confirm_s=2 * t, probe_every_s=0.6 * t,
+                                 sweep_s=min(0.005, t / 4))
+
+    async def start(self) -> None:
+        """Start the monitor process and bind the heartbeat port (idempotent)."""
+        if self._process is not None and self._process.returncode is None:
+            return
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controller.heartbeat_monitor", "--host", self.host,
+            "--port", str(self.port), "--settings", json.dumps(asdict(self.settings())),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert process.stdout is not None  # noqa: S101 - piped
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), MONITOR_START_TIMEOUT_S)
+            ready = json.loads(line)
+        except (TimeoutError, ValueError) as exc:
+            process.kill()
+            raise RuntimeError(f"the heartbeat monitor did not start: {exc!r}") from exc
+        self.port = int(ready["port"])  # a restart binds the same port again
+        self._process = process
+        self._reader = asyncio.ensure_future(self._read_reports(process))
+        logger.info("heartbeat monitor pid %s on udp %s:%d", ready.get("pid"), self.host,
+                    self.port)
+
+    async def _read_reports(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None  # noqa: S101 - piped
+        while True:
+            line = await process.stdout.readline()
+            if not line:
+                break
+            try:
+                self._on_report(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.error("bad report from the heartbeat monitor: %s", exc)
+        await process.wait()
+        if self._stopping:
+            return
+        logger.error("heartbeat monitor exited (code %s); restarting it", process.returncode)
+        self._base_stats = self.stats
+        self._base_stats.restarts += 1
+        self._process = None
+        await self.start()
+        for server_id, admission in self._admitted.items():
+            self._send_admit(server_id, admission)
+        for server_id, generation in self._watched.items():
+            self._send({"op": "watch", "server": server_id, "generation": generation,
+                        "grace_s": max(MONITOR_RESTART_GRACE_S, 10 * self.interval_s)})
+
+    def _on_report(self, report: dict[str, Any]) -> None:
+        op = report["op"]
+        if op == "declare":
+            server_id = report["server"]
+            if self._watched.get(server_id) != report["generation"]:
+                return  # about an older watch
+            logger.warning("server %s silent for %.0f ms and unanswered probes: %s", server_id,
+                           report["silent_s"] * 1000, report["reason"])
+            self._declare(server_id, report["reason"], float(report["last_seen"]))
+        elif op == "alive":
+            server_id = report["server"]
+            if server_id not in self._watched:
+                for listener in self.alive_listeners:
+                    listener(server_id)
+        elif op == "stats":
+            base = self._base_stats
+            self.stats = MonitorStats(**{
+                key: (getattr(base, key) + report.get(key, 0) if key != "restarts"
+                      else base.restarts) for key in asdict(base)})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        process = self._process
+        if process is None or process.stdin is None or process.returncode is not None:
+            return  # re-sent in full when the monitor restarts
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            process.stdin.write((json.dumps(message) + "\n").encode())
+
+    def _send_admit(self, server_id: str, admission: _Admission) -> None:
+        self._send({"op": "admit", "server": server_id, "slot": admission.slot,
+                    "nonce": admission.nonce, "triton": admission.triton})
+
+    # --- servers ----------------------------------------------------------------------------
 
     @property
     def timeout_s(self) -> float:
-        """Silence after which a server is declared failed."""
+        """A bound on the silence before a declaration on a quiet server (start-up graces)."""
         return (self.misses + 0.5) * self.interval_s
 
     def configure(self, interval_s: float, misses: int) -> None:
-        """New T and k; applied at each server's next heartbeat."""
+        """New T and k; sent to the monitor at once."""
         self.interval_s, self.misses = interval_s, misses
+        self._send({"op": "configure", "settings": asdict(self.settings())})
+
+    def admit(self, server_id: str, triton_http: str | None) -> HeartbeatChannel:
+        """A new connection of ``server_id``: the heartbeat channel its agent must use."""
+        slot = self._slots.setdefault(server_id, len(self._slots) + 1)
+        admission = _Admission(slot, new_nonce(), triton_http)
+        self._admitted[server_id] = admission
+        self._send_admit(server_id, admission)
+        return HeartbeatChannel(port=self.port, host=self.advertise_host, slot=slot,
+                                nonce=admission.nonce,
+                                heartbeat_interval_ms=self.interval_s * 1000.0)
 
     def watch(self, server_id: str, grace_s: float | None = None) -> None:
-        """Start (or restart) watching a server; the first deadline is ``grace_s`` away."""
-        self._last_beat.pop(server_id, None)  # a gap across a reconnection is not jitter
-        self._arm(server_id, grace_s if grace_s is not None else self.timeout_for(server_id),
-                  time.time())
-
-    def timeout_for(self, server_id: str) -> float:
-        """The current silence limit of one server (see the module docstring)."""
-        gaps = self._gaps.get(server_id)
-        base = max(self.timeout_s, GAP_FACTOR * gaps.max()) if gaps else self.timeout_s
-        penalty, since = self._penalty.get(server_id, (1.0, 0.0))
-        now = time.monotonic()
-        if penalty > 1.0 and now - since > PENALTY_DECAY_S:
-            penalty = max(1.0, penalty / 2)
-            self._penalty[server_id] = (penalty, now)
-        return base * penalty
+        """Start (or restart) watching a server; its first heartbeat is due within ``grace_s``."""
+        self._generation += 1
+        self._watched[server_id] = self._generation
+        self._last_watch[server_id] = time.time()
+        grace = grace_s if grace_s is not None else self.timeout_s
+        self._send({"op": "watch", "server": server_id, "generation": self._generation,
+                    "grace_s": grace})
 
     def false_alarm(self, server_id: str) -> None:
-        """A server declared failed was alive: be more patient with it for a while."""
-        penalty, _ = self._penalty.get(server_id, (1.0, 0.0))
-        penalty = min(MAX_PENALTY, penalty * 2)
-        self._penalty[server_id] = (penalty, time.monotonic())
-        logger.warning("false alarm on %s; its timeout is now %.0f ms", server_id,
-                       self.timeout_for(server_id) * 1000)
-
-    def beat(self, server_id: str) -> None:
-        """A heartbeat arrived: record the gap and push the deadline out.
-
-        The timer is not re-armed: only the deadline moves, and the timer, when it fires
-        before the deadline, re-arms itself for it (one timer per timeout, not two heap
-        operations per heartbeat).
-        """
-        now = time.monotonic()
-        last = self._last_beat.get(server_id)
-        self._last_beat[server_id] = now
-        if last is not None:
-            self._gaps.setdefault(server_id, _GapWindow(GAP_WINDOW)).add(now - last)
-        watch = self._watches.get(server_id)
-        if watch is None:
-            return
-        loop = asyncio.get_running_loop()
-        due = loop.time() + self.timeout_for(server_id)
-        if watch.confirming or due < watch.fires_at:
-            # A declaration already confirming, or a shorter timeout than the armed one.
-            self._arm(server_id, due - loop.time(), time.time())
-            return
-        watch.due, watch.last_seen, watch.stalls = due, time.time(), 0
+        """A server declared failed was alive: the monitor is more patient with it a while."""
+        logger.warning("false alarm on %s", server_id)
+        self._send({"op": "false_alarm", "server": server_id})
 
     def connection_closed(self, server_id: str) -> None:
         """The agent's websocket closed: an immediate signal, declared at once.
 
-        No confirmation wait: frames are ordered on the connection, so every heartbeat sent
-        before the close was handled before the close was seen, and a connection replaced by
-        the same agent's new one does not come here (``AgentHub`` checks that the closed socket
-        is still the server's).
+        Frames are ordered on the connection, and a connection replaced by the same agent's new
+        one does not come here (``AgentHub`` checks that the closed socket is still the
+        server's).
         """
         self.declare(server_id, "connection closed")
 
     def declare(self, server_id: str, reason: str) -> None:
         """Declare the server failed now (e.g. its Triton died)."""
-        watch = self._watches.pop(server_id, None)
-        if watch is None:
+        self._declare(server_id, reason, time.time())
+
+    def _declare(self, server_id: str, reason: str, last_seen: float) -> None:
+        if self._watched.pop(server_id, None) is None:
             return
-        if watch.handle is not None:
-            watch.handle.cancel()
+        self._send({"op": "unwatch", "server": server_id})
         detected_at = time.time()
+        last_seen = min(last_seen, detected_at)
         for listener in self.listeners:
-            listener(server_id, reason, detected_at, watch.last_seen)
+            listener(server_id, reason, detected_at, last_seen)
 
     def forget(self, server_id: str) -> None:
         """Stop watching (drained or deleted server)."""
-        watch = self._watches.pop(server_id, None)
-        if watch is not None and watch.handle is not None:
-            watch.handle.cancel()
+        if self._watched.pop(server_id, None) is not None:
+            self._send({"op": "unwatch", "server": server_id})
 
     def watching(self, server_id: str) -> bool:
-        """Whether a deadline is armed for the server."""
-        return server_id in self._watches
-
-    def _arm(self, server_id: str, delay_s: float, last_seen: float,
-             why: str = "missed heartbeats") -> None:
-        loop = asyncio.get_running_loop()
-        watch = self._watches.get(server_id)
-        if watch is not None and watch.handle is not None:
-            watch.handle.cancel()
-        due = loop.time() + delay_s
-        watch = _Watch(None, last_seen, due, due)
-        watch.handle = loop.call_at(due, self._expired, server_id, watch, why)
-        self._watches[server_id] = watch
-
-    def _expired(self, server_id: str, watch: _Watch, why: str) -> None:
-        loop = asyncio.get_running_loop()
-        if self._watches.get(server_id) is not watch:
-            return  # re-armed meanwhile
-        if loop.time() < watch.due:  # heartbeats moved the deadline: wait for it
-            watch.fires_at = watch.due
-            watch.handle = loop.call_at(watch.due, self._expired, server_id, watch, why)
-            return
-        late = loop.time() - watch.due
-        if late > self.interval_s and watch.stalls < 3:
-            watch.stalls += 1
-            logger.warning("detector for %s ran %.0f ms late (controller stalled); "
-                           "extending its deadline", server_id, late * 1000)
-            watch.due = watch.fires_at = loop.time() + self.interval_s
-            watch.handle = loop.call_at(watch.due, self._expired, server_id, watch, why)
-            return
-        watch.confirming = True  # a heartbeat now re-arms (see beat)
-        watch.handle = loop.call_later(CONFIRM_S, self._confirm, server_id, watch, why)
-
-    def _confirm(self, server_id: str, watch: _Watch, why: str) -> None:
-        if self._watches.get(server_id) is watch:
-            self.declare(server_id, why)
+        """Whether the server is watched (not declared failed since its last watch)."""
+        return server_id in self._watched
 
     def stop(self) -> None:
-        """Cancel every deadline."""
-        for watch in self._watches.values():
-            if watch.handle is not None:
-                watch.handle.cancel()
-        self._watches.clear()
+        """Stop the monitor process."""
+        self._stopping = True
+        self._watched.clear()
+        process = self._process
+        if process is not None and process.returncode is None:
+            if process.stdin is not None:
+                process.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        if self._reader is not None:
+            self._reader.cancel()

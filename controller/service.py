@@ -52,6 +52,10 @@ class ControllerSettings(BaseModel):
     """After a restart, how long a known server has to reconnect before it is failed."""
     config: ConfigPatch | None = None
     """Explicit runtime settings from the command line."""
+    heartbeat_port: int = Field(0, ge=0, lt=65536)
+    """UDP port of the heartbeat channel (0: a free one; agents learn it after their hello)."""
+    heartbeat_advertise: str | None = None
+    """Host agents send heartbeats to; None: the host they reached the controller at."""
     graph_host: str = "127.0.0.1"
     """Address the service graphs' frontends and managers listen on; replica processes on the
     servers connect to it, so it must be reachable from them (not 0.0.0.0)."""
@@ -83,7 +87,10 @@ class Controller:
         await self.store.put_config(config)
         self.events = EventHub(self.store)
         self.detector = FailureDetector(config.heartbeat_interval_ms / 1000.0,
-                                        config.heartbeat_misses)
+                                        config.heartbeat_misses, host=self.settings.host,
+                                        port=self.settings.heartbeat_port,
+                                        advertise_host=self.settings.heartbeat_advertise)
+        await self.detector.start()
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
         clock = SystemClock()

@@ -4,6 +4,8 @@ Keys (all under a prefix, default ``us:``):
 
 * ``apps`` hash: app id -> :class:`AppRecord` JSON (the desired and observed replicas);
 * ``servers`` hash: server id -> :class:`ServerRecord` JSON;
+* ``rev`` counter: incremented with every write of app or server records, in the same
+  transaction (the in-memory copy, ``controller.record_cache``, checks it follows every one);
 * ``config`` string: :class:`RuntimeConfig` JSON;  ``plan`` string: last warm plan summary;
 * ``events`` stream with ids ``<seq>-0`` and ``event_seq`` counter: the notification history;
 * ``intents`` hash: intent id -> what the controller is about to do (write-ahead);
@@ -11,6 +13,11 @@ Keys (all under a prefix, default ``us:``):
 
 The client retries on connection errors with back-off, so a Redis restart stalls writes for
 a moment instead of failing them; with append-only persistence nothing acknowledged is lost.
+
+Reads of apps and servers come from an in-memory copy (:class:`RecordCache`) that every write
+updates once Redis acknowledged it; a failed write, a revision that does not follow, or a
+:meth:`Store.revision` check that finds Redis elsewhere (restarted without the last writes)
+loads it again from Redis.
 """
 
 from __future__ import annotations
@@ -29,40 +36,39 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controller.graphs.records import GraphRecord
+from controller.record_cache import RecordCache, RecordsView
 from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
 
 logger = logging.getLogger(__name__)
 
 EVENT_STREAM_MAXLEN = 100_000
+REDIS_CONNECTIONS = 32
+REDIS_POOL_WAIT_S = 30.0
+"""How long a caller waits for a free pooled connection before failing."""
 
 
 _COMMIT_LUA = """
--- KEYS: intents, servers, apps, events, event_seq.  ARGV[1]: the batch as JSON (Store.commit).
--- Returns the first event's sequence number (0 without events).
+-- KEYS: intents, servers, apps, events, event_seq, rev.  ARGV[1]: the batch (Store.commit).
+-- Returns {the first event's sequence number (0 without events), the revision (0 when no
+-- record was written)}.
 local batch = cjson.decode(ARGV[1])
 if type(batch.intent) == 'table' then
   redis.call('HSET', KEYS[1], batch.intent[1], batch.intent[2])
 end
 for _, pair in ipairs(batch.servers) do redis.call('HSET', KEYS[2], pair[1], pair[2]) end
 for _, pair in ipairs(batch.apps) do redis.call('HSET', KEYS[3], pair[1], pair[2]) end
+local rev = 0
+if #batch.servers + #batch.apps > 0 then rev = redis.call('INCR', KEYS[6]) end
 local count = #batch.events
-if count == 0 then return 0 end
+if count == 0 then return {0, rev} end
 local first = redis.call('INCRBY', KEYS[5], count) - count + 1
 for i, rest in ipairs(batch.events) do
   local seq = first + i - 1
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', batch.maxlen, seq .. '-0',
              'data', '{"seq":' .. seq .. ',' .. string.sub(rest, 2))
 end
-return first
+return {first, rev}
 """
-
-
-def _apps_from(raw: dict[str, str]) -> dict[str, AppRecord]:
-    return {k: AppRecord.model_validate_json(v) for k, v in sorted(raw.items())}
-
-
-def _servers_from(raw: dict[str, str]) -> dict[str, ServerRecord]:
-    return {k: ServerRecord.model_validate_json(v) for k, v in sorted(raw.items())}
 
 
 class Store:
@@ -71,13 +77,19 @@ class Store:
     def __init__(self, url: str, prefix: str = "us:") -> None:
         self.url = url
         self.prefix = prefix
-        self.redis = aioredis.Redis.from_url(
+        # A bounded pool that makes a caller wait for a free connection: the default pool
+        # raises MaxConnectionsError past 100, which a connect storm of agents reached.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=5)
+            health_check_interval=5, max_connections=REDIS_CONNECTIONS,
+            timeout=REDIS_POOL_WAIT_S)
+        self.redis = aioredis.Redis(connection_pool=pool)
         self._event_lock = asyncio.Lock()
         self._commit_script = self.redis.register_script(_COMMIT_LUA)
+        self._cache = RecordCache()
+        """Apps and servers as last acknowledged; the event lock serialises every write."""
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -93,63 +105,153 @@ class Store:
         """Close the connection pool."""
         await self.redis.aclose()
 
+    # --- the in-memory copy ------------------------------------------------------------------
+
+    async def _loaded(self) -> RecordCache:
+        """The cache, loaded from Redis first when it is not (start, after a failed write)."""
+        if not self._cache.loaded:
+            async with self._event_lock:
+                if not self._cache.loaded:
+                    await self._load()
+        return self._cache
+
+    async def _load(self) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self._key("apps"))
+            pipe.hgetall(self._key("servers"))
+            pipe.get(self._key("rev"))
+            raw_apps, raw_servers, rev = await pipe.execute()
+        self._cache.load(raw_apps, raw_servers, int(rev or 0))
+        logger.info("records loaded from redis: %d apps, %d servers (revision %d)",
+                    len(raw_apps), len(raw_servers), self._cache.revision)
+
+    async def _write(self, pipe: Any, **applied: Any) -> Any:
+        """Run a transaction whose last command increments ``rev``; update the cache after.
+
+        Holding the event lock: writes reach Redis and the cache in one order. ``applied``
+        names what the cache takes on success (``RecordCache.written``); a write that failed
+        (its outcome unknown) or one that does not follow the cached revision reloads it.
+        """
+        try:
+            *results, rev = await pipe.execute()
+        except BaseException:
+            self._cache.invalidate()
+            raise
+        if not self._cache.written(int(rev), **applied) and self._cache.revision:
+            logger.warning("redis revision %s does not follow the cached %d; reloading",
+                           rev, self._cache.revision)
+        return results
+
+    async def revision(self) -> int:
+        """The records' revision, checked against Redis (one round trip).
+
+        When Redis holds another one (a write the cache missed, a Redis restarted without its
+        latest writes) the cache is loaded again. Unchanged revision: unchanged records.
+        """
+        async with self._event_lock:
+            rev = int(await self.redis.get(self._key("rev")) or 0)
+            if self._cache.loaded and rev != self._cache.revision:
+                logger.warning("redis is at revision %d, the cached records at %d; reloading",
+                               rev, self._cache.revision)
+                self._cache.invalidate()
+            if not self._cache.loaded:
+                await self._load()
+            return self._cache.revision
+
+    async def view(self) -> RecordsView:
+        """Every app and server record, read-only and without a round trip (see RecordsView).
+
+        For callers that only look; one that changes a record reads it with :meth:`get_app`,
+        :meth:`apps` or :meth:`servers`, which return private copies.
+        """
+        return (await self._loaded()).view()
+
     # --- apps --------------------------------------------------------------------------------
 
     async def put_app(self, record: AppRecord) -> None:
         """Write an app record (stamps ``updated_at``)."""
         record.updated_at = now()
-        await self.redis.hset(self._key("apps"), record.app_id, record.model_dump_json())
+        raw = record.model_dump_json()
+        await self._loaded()
+        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key("apps"), record.app_id, raw)
+            pipe.incr(self._key("rev"))
+            await self._write(pipe, apps=[(record.app_id, raw)])
 
     async def add_app(self, record: AppRecord) -> bool:
         """Write a new app record; False when the id is taken."""
-        return bool(await self.redis.hsetnx(self._key("apps"), record.app_id,
-                                            record.model_dump_json()))
+        return (await self.add_apps([record]))[0]
+
+    async def add_apps(self, records: Sequence[AppRecord]) -> list[bool]:
+        """Write new app records in one transaction; False for each id already taken."""
+        if not records:
+            return []
+        raws = [(r.app_id, r.model_dump_json()) for r in records]
+        await self._loaded()
+        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
+            for app_id, raw in raws:
+                pipe.hsetnx(self._key("apps"), app_id, raw)
+            pipe.incr(self._key("rev"))
+            # Not taken when the HSETNX was refused; read before the cache takes the rest.
+            added = await self._write_new(pipe, raws)
+        return added
+
+    async def _write_new(self, pipe: Any, raws: list[tuple[str, str]]) -> list[bool]:
+        try:
+            *results, rev = await pipe.execute()
+        except BaseException:
+            self._cache.invalidate()
+            raise
+        added = [bool(r) for r in results]
+        self._cache.written(int(rev), apps=[pair for pair, ok in zip(raws, added, strict=True)
+                                            if ok])
+        return added
 
     async def app_ids(self) -> list[str]:
-        """The ids of every registered app."""
-        return [k.decode() if isinstance(k, bytes) else str(k)
-                for k in await self.redis.hkeys(self._key("apps"))]
+        """The ids of every registered app, sorted."""
+        return (await self._loaded()).app_ids()
 
     async def get_app(self, app_id: str) -> AppRecord | None:
-        """One app record."""
-        raw = await self.redis.hget(self._key("apps"), app_id)
-        return AppRecord.model_validate_json(raw) if raw else None
+        """One app record (a private copy)."""
+        return (await self._loaded()).copy_app(app_id)
 
     async def apps(self) -> dict[str, AppRecord]:
-        """Every app record by id."""
-        return _apps_from(await self.redis.hgetall(self._key("apps")))
+        """Every app record by id (private copies)."""
+        return (await self._loaded()).copy_apps()
 
     async def delete_app(self, app_id: str) -> None:
         """Forget an app."""
-        await self.redis.hdel(self._key("apps"), app_id)
+        await self._loaded()
+        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._key("apps"), app_id)
+            pipe.incr(self._key("rev"))
+            await self._write(pipe, deleted_apps=[app_id])
 
     # --- servers -----------------------------------------------------------------------------
 
     async def put_server(self, record: ServerRecord) -> None:
         """Write a server record."""
-        await self.redis.hset(self._key("servers"), record.server_id, record.model_dump_json())
+        raw = record.model_dump_json()
+        await self._loaded()
+        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key("servers"), record.server_id, raw)
+            pipe.incr(self._key("rev"))
+            await self._write(pipe, servers=[(record.server_id, raw)])
 
     async def servers(self) -> dict[str, ServerRecord]:
-        """Every server record by id."""
-        return _servers_from(await self.redis.hgetall(self._key("servers")))
+        """Every server record by id (private copies)."""
+        return (await self._loaded()).copy_servers()
 
     async def app_and_servers(self, app_id: str
                               ) -> tuple[AppRecord | None, dict[str, ServerRecord]]:
-        """One app record and every server record, read in one round trip."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hget(self._key("apps"), app_id)
-            pipe.hgetall(self._key("servers"))
-            raw_app, raw_servers = await pipe.execute()
-        return (AppRecord.model_validate_json(raw_app) if raw_app else None,
-                _servers_from(raw_servers))
+        """One app record and every server record (private copies)."""
+        cache = await self._loaded()
+        return cache.copy_app(app_id), cache.copy_servers()
 
     async def apps_and_servers(self) -> tuple[dict[str, AppRecord], dict[str, ServerRecord]]:
-        """Every app and server record, read in one round trip."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._key("apps"))
-            pipe.hgetall(self._key("servers"))
-            raw_apps, raw_servers = await pipe.execute()
-        return _apps_from(raw_apps), _servers_from(raw_servers)
+        """Every app and server record (private copies), at one revision."""
+        cache = await self._loaded()
+        return cache.copy_apps(), cache.copy_servers()
 
     async def commit(self, *, apps: Sequence[AppRecord] = (),
                      servers: Sequence[ServerRecord] = (), intent: dict[str, Any] | None = None,
@@ -167,21 +269,31 @@ class Store:
         stamp = now()
         for record in apps:
             record.updated_at = stamp
+        app_pairs = [(a.app_id, a.model_dump_json()) for a in apps]
+        server_pairs = [(s.server_id, s.model_dump_json()) for s in servers]
         batch = {
             "intent": ([intent_id, json.dumps({"at": stamp, **intent})]
                        if intent is not None else None),
-            "servers": [[s.server_id, s.model_dump_json()] for s in servers],
-            "apps": [[a.app_id, a.model_dump_json()] for a in apps],
+            "servers": server_pairs,
+            "apps": app_pairs,
             # The script puts each event's number in front of the rest of its JSON.
             "events": [e.model_dump_json(exclude={"seq"}) for e in events],
             "maxlen": EVENT_STREAM_MAXLEN,
         }
+        if app_pairs or server_pairs:
+            await self._loaded()
         async with self._event_lock:  # seq order == the order subscribers are handed them
-            first = int(await self._commit_script(
-                keys=[self._key(k) for k in ("intents", "servers", "apps", "events",
-                                             "event_seq")],
-                args=[json.dumps(batch, ensure_ascii=False)]))
-        stored = [e.model_copy(update={"seq": first + i}) for i, e in enumerate(events)]
+            try:
+                first, rev = await self._commit_script(
+                    keys=[self._key(k) for k in ("intents", "servers", "apps", "events",
+                                                 "event_seq", "rev")],
+                    args=[json.dumps(batch, ensure_ascii=False)])
+            except BaseException:
+                self._cache.invalidate()
+                raise
+            if app_pairs or server_pairs:
+                self._cache.written(int(rev), apps=app_pairs, servers=server_pairs)
+        stored = [e.model_copy(update={"seq": int(first) + i}) for i, e in enumerate(events)]
         return intent_id, stored
 
     # --- config and plan ---------------------------------------------------------------------

@@ -1,123 +1,180 @@
-"""The failure detector on a real event loop (T = 50 ms so a busy machine does not matter)."""
+"""The suspicion rule (phi-accrual, then confirmation by probes) on a simulated clock."""
 
 from __future__ import annotations
 
-import asyncio
+import math
+import random
 
-from controller.detector import FailureDetector
+import pytest
 
-T = 0.05
+from controller.suspicion import (
+    MAX_SUSPECT_T,
+    SuspicionSettings,
+    SuspicionTable,
+    phi_sigmas,
+)
 
-
-def _run(scenario) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
-    declared: list[tuple[str, str]] = []
-
-    async def main() -> None:
-        detector = FailureDetector(T, 2, lambda s, why, at, seen: declared.append((s, why)))
-        await scenario(detector)
-        detector.stop()
-
-    asyncio.run(main())
-    return declared
-
-
-def test_heartbeats_keep_a_server_alive_and_silence_fails_it() -> None:
-    async def scenario(detector: FailureDetector) -> None:
-        detector.watch("s1")
-        detector.watch("s2")
-        for _ in range(12):
-            await asyncio.sleep(T)
-            detector.beat("s1")
-        assert detector.watching("s1") and not detector.watching("s2")
-
-    assert _run(scenario) == [("s2", "missed heartbeats")]
+T = 0.02
+SETTINGS = SuspicionSettings(interval_s=T, confirm_s=2 * T, probe_every_s=0.6 * T,
+                             sweep_s=0.004)
+ADDRESS = ("127.0.0.1", 9)
 
 
-def test_closed_connection_and_triton_death() -> None:
-    async def scenario(detector: FailureDetector) -> None:
-        detector.watch("a")
-        detector.watch("b")
-        detector.connection_closed("a")
-        detector.declare("b", "triton died")
-        await asyncio.sleep(T * 2)
+class Clock:
+    """Drives a table: heartbeats every T with jitter, sweeps every sweep_s."""
 
-    # Both immediate: declared when they happen, with no confirmation wait.
-    assert _run(scenario) == [("a", "connection closed"), ("b", "triton died")]
+    def __init__(self, table: SuspicionTable, seed: int = 1) -> None:
+        self.table = table
+        self.now = 100.0
+        self.rng = random.Random(seed)
+        self.declared: list[tuple[str, str, float]] = []
+        self.probes = 0
+        self.triton_probes = 0
 
-
-def test_each_failure_is_declared_once_until_watched_again() -> None:
-    async def scenario(detector: FailureDetector) -> None:
-        detector.watch("s")
-        await asyncio.sleep(T * 4)
-        detector.beat("s")  # late heartbeat of a failed server: no second declaration
-        detector.declare("s", "again")
-        await asyncio.sleep(T * 4)
-
-    assert _run(scenario) == [("s", "missed heartbeats")]
-
-
-def test_timeout_adapts_to_gaps_and_false_alarms() -> None:
-    async def scenario(detector: FailureDetector) -> None:
-        assert detector.timeout_for("s") == detector.timeout_s == 2.5 * T
-        detector.watch("s")
-        detector.beat("s")
-        await asyncio.sleep(2 * T)
-        detector.beat("s")  # a 100 ms gap: the limit grows to at least 1.5 x that
-        assert detector.timeout_for("s") >= 1.5 * 2 * T
-        before = detector.timeout_for("s")
-        detector.false_alarm("s")
-        assert abs(detector.timeout_for("s") - 2 * before) < 1e-9
-        detector.forget("s")
-
-    assert _run(scenario) == []
+    def run(self, seconds: float, beating: set[str], jitter_s: float = 0.0,
+            acking: set[str] = frozenset(), triton_ready: dict[str, bool] | None = None) -> None:
+        end = self.now + seconds
+        next_beat = {s: self.now + self.rng.uniform(0, T) for s in beating}
+        while self.now < end:
+            self.now += SETTINGS.sweep_s / 4
+            for server, due in next_beat.items():
+                if self.now >= due:
+                    watch = self.table.by_server[server]
+                    self.table.beat(watch.slot, watch.nonce, True, ADDRESS, self.now)
+                    next_beat[server] = due + T + self.rng.uniform(0, jitter_s)
+            if self.table.last_sweep is None or \
+                    self.now - self.table.last_sweep >= SETTINGS.sweep_s:
+                result = self.table.sweep(self.now)
+                self.probes += len(result.probes)
+                self.triton_probes += len(result.triton_probes)
+                for watch in result.probes:
+                    if watch.server_id in acking:
+                        self.table.ack(watch.slot, watch.nonce, self.now)
+                for watch in result.triton_probes:
+                    if triton_ready and watch.server_id in triton_ready:
+                        self.table.triton_result(watch.server_id, triton_ready[watch.server_id])
+                self.declared += [(d.server_id, d.reason, self.now)
+                                  for d in result.declarations]
 
 
-def test_gap_window_maximum_matches_a_plain_window() -> None:
-    import random
-    from collections import deque
-
-    from controller.detector import _GapWindow
-
-    rng = random.Random(7)
-    window, plain = _GapWindow(5), deque(maxlen=5)
-    for _ in range(500):
-        gap = rng.choice([rng.random(), 0.5, 0.5])  # ties included
-        window.add(gap)
-        plain.append(gap)
-        assert window.max() == max(plain)
+def _table(*servers: str, triton: bool = False) -> tuple[SuspicionTable, Clock]:
+    table = SuspicionTable(SETTINGS)
+    clock = Clock(table)
+    for slot, server in enumerate(servers, start=1):
+        table.admit(server, slot, 1000 + slot, ("127.0.0.1", 8000) if triton else None)
+        table.watch(server, generation=slot, grace_s=0.5, now=clock.now)
+    return table, clock
 
 
-def test_a_silent_server_fails_one_timeout_after_its_last_heartbeat() -> None:
-    """Heartbeats only move the deadline; the timer must still fire on time after them."""
-    timings: list[float] = []
-
-    async def scenario(detector: FailureDetector) -> None:
-        loop = asyncio.get_running_loop()
-        detector.listeners = [lambda s, why, at, seen: timings.append(loop.time())]
-        detector.watch("s")
-        for _ in range(5):
-            await asyncio.sleep(T / 2)
-            detector.beat("s")
-        last = loop.time()
-        await asyncio.sleep(detector.timeout_s * 3)
-        assert len(timings) == 1
-        # Declared after the timeout (plus the confirmation), not at the first timer's time.
-        assert detector.timeout_s <= timings[0] - last <= detector.timeout_s + T
-
-    _run(scenario)
+def test_phi_threshold_inverts_the_logistic_tail() -> None:
+    for phi in (1.0, 3.0, 8.0, 12.0):
+        y = phi_sigmas(phi)
+        e = math.exp(-y * (1.5976 + 0.070566 * y * y))
+        assert -math.log10(e / (1 + e)) == pytest.approx(phi, rel=1e-6)
+    with pytest.raises(ValueError):
+        phi_sigmas(float("nan"))
 
 
-def test_a_heartbeat_while_a_declaration_is_confirming_cancels_it() -> None:
-    async def scenario(detector: FailureDetector) -> None:
-        loop = asyncio.get_running_loop()
-        detector.watch("s", grace_s=T)
-        watch = detector._watches["s"]
-        while not watch.confirming:  # the deadline passed; the declaration waits CONFIRM_S
-            await asyncio.sleep(0)
-            assert loop.time() < watch.due + T, "the deadline never fired"
-        detector.beat("s")
-        await asyncio.sleep(T)
-        assert detector.watching("s")
-        detector.forget("s")
+def test_steady_heartbeats_with_jitter_are_never_suspected() -> None:
+    table, clock = _table("a", "b")
+    clock.run(20.0, beating={"a", "b"}, jitter_s=0.004)
+    assert clock.declared == [] and table.suspicions == 0
 
-    assert _run(scenario) == []
+
+def test_a_silent_server_is_declared_within_the_bound_after_its_last_heartbeat() -> None:
+    table, clock = _table("a", "b")
+    clock.run(5.0, beating={"a", "b"})
+    last = table.by_server["a"].last_arrival
+    clock.run(1.0, beating={"b"})
+    assert [d[:2] for d in clock.declared] == [("a", "missed heartbeats, probes unanswered")]
+    after = clock.declared[0][2] - last
+    assert T < after <= MAX_SUSPECT_T * T + SETTINGS.confirm_s + 2 * SETTINGS.sweep_s
+    assert clock.probes >= 2  # probed during the confirmation, not declared blind
+
+
+def test_a_stall_shorter_than_the_confirmation_is_not_declared() -> None:
+    table, clock = _table("a")
+    clock.run(5.0, beating={"a"})
+    clock.run(0.075, beating=set())  # silent past the suspicion, not past the confirmation
+    clock.run(2.0, beating={"a"})
+    assert clock.declared == []
+    assert table.suspicions == 1 and table.cleared == 1
+
+
+def test_a_probe_answer_clears_the_suspicion_of_a_silent_agent() -> None:
+    table, clock = _table("a")
+    clock.run(5.0, beating={"a"})
+    clock.run(1.0, beating=set(), acking={"a"})  # heartbeats lost, the agent answers probes
+    assert clock.declared == []
+    assert table.cleared >= 1
+
+
+def test_a_ready_triton_holds_the_declaration_until_the_agent_silence_limit() -> None:
+    table, clock = _table("a", triton=True)
+    clock.run(5.0, beating={"a"})
+    last = table.by_server["a"].last_arrival
+    clock.run(SETTINGS.agent_silence_s + 0.5, beating=set(), triton_ready={"a": True})
+    assert [d[:2] for d in clock.declared] == [("a", "agent silent, Triton still ready")]
+    assert clock.declared[0][2] - last >= SETTINGS.agent_silence_s
+    assert clock.triton_probes >= 2  # asked again while waiting
+
+
+def test_a_dead_triton_does_not_hold_the_declaration() -> None:
+    table, clock = _table("a", triton=True)
+    clock.run(5.0, beating={"a"})
+    clock.run(1.0, beating=set(), triton_ready={"a": False})
+    assert [d[0] for d in clock.declared] == ["a"]
+
+
+def test_a_noisy_server_gets_a_wider_but_bounded_silence() -> None:
+    table, clock = _table("quiet", "noisy")
+    clock.run(10.0, beating={"quiet"})
+    quiet_limit = table.suspect_after("quiet", clock.now)
+    table2, clock2 = _table("noisy")
+    clock2.run(10.0, beating={"noisy"}, jitter_s=0.015)
+    noisy_limit = table2.suspect_after("noisy", clock2.now)
+    assert quiet_limit is not None and noisy_limit is not None
+    assert quiet_limit < noisy_limit <= MAX_SUSPECT_T * T + 1e-9
+
+
+def test_stale_nonces_and_unknown_slots_are_ignored() -> None:
+    table, clock = _table("a")
+    watch = table.by_server["a"]
+    assert table.beat(watch.slot, watch.nonce + 1, True, ADDRESS, clock.now) is None
+    assert table.beat(999, 1, True, ADDRESS, clock.now) is None
+    assert watch.beats == 0
+
+
+def test_a_declared_server_that_beats_again_is_reported_alive_once() -> None:
+    table, clock = _table("a")
+    clock.run(1.0, beating={"a"})
+    clock.run(0.5, beating=set())
+    assert [d[0] for d in clock.declared] == ["a"]
+    watch = table.by_server["a"]
+    assert table.beat(watch.slot, watch.nonce, True, ADDRESS, clock.now) == "a"
+    assert table.beat(watch.slot, watch.nonce, True, ADDRESS, clock.now + 0.1) is None
+    table.watch("a", generation=9, grace_s=0.1, now=clock.now)
+    clock.run(2.0, beating={"a"})
+    assert len(clock.declared) == 1
+
+
+def test_a_stalled_monitor_gives_suspects_a_fresh_window() -> None:
+    table, clock = _table("a")
+    clock.run(2.0, beating={"a"})
+    clock.now += 0.08
+    table.sweep(clock.now)  # suspect now
+    assert table.suspects
+    clock.now += 1.0  # the monitor itself did not run for a second
+    result = table.sweep(clock.now)
+    assert result.declarations == []  # not declared on stale evidence
+
+
+def test_a_false_alarm_widens_that_server_only_and_decays() -> None:
+    table, clock = _table("a", "b")
+    clock.run(3.0, beating={"a", "b"})
+    before = table.suspect_after("a", clock.now)
+    table.false_alarm("a", clock.now)
+    assert table.suspect_after("a", clock.now) == pytest.approx(2 * before)
+    assert table.suspect_after("b", clock.now) == pytest.approx(before, rel=0.2)
+    clock.run(31.0, beating={"a", "b"})
+    assert table.suspect_after("a", clock.now) < 1.5 * before

@@ -8,12 +8,13 @@ import pytest
 
 from understudy.wire.protocol import (
     CommandResult,
-    Heartbeat,
+    HeartbeatChannel,
     Hello,
     InventoryItem,
     LoadCommand,
     ModelState,
     ProtocolError,
+    TritonDown,
     encode,
     model_name,
     parse_agent_message,
@@ -33,7 +34,7 @@ def test_agent_messages_round_trip() -> None:
     hello = Hello(server_id="s1", site_id="a", capacity={"memory_mb": 10.0},
                   inventory=[InventoryItem(model_name="x__v", app_id="x", variant="v",
                                            state=ModelState.READY, memory_mb=3.0)])
-    for message in (hello, Heartbeat(seq=3, sent_at=1.5),
+    for message in (hello, TritonDown(at=1.5, exit_code=9),
                     CommandResult(command_id="c1", ok=True, timings={"load_s": 0.1})):
         assert parse_agent_message(encode(message)) == message
 
@@ -61,5 +62,14 @@ def test_bad_frames_are_rejected_with_a_message(raw: str, match: str) -> None:
 
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
-    raw = json.dumps({"v": 1, "type": "heartbeat", "seq": 1, "sent_at": 2.0, "new": "x"})
-    assert parse_agent_message(raw) == Heartbeat(seq=1, sent_at=2.0)
+    raw = json.dumps({"v": 1, "type": "triton_down", "at": 2.0, "new": "x"})
+    assert parse_agent_message(raw) == TritonDown(at=2.0)
+
+
+def test_heartbeat_channel_is_validated() -> None:
+    channel = HeartbeatChannel(port=9000, slot=3, nonce=2**63 + 5)
+    assert parse_controller_message(encode(channel)) == channel
+    for bad in ({"port": 0}, {"nonce": 0}, {"nonce": 2**64}, {"heartbeat_interval_ms": 0}):
+        fields = {"v": 1, "type": "heartbeat_channel", "port": 9000, "slot": 1, "nonce": 7}
+        with pytest.raises(ProtocolError):
+            parse_controller_message(json.dumps({**fields, **bad}))

@@ -40,6 +40,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph-host", default=None,
                         help="address service-graph frontends listen on (replicas on the "
                              "servers must reach it; default 127.0.0.1)")
+    parser.add_argument("--heartbeat-port", type=int, default=None,
+                        help="UDP port agents send heartbeats to (default: a free one, "
+                             "told to each agent after its hello)")
+    parser.add_argument("--heartbeat-advertise", default=None,
+                        help="host agents send heartbeats to (default: the host they "
+                             "connected to)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -61,13 +67,15 @@ def run(options: argparse.Namespace) -> int:
             "host": options.host, "port": options.port, "run_dir": options.run_dir,
             "redis_url": options.redis_url, "token": options.token,
             "artifacts": options.artifacts, "startup_grace_s": options.startup_grace_s,
-            "config": patch, "graph_host": options.graph_host},
+            "config": patch, "graph_host": options.graph_host,
+            "heartbeat_port": options.heartbeat_port,
+            "heartbeat_advertise": options.heartbeat_advertise},
             ENV_PREFIX, env_names={"token": TOKEN_ENV})
     except ValidationError as exc:
         logger.error("invalid controller settings: %s", exc)
         return 2
     app = create_app(Controller(settings))
-    # The event loop (heartbeats, agent replies, client pushes) shares the GIL with the
+    # The event loop (agent replies, client pushes) shares the GIL with the
     # planning threads (Algorithm 1, the warm ILP's model building). With CPython's default
     # 5 ms switch interval a CPU-bound planning thread makes each waiting loop turn, and
     # the loop makes the planner, wait up to 5 ms per hand-off: on the failover path that

@@ -4,10 +4,11 @@ Every frame is one JSON object with ``v`` (the protocol version) and ``type`` (t
 New fields always get defaults, so a newer peer can talk to an older one within a major version;
 a frame with a different major ``v`` is refused with an error reply.
 
-Agent -> controller: ``hello`` once per connection, then ``heartbeat`` every T ms, ``result`` for
-each command, ``triton_down`` / ``triton_up`` when the agent's Triton dies or is back,
-``replica_exited`` the moment a service-graph replica process it started ends.
-Controller -> agent: ``load``, ``unload``, ``inventory`` commands, ``configure``,
+Agent -> controller: ``hello`` once per connection, ``result`` for each command, ``triton_down``
+/ ``triton_up`` when the agent's Triton dies or is back, ``replica_exited`` the moment a
+service-graph replica process it started ends.
+Controller -> agent: ``heartbeat_channel`` after each hello (heartbeats then go as UDP datagrams,
+``understudy.wire.heartbeat``), ``load``, ``unload``, ``inventory`` commands, ``configure``,
 ``start_replica`` / ``stop_replica`` (NSPB replica processes of a service graph).
 """
 
@@ -131,16 +132,6 @@ class Hello(_Message):
     """Graph replica processes running now (the controller stops those it does not know)."""
 
 
-class Heartbeat(_Message):
-    """Liveness frame, every ``heartbeat_interval_ms``."""
-
-    type: Literal["heartbeat"] = "heartbeat"
-    seq: int = Field(ge=0)
-    sent_at: float
-    """Agent's wall clock (s since the epoch), for jitter and one-way delay estimates."""
-    triton_alive: bool = True
-
-
 class CommandResult(_Message):
     """Answer to one command (also the answer to a malformed one, with ``ok`` false)."""
 
@@ -190,7 +181,7 @@ class ReplicaExited(_Message):
     """True when a ``stop_replica`` command ended it (not a failure)."""
 
 
-AgentMessage = Annotated[Hello | Heartbeat | CommandResult | TritonDown | TritonUp |
+AgentMessage = Annotated[Hello | CommandResult | TritonDown | TritonUp |
                          ReplicaExited, Field(discriminator="type")]
 
 
@@ -298,6 +289,21 @@ class StopReplicaCommand(_ReplicaCommand):
     timeout_s: float = Field(5.0, ge=0, le=60)
 
 
+class HeartbeatChannel(_Message):
+    """Where and how to send heartbeats for this connection (``understudy.wire.heartbeat``).
+
+    Sent once after each ``hello``; the agent beats over UDP to ``host`` (or, when None, the
+    host it reached the controller at) and ``port``, with this slot and nonce.
+    """
+
+    type: Literal["heartbeat_channel"] = "heartbeat_channel"
+    port: int = Field(gt=0, lt=65536)
+    host: str | None = Field(None, max_length=255)
+    slot: int = Field(ge=0, lt=2**32)
+    nonce: int = Field(gt=0, lt=2**64)
+    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+
+
 class Configure(_Message):
     """Controller-side settings pushed to the agent (heartbeat interval)."""
 
@@ -306,7 +312,8 @@ class Configure(_Message):
 
 
 ControllerMessage = Annotated[LoadCommand | UnloadCommand | InventoryCommand | Configure |
-                              StartReplicaCommand | StopReplicaCommand | PrefetchCommand,
+                              HeartbeatChannel | StartReplicaCommand | StopReplicaCommand |
+                              PrefetchCommand,
                               Field(discriminator="type")]
 AgentCommand = LoadCommand | UnloadCommand | InventoryCommand | StartReplicaCommand | \
     StopReplicaCommand | PrefetchCommand
@@ -347,14 +354,15 @@ def _parse(adapter: TypeAdapter, raw: str | bytes) -> object:
                             command_id) from exc
 
 
-def parse_agent_message(raw: str | bytes) -> Hello | Heartbeat | CommandResult | TritonDown | \
-        TritonUp | ReplicaExited:
+def parse_agent_message(raw: str | bytes) -> Hello | CommandResult | TritonDown | TritonUp | \
+        ReplicaExited:
     """Decode one agent frame (controller side)."""
     return _parse(_AGENT_ADAPTER, raw)  # type: ignore[return-value]
 
 
 def parse_controller_message(raw: str | bytes) -> LoadCommand | UnloadCommand | \
-        InventoryCommand | Configure | StartReplicaCommand | StopReplicaCommand:
+        InventoryCommand | Configure | HeartbeatChannel | StartReplicaCommand | \
+        StopReplicaCommand:
     """Decode one controller frame (agent side)."""
     return _parse(_CONTROLLER_ADAPTER, raw)  # type: ignore[return-value]
 
