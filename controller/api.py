@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect
 
+from controller.declarations import Declaration
 from controller.errors import ControllerError, NotFoundError, UnauthorizedError
 from controller.graphs.api import graph_routes
 from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
@@ -215,6 +216,13 @@ def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
                 await websocket.send_text(event.model_dump_json())
         except (WebSocketDisconnect, RuntimeError):
             return
+
+    @app.get("/v1/declarations", tags=["servers"])
+    async def declarations(since: Annotated[int, Query(ge=0)] = 0,
+                           limit: Annotated[int, Query(ge=1, le=1000)] = 1000
+                           ) -> list[Declaration]:
+        """Every failure declaration (true or false), oldest first, with the apps it moved."""
+        return await controller.declarations.list(since, limit)
 
 
 def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:

@@ -18,11 +18,12 @@ from typing import Any
 
 from controller.decide.drain import decide_drain_leftovers, decide_drain_moves, server_drained
 from controller.decide.failover import FAILOVER, decide_cold, decide_server_failed
+from controller.declarations import Declaration, DeclarationLog
 from controller.errors import ConflictError, NotFoundError
 from controller.executor import Executor
 from controller.interfaces import AgentLink, Clock, FailureWatch, RecordStore
 from controller.metrics import Metrics
-from controller.records import ServerRecord, ServerState
+from controller.records import AppRecord, ServerRecord, ServerState
 from controller.returns import ServerReturns
 from controller.snapshot import build_snapshot
 from policies.actions import FailoverPlan
@@ -45,7 +46,7 @@ class ServerLifecycle:
                  watch: FailureWatch, families: Mapping[str, Family],
                  policy: Callable[[], FailoverPolicy], metrics: Metrics, clock: Clock,
                  replan_warm: Callable[[], Awaitable[Any]],
-                 returns: ServerReturns) -> None:
+                 returns: ServerReturns, declarations: DeclarationLog | None = None) -> None:
         self.executor = executor
         self.store = store
         self.agents = agents
@@ -56,6 +57,8 @@ class ServerLifecycle:
         self.clock = clock
         self.replan_warm = replan_warm
         self.returns = returns
+        self.declarations = declarations
+        self._last_seen: dict[str, float] = {}
         self._failing: set[str] = set()
         """Servers whose failover task is running."""
 
@@ -65,6 +68,7 @@ class ServerLifecycle:
                    last_seen: float) -> None:
         """Detector callback (synchronous, on the loop): start the failover task."""
         self.metrics.detection.observe(max(0.0, detected_at - last_seen))
+        self._last_seen[server_id] = last_seen
         self.metrics.server_failures.labels(reason).inc()
         logger.error("server %s declared failed (%s, %.1f ms after its last sign of life)",
                      server_id, reason, (detected_at - last_seen) * 1000)
@@ -101,6 +105,8 @@ class ServerLifecycle:
                 # Heard from again while this task waited for the lock: not failed.
                 logger.warning("server %s is alive again; failover cancelled", server_id)
                 self.watch.false_alarm(server_id)
+                if not resuming:
+                    await self._declared(server, reason, detected_at, apps, cancelled=True)
                 return
             snapshot = build_snapshot(self.families, servers, apps)
             switches = split_affected(snapshot, [server_id]).warm_switches
@@ -109,10 +115,18 @@ class ServerLifecycle:
                                           self.clock.time())
             intent = await ex.commit(failed)
             self._announced(server_id, len(failed.apps), detected_at, locked_at)
+            # Logged once the warm switches are out (they must not wait for it), before the
+            # cold recoveries act.
+            declaration = None if resuming else await self._declared(
+                server, reason, detected_at, apps)
             plan, planned_ms = await self._plan(snapshot, server_id, len(apps) * len(servers))
             cold = decide_cold(apps, plan, server_id, detected_at, self.families,
                                self.clock.time())
             await ex.commit(cold)
+            if declaration is not None and self.declarations is not None:
+                declaration.apps_moved = sorted({s.app_id for s in switches} |
+                                                {r.app_id for r in plan.recoveries})
+                await self.declarations.update(declaration)
         self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
         self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
         logger.info("failover of %s planned in %.1f ms", server_id, planned_ms)
@@ -120,6 +134,20 @@ class ServerLifecycle:
         await self.replan_warm()
         if intent is not None:
             await self.store.done_intent(intent)
+
+    async def _declared(self, server: ServerRecord, reason: str, detected_at: float,
+                        apps: Mapping[str, AppRecord], cancelled: bool = False
+                        ) -> Declaration | None:
+        """Log the declaration (true or false: the log keeps every one) before acting on it."""
+        if self.declarations is None:
+            return None
+        last_seen = self._last_seen.pop(server.server_id, detected_at)
+        affected = sorted(app_id for app_id, record in apps.items()
+                          if any(r.server_id == server.server_id for r in record.replicas))
+        return await self.declarations.add(Declaration(
+            server_id=server.server_id, site_id=server.site_id, reason=reason,
+            detected_at=detected_at, last_seen=last_seen, boot_id=server.boot_id,
+            apps_affected=affected, cancelled=cancelled))
 
     async def _plan(self, snapshot: ClusterSnapshot, server_id: str, work: int
                     ) -> tuple[FailoverPlan, float]:
@@ -211,7 +239,7 @@ class ServerLifecycle:
 
     async def watchdog_pass(self, failback: bool) -> None:
         """One pass of :meth:`watchdog`."""
-        servers = await self.store.servers()
+        servers = (await self.store.view()).servers
         for server in servers.values():
             if server.state is ServerState.FAILED and \
                     self.agents.connected(server.server_id) and \
@@ -221,13 +249,13 @@ class ServerLifecycle:
         if failback:
             await self.returns.retry_failbacks(servers)
 
-    async def _resume_stuck_failovers(self, servers: dict[str, ServerRecord]) -> None:
+    async def _resume_stuck_failovers(self, servers: Mapping[str, ServerRecord]) -> None:
         """A failed server that still serves some app, with no failover running: redo it."""
         failed = {s for s, r in servers.items() if r.state is ServerState.FAILED
                   and s not in self._failing}
         if not failed:
             return
-        stuck = {r.serving[0] for r in (await self.store.apps()).values()
+        stuck = {r.serving[0] for r in (await self.store.view()).apps.values()
                  if r.serving and r.serving[0] in failed}
         for server_id in sorted(stuck):
             self.executor.spawn(self.resume_failover(server_id),

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_MONITOR_COUNTERS = {
+    "heartbeats": "Heartbeat datagrams received",
+    "acks": "Probe answers received from suspected agents",
+    "rejected": "Datagrams rejected (malformed, unknown kind)",
+    "suspicions": "Servers suspected after an abnormal silence",
+    "cleared": "Suspicions cleared by a heartbeat or a probe answer (declarations avoided)",
+    "declarations": "Silent servers declared failed by the heartbeat monitor",
+    "restarts": "Restarts of the heartbeat monitor process",
+}
 
 _FAST = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _SLOW = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -37,6 +52,32 @@ class Metrics:
         self.events = Counter("understudy_events_total", "Events published", ["kind"],
                               registry=r)
 
+    def watch_detector(self, stats: Callable[[], Any]) -> None:
+        """Export the heartbeat monitor's counters (read from ``stats()`` at each scrape)."""
+        self.registry.register(_MonitorCollector(stats))
+
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class _MonitorCollector(Collector):
+    """The heartbeat monitor process's counters and CPU time, as of its last report."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.stats()
+        for name, help_text in _MONITOR_COUNTERS.items():
+            family = CounterMetricFamily(f"understudy_monitor_{name}", help_text)
+            family.add_metric([], float(getattr(stats, name)))
+            yield family
+        cpu = CounterMetricFamily("understudy_monitor_cpu_seconds",
+                                  "CPU time of the heartbeat monitor process")
+        cpu.add_metric([], float(stats.cpu_s))
+        yield cpu
+        servers = GaugeMetricFamily("understudy_monitor_servers",
+                                    "Servers the heartbeat monitor knows")
+        servers.add_metric([], float(stats.servers))
+        yield servers

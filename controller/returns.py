@@ -10,9 +10,11 @@ fail-back.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from controller.decide.returns import decide_fail_back, decide_reconcile, decide_take_back
+from controller.declarations import DeclarationLog
 from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.executor import Executor
 from controller.interfaces import AgentLink, FailureWatch, RecordStore
@@ -34,8 +36,10 @@ class ServerReturns:
                  watch: FailureWatch, families: Mapping[str, Family], metrics: Metrics,
                  failback: Callable[[], bool], place_unplaced: Callable[[], Awaitable[None]],
                  server_joined: Callable[[str], None],
-                 request_warm_replan: Callable[[], None]) -> None:
+                 request_warm_replan: Callable[[], None],
+                 declarations: DeclarationLog | None = None) -> None:
         self.executor = executor
+        self.declarations = declarations
         self.store = store
         self.agents = agents
         self.watch = watch
@@ -69,6 +73,10 @@ class ServerReturns:
             self.server_joined(hello.server_id)
         logger.info("server %s (%s) %s with %d models", hello.server_id, hello.site_id,
                     "returned" if was_failed else "connected", len(hello.inventory))
+        if was_failed and self.declarations is not None and record is not None:
+            # The same agent boot coming back means it never died: a false declaration.
+            await self.declarations.mark_alive(hello.server_id, time.time(),
+                                               same_boot=record.boot_id == hello.boot_id)
         spawn = self.executor.spawn
         if was_failed:
             spawn(self._return(hello.server_id, hello.inventory), f"return of {hello.server_id}")
@@ -111,7 +119,7 @@ class ServerReturns:
     async def _after_join(self, server_id: str, failed_before: bool) -> None:
         await self.place_unplaced()  # apps that found no room before
         if failed_before and self.failback():
-            for record in (await self.store.apps()).values():
+            for record in (await self.store.view()).apps.values():
                 if record.home and record.home[0] == server_id and record.serving != record.home:
                     await self.fail_back(record.app_id)
         self.request_warm_replan()
@@ -153,6 +161,8 @@ class ServerReturns:
             self.watch.false_alarm(server_id)
             logger.warning("server %s declared failed earlier is alive; taking it back",
                            server_id)
+            if self.declarations is not None:
+                await self.declarations.mark_alive(server_id, time.time(), same_boot=None)
             try:
                 inventory = await self.agents.inventory(server_id)
             except (AgentUnavailableError, AgentCommandError) as exc:
@@ -164,9 +174,9 @@ class ServerReturns:
         finally:
             self._reviving.discard(server_id)
 
-    async def retry_failbacks(self, servers: dict[str, ServerRecord]) -> None:
+    async def retry_failbacks(self, servers: Mapping[str, ServerRecord]) -> None:
         """Apps away from (or smaller than) their home, home server up, nothing in flight."""
-        for record in (await self.store.apps()).values():
+        for record in (await self.store.view()).apps.values():
             home = record.home
             if home is None or record.serving == home or record.serving is None:
                 continue

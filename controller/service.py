@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.agents import AgentHub
 from controller.artifacts import ArtifactCatalog
+from controller.declarations import DeclarationLog
 from controller.detector import FailureDetector
 from controller.events import EventHub
 from controller.executor import Executor
@@ -86,11 +87,13 @@ class Controller:
             config = config.model_copy(update=self.settings.config.model_dump(exclude_none=True))
         await self.store.put_config(config)
         self.events = EventHub(self.store)
+        self.declarations = DeclarationLog(self.store.redis, self.store.prefix)
         self.detector = FailureDetector(config.heartbeat_interval_ms / 1000.0,
                                         config.heartbeat_misses, host=self.settings.host,
                                         port=self.settings.heartbeat_port,
                                         advertise_host=self.settings.heartbeat_advertise)
         await self.detector.start()
+        self.metrics.watch_detector(lambda: self.detector.stats)
         self.agents = AgentHub(self.detector, self._on_hello, self._on_triton_up,
                                self._on_revived)
         clock = SystemClock()
@@ -109,10 +112,11 @@ class Controller:
             failback=lambda: self.orchestrator.config.failback,
             place_unplaced=self.orchestrator.place_unplaced,
             server_joined=self.prefetcher.server_joined,
-            request_warm_replan=self.warm.request)
+            request_warm_replan=self.warm.request, declarations=self.declarations)
         self.lifecycle = ServerLifecycle(
             self.executor, self.store, self.agents, self.detector, self.families,
-            self.orchestrator.policy, self.metrics, clock, self.warm.replan, self.returns)
+            self.orchestrator.policy, self.metrics, clock, self.warm.replan, self.returns,
+            self.declarations)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")

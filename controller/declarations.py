@@ -1,0 +1,103 @@
+"""Every failure declaration the controller made, true or false, with the apps it moved.
+
+An operator (and every report and benchmark) must see each declaration, not only those that
+were real failures: a false alarm that moved healthy apps costs their clients an outage and
+some accuracy. The controller cannot always know which declarations were false, but it knows
+the ones it later found alive: a declared server heard from again on the same connection, or
+returning with the same agent boot (nothing restarted: it was alive all along). Both are kept
+with the declaration (``alive_again``, ``same_boot``).
+
+Redis keys (under the store's prefix): ``declarations`` hash seq -> :class:`Declaration` JSON,
+``declaration_seq`` counter, ``declaration_last`` hash server -> seq of its latest one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
+
+MAX_LISTED = 1000
+
+
+class Declaration(BaseModel):
+    """One server declared failed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seq: int = 0
+    server_id: str
+    site_id: str = ""
+    reason: str
+    detected_at: float
+    last_seen: float
+    """The server's last sign of life before the declaration (wall time)."""
+    boot_id: str = ""
+    apps_affected: list[str] = Field(default_factory=list)
+    """Apps served or backed up on the server when it was declared."""
+    apps_moved: list[str] = Field(default_factory=list)
+    """Apps whose serving location changed because of this declaration."""
+    cancelled: bool = False
+    """Heard from again before the failover began: nothing was moved."""
+    alive_again: float | None = None
+    """When the controller heard from it again without a restart (wall time)."""
+    same_boot: bool | None = None
+    """On its return: True when its agent had not restarted (the server never died)."""
+
+
+class DeclarationLog:
+    """The declarations in Redis (the controller is the only writer)."""
+
+    def __init__(self, redis: Any, prefix: str = "us:") -> None:
+        self.redis = redis
+        self.key = f"{prefix}declarations"
+        self.seq_key = f"{prefix}declaration_seq"
+        self.last_key = f"{prefix}declaration_last"
+
+    async def add(self, declaration: Declaration) -> Declaration:
+        """Store a new declaration; returns it with its sequence number."""
+        seq = int(await self.redis.incr(self.seq_key))
+        stored = declaration.model_copy(update={"seq": seq})
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key, str(seq), stored.model_dump_json())
+            pipe.hset(self.last_key, declaration.server_id, str(seq))
+            await pipe.execute()
+        return stored
+
+    async def update(self, declaration: Declaration) -> None:
+        """Write back a changed declaration."""
+        await self.redis.hset(self.key, str(declaration.seq), declaration.model_dump_json())
+
+    async def latest(self, server_id: str) -> Declaration | None:
+        """The server's most recent declaration."""
+        seq = await self.redis.hget(self.last_key, server_id)
+        if seq is None:
+            return None
+        raw = await self.redis.hget(self.key, seq)
+        return Declaration.model_validate_json(raw) if raw else None
+
+    async def mark_alive(self, server_id: str, at: float, same_boot: bool | None) -> None:
+        """The server's latest declaration turned out alive (or returned: ``same_boot``)."""
+        declaration = await self.latest(server_id)
+        if declaration is None or declaration.alive_again is not None or \
+                declaration.same_boot is not None:
+            return
+        if same_boot is None:
+            declaration.alive_again = at
+        else:
+            declaration.same_boot = same_boot
+            if same_boot:
+                declaration.alive_again = at
+        await self.update(declaration)
+
+    async def list(self, since: int = 0, limit: int = MAX_LISTED) -> list[Declaration]:
+        """Declarations with ``seq > since``, oldest first, at most ``limit``."""
+        top = int(await self.redis.get(self.seq_key) or 0)
+        seqs = [str(s) for s in range(since + 1, min(top, since + limit) + 1)]
+        if not seqs:
+            return []
+        raws = await self.redis.hmget(self.key, seqs)
+        return [Declaration.model_validate_json(raw) for raw in raws if raw]
