@@ -158,7 +158,9 @@ class ServerLifecycle:
             plan = policy.plan_failover(snapshot, [server_id])
         else:
             plan = await asyncio.to_thread(policy.plan_failover, snapshot, [server_id])
-        return plan, (self.clock.monotonic() - asked) * 1000
+        planned_s = self.clock.monotonic() - asked
+        self.metrics.failover_plan.observe(planned_s)
+        return plan, planned_s * 1000
 
     def _announced(self, server_id: str, switched: int, detected_at: float,
                    locked_at: float) -> None:

@@ -40,6 +40,9 @@ class Metrics:
         self.detection = Histogram("understudy_detection_latency_seconds",
                                    "Last heartbeat (or signal) to failure declaration",
                                    buckets=_FAST, registry=r)
+        self.failover_plan = Histogram("understudy_failover_plan_seconds",
+                                       "Time the policy took to plan one server's failover",
+                                       buckets=_FAST, registry=r)
         self.solve = Histogram("understudy_ilp_solve_seconds", "Warm-backup planning time",
                                buckets=_SLOW, registry=r)
         self.loads = Counter("understudy_model_loads_total", "Model loads, by result",
