@@ -47,10 +47,17 @@ SUMMARIES = {
     ("GET", "/readyz"): "readiness: 200 once the controller started and Redis answers, else 503",
     ("GET", "/metrics"): "Prometheus text exposition (see operations.md)",
     ("POST", "/v1/apps"): "register an app; `?wait=true` answers once its primary serves",
-    ("GET", "/v1/apps"): "every app: status, where it is served, its backups and replicas",
+    ("POST", "/v1/apps/batch"): "register up to 1000 apps at once: 200 with each app's outcome "
+                                "(`created` or `conflict`); 422 and nothing registered when "
+                                "any entry is invalid or repeated",
+    ("GET", "/v1/apps"): "the apps in id order, a page at a time (`limit`, `cursor`; "
+                         "`X-Next-Cursor` names the next page), filtered by `status`, "
+                         "`family`, `critical` or where they are served (`server_id`, `site`, "
+                         "`variant`): status, where it is served, its backups and replicas",
     ("GET", "/v1/apps/{app_id}"): "one app (404 if unknown)",
     ("DELETE", "/v1/apps/{app_id}"): "unregister an app and unload its replicas",
-    ("GET", "/v1/servers"): "every server known from its agent's hello",
+    ("GET", "/v1/servers"): "the servers known from their agents' hellos, in id order, a page "
+                            "at a time (`limit`, `cursor`), filtered by `state` or `site`",
     ("GET", "/v1/servers/{server_id}"): "one server",
     ("POST", "/v1/servers/{server_id}/drain"): "move every app off a server without "
                                               "interruption, then mark it drained",
@@ -59,12 +66,15 @@ SUMMARIES = {
     ("GET", "/v1/plan"): "the current warm-backup plan and its solver statistics (404 before "
                          "the first solve)",
     ("POST", "/v1/plan/solve"): "re-plan the warm backups now and apply the difference",
-    ("GET", "/v1/events"): "the event stream from `since` (exclusive), optionally one app's",
+    ("GET", "/v1/events"): "the event stream from `since` (exclusive), optionally one app's, "
+                           "at most `limit` events (default 1000): the next page starts after "
+                           "the last one's `seq`",
     ("GET", "/v1/artifacts/{variant}/{name}"): "a variant's `manifest.json` or `weights.pt` "
                                                "(what agents download)",
     ("POST", "/v1/graphs"): "deploy a stateful service graph; 201 once every replica runs, "
                             "`?wait=false` 202 at once",
-    ("GET", "/v1/graphs"): "every deployed graph",
+    ("GET", "/v1/graphs"): "the deployed graphs in name order, a page at a time (`limit`, "
+                           "`cursor`)",
     ("GET", "/v1/graphs/{name}"): "one graph: status, replicas and roles, placements, "
                                   "recoveries",
     ("DELETE", "/v1/graphs/{name}"): "stop a graph's replicas and forget it",

@@ -16,44 +16,48 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect
 
 from controller.declarations import Declaration
-from controller.errors import ControllerError, NotFoundError, UnauthorizedError
+from controller.errors import (
+    ControllerError,
+    InvalidBatchError,
+    NotFoundError,
+    UnauthorizedError,
+)
 from controller.graphs.api import graph_routes
-from controller.records import AppRecord, AppSpec, ConfigPatch, Event, RuntimeConfig, ServerRecord
+from controller.record_cache import RecordsView
+from controller.records import (
+    AppSpec,
+    AppStatus,
+    ConfigPatch,
+    Event,
+    RuntimeConfig,
+    ServerRecord,
+    ServerState,
+)
 from controller.service import Controller
+from controller.views import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    AppBatch,
+    AppFilter,
+    AppView,
+    BatchResult,
+    RenderedViews,
+    ServerFilter,
+    app_view,
+    batch_result,
+    next_headers,
+    page,
+    page_of,
+)
 from policies.errors import PolicyError
 from stateful.errors import ReplicaUnavailableError, StatefulError
 
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FILES = ("manifest.json", "weights.pt")
-
-
-class ServingView(BaseModel):
-    """Where an app is served now."""
-
-    server_id: str
-    variant: str
-    role: str
-    accuracy: float
-    model_name: str
-    endpoint: dict[str, str] | None
-
-
-class AppView(BaseModel):
-    """An app as the API shows it."""
-
-    app_id: str
-    spec: AppSpec
-    status: str
-    reason: str
-    serving: ServingView | None
-    backups: list[dict[str, Any]]
-    replicas: list[dict[str, Any]]
-    home: list[str] | None
 
 
 def _bearer(request_headers: Any, expected: str | None) -> bool:
@@ -98,29 +102,6 @@ def _routes(app: FastAPI, controller: Controller) -> None:
     graph_routes(app, controller, mutating)
 
 
-def _viewer(controller: Controller) -> Any:
-    async def view(record: AppRecord) -> AppView:
-        servers = await controller.store.servers()  # type: ignore[union-attr]
-        serving = None
-        current = record.serving_replica()
-        if current is not None:
-            server = servers.get(current.server_id)
-            endpoint = {"http": server.http or "", "grpc": server.grpc or ""} if server else None
-            serving = ServingView(server_id=current.server_id, variant=current.variant,
-                                  role=current.role.value, accuracy=current.accuracy,
-                                  model_name=f"{record.app_id}__{current.variant}",
-                                  endpoint=endpoint)
-        return AppView(
-            app_id=record.app_id, spec=record.spec, status=record.status.value,
-            reason=record.reason, serving=serving,
-            backups=[r.model_dump(mode="json") for r in record.replicas
-                     if r.role.value == "warm"],
-            replicas=[r.model_dump(mode="json") for r in record.replicas],
-            home=list(record.home) if record.home else None)
-
-    return view
-
-
 def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
 
     @app.get("/healthz", tags=["health"])
@@ -139,19 +120,44 @@ def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
 
 
 def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
-    view = _viewer(controller)
+    rendered = RenderedViews()
+
+    async def views() -> RecordsView:
+        return await controller.store.view()  # type: ignore[union-attr]
 
     @app.post("/v1/apps", status_code=201, dependencies=mutating, tags=["apps"])
     async def register(spec: AppSpec, wait: bool = False) -> AppView:
-        return await view(await controller.orchestrator.register(spec, wait=wait))
+        record = await controller.orchestrator.register(spec, wait=wait)
+        return app_view(record, (await views()).servers)
 
-    @app.get("/v1/apps", tags=["apps"])
-    async def list_apps() -> list[AppView]:
-        return [await view(r) for r in (await controller.store.apps()).values()]  # type: ignore[union-attr]
+    @app.post("/v1/apps/batch", dependencies=mutating, tags=["apps"])
+    async def register_batch(batch: AppBatch) -> BatchResult:
+        created = await controller.orchestrator.register_many(batch.apps)
+        return batch_result(batch.apps, created)
 
-    @app.get("/v1/apps/{app_id}", tags=["apps"])
-    async def get_app(app_id: str) -> AppView:
-        return await view(await controller.orchestrator.get(app_id))
+    @app.get("/v1/apps", tags=["apps"], response_model=list[AppView])
+    async def list_apps(
+            request: Request, status: AppStatus | None = None, family: str | None = None,
+            variant: str | None = None, critical: bool | None = None,
+            server_id: str | None = None, site: str | None = None,
+            cursor: str | None = None,
+            limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE) -> Response:
+        view = await views()
+        wanted = AppFilter(status, family, variant, critical, server_id, site)
+        chosen = page(view.app_ids, cursor, limit, None if wanted.empty else
+                      lambda a: wanted.keeps(view.apps[a], view.servers))
+        body = rendered.list_json((view.apps[a] for a in chosen.ids), view.servers)
+        rendered.prune(view.apps)
+        return Response(body, media_type="application/json", headers=next_headers(
+            request.url.path, request.query_params, chosen.next_cursor))
+
+    @app.get("/v1/apps/{app_id}", tags=["apps"], response_model=AppView)
+    async def get_app(app_id: str) -> Response:
+        view = await views()
+        record = view.apps.get(app_id)
+        if record is None:
+            raise NotFoundError(f"app {app_id!r} is not registered")
+        return Response(rendered.json(record, view.servers), media_type="application/json")
 
     @app.delete("/v1/apps/{app_id}", status_code=204, dependencies=mutating, tags=["apps"])
     async def delete_app(app_id: str) -> Response:
@@ -162,12 +168,21 @@ def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
 def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
 
     @app.get("/v1/servers", tags=["servers"])
-    async def list_servers() -> list[ServerRecord]:
-        return list((await controller.store.servers()).values())  # type: ignore[union-attr]
+    async def list_servers(
+            response: Response, request: Request, state: ServerState | None = None,
+            site: str | None = None, cursor: str | None = None,
+            limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE
+    ) -> list[ServerRecord]:
+        servers = (await controller.store.view()).servers  # type: ignore[union-attr]
+        wanted = ServerFilter(state, site)
+        found, next_cursor = page_of(servers, cursor, limit, wanted.keeps)
+        response.headers.update(next_headers(request.url.path, request.query_params,
+                                             next_cursor))
+        return found
 
     @app.get("/v1/servers/{server_id}", tags=["servers"])
     async def get_server(server_id: str) -> ServerRecord:
-        server = (await controller.store.servers()).get(server_id)  # type: ignore[union-attr]
+        server = (await controller.store.view()).servers.get(server_id)  # type: ignore[union-attr]
         if server is None:
             raise NotFoundError(f"server {server_id!r} is unknown")
         return server
@@ -253,7 +268,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ControllerError)
     async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+        body: dict[str, Any] = {"detail": str(exc)}
+        if isinstance(exc, InvalidBatchError):
+            body["errors"] = exc.errors
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(PolicyError)
     async def policy_error(_: Request, exc: PolicyError) -> JSONResponse:

@@ -28,6 +28,14 @@ class InvalidRequestError(ControllerError):
     status = 422
 
 
+class InvalidBatchError(InvalidRequestError):
+    """A batch with invalid entries; ``errors`` names each (``field``, ``message``)."""
+
+    def __init__(self, message: str, errors: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
 class UnauthorizedError(ControllerError):
     """Missing or wrong bearer token."""
 

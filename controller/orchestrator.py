@@ -7,12 +7,18 @@ applied by the executor; this module reads, locks and hands over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from controller.decide.apps import decide_delete, decide_place, needs_placement
+from controller.decide.apps import decide_delete, decide_place_many, needs_placement
 from controller.decide.decision import Decision, event_for
-from controller.errors import ConflictError, InvalidRequestError, NotFoundError
+from controller.errors import (
+    ConflictError,
+    InvalidBatchError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from controller.executor import Executor
 from controller.interfaces import Clock, RecordStore
 from controller.records import AppRecord, AppSpec, RuntimeConfig, ServerRecord
@@ -55,11 +61,15 @@ class Orchestrator:
         """The configured failover policy."""
         return policy_for(self.config)
 
-    async def snapshot(self) -> tuple[ClusterSnapshot, dict[str, AppRecord],
-                                      dict[str, ServerRecord]]:
-        """Current records and the snapshot built from them."""
-        apps, servers = await self.store.apps_and_servers()
-        return build_snapshot(self.families, servers, apps), apps, servers
+    async def snapshot(self) -> tuple[ClusterSnapshot, Mapping[str, AppRecord],
+                                      Mapping[str, ServerRecord]]:
+        """The snapshot of the current records, and those records.
+
+        The records are read-only (shared with the store's cache): a caller that decides on
+        one reads its own copy with ``store.get_app``.
+        """
+        view = await self.store.view()
+        return build_snapshot(self.families, view.servers, view.apps), view.apps, view.servers
 
     def validate_spec(self, spec: AppSpec, servers: Mapping[str, ServerRecord]) -> None:
         """Reject what no snapshot could accept, with a message naming the problem."""
@@ -71,8 +81,8 @@ class Orchestrator:
             raise InvalidRequestError(f"family {spec.family!r} has no variant {spec.variant!r}")
         if spec.pinned_server is not None and spec.pinned_server not in servers:
             raise InvalidRequestError(f"pinned server {spec.pinned_server!r} is unknown")
-        sites = {s.site_id for s in servers.values()}
-        if spec.pinned_site is not None and spec.pinned_site not in sites:
+        if spec.pinned_site is not None and \
+                all(s.site_id != spec.pinned_site for s in servers.values()):
             raise InvalidRequestError(f"pinned site {spec.pinned_site!r} is unknown")
         variant = family.variant(spec.variant) if spec.variant else family.most_accurate
         demand = variant.demand(spec.max_rate_rps)
@@ -84,41 +94,85 @@ class Orchestrator:
 
     async def register(self, spec: AppSpec, wait: bool = False) -> AppRecord:
         """Register an app: record it, place its primary, load it (awaited with ``wait``)."""
-        servers = await self.store.servers()
-        self.validate_spec(spec, servers)
+        self.validate_spec(spec, (await self.store.view()).servers)
         if not await self.store.add_app(AppRecord(spec=spec)):
             raise ConflictError(f"app {spec.app_id!r} is already registered")
         self.executor.locks.registered(spec.app_id)
         self.on_registered()
-        decision = await self.place(spec.app_id)
+        decision = await self.place([spec.app_id])
         if decision is not None and wait:
             await self.executor.act(decision)
         elif decision is not None:
             self.executor.spawn(self.executor.act(decision), f"placing {spec.app_id}")
         return await self.get(spec.app_id)
 
-    async def place(self, app_id: str) -> Decision | None:
-        """Decide and write where the app's primary goes; returns the decision to act on."""
+    async def register_many(self, specs: Sequence[AppSpec]) -> list[bool]:
+        """Register a batch of apps: validated, recorded, placed together.
+
+        The records go to Redis in one transaction, the primaries are placed on one snapshot
+        and their loads start in the background.
+
+        All or nothing for bad input: an invalid spec or an id given twice raises
+        :class:`InvalidBatchError` naming every entry at fault, and nothing is recorded.
+        Returns, for each spec, whether it was created (False: the id was registered).
+        """
+        servers = (await self.store.view()).servers
+        problems: list[dict[str, str]] = []
+        first: dict[str, int] = {}
+        for index, spec in enumerate(specs):
+            where = f"body.apps.{index}"
+            if spec.app_id in first:
+                problems.append({"field": where, "message": f"app {spec.app_id!r} is also "
+                                                            f"entry {first[spec.app_id]}"})
+                continue
+            first[spec.app_id] = index
+            try:
+                self.validate_spec(spec, servers)
+            except InvalidRequestError as exc:
+                problems.append({"field": where, "message": str(exc)})
+        if problems:
+            raise InvalidBatchError(f"{len(problems)} of {len(specs)} apps are invalid; "
+                                    f"none was registered", problems)
+        created = await self.store.add_apps([AppRecord(spec=spec) for spec in specs])
+        new = [spec.app_id for spec, ok in zip(specs, created, strict=True) if ok]
+        for app_id in new:
+            self.executor.locks.registered(app_id)
+        if new:
+            self.on_registered()
+            decision = await self.place(new)
+            if decision is not None:
+                self.executor.spawn(self.executor.act(decision), f"placing {len(new)} apps")
+        logger.info("batch registration: %d apps created, %d already registered", len(new),
+                    len(specs) - len(new))
+        return created
+
+    async def place(self, app_ids: Sequence[str]) -> Decision | None:
+        """Decide and write where the apps' primaries go (one snapshot for all of them).
+
+        Returns the decision to act on (None when there is no load to start).
+        """
         ex = self.executor
-        async with ex.locks.plan, ex.locks.app(app_id):
-            snapshot, apps, _ = await self.snapshot()
-            record = apps.get(app_id)
-            if record is None:
-                return None
-            decision = decide_place(record, snapshot, self.families, self.clock.time())
+        async with ex.locks.plan, contextlib.AsyncExitStack() as stack:
+            for app_id in sorted(set(app_ids)):
+                await stack.enter_async_context(ex.locks.app(app_id))
+            snapshot, _, _ = await self.snapshot()
+            records = [r for r in [await self.store.get_app(a) for a in app_ids]
+                       if r is not None]
+            decision = decide_place_many(records, snapshot, self.families, self.clock.time())
             if decision is None:
                 return None
             await ex.commit(decision)
         return decision if decision.stages else None
 
     async def place_unplaced(self) -> None:
-        """Place every app left with nothing serving and nothing loading."""
-        for record in (await self.store.apps()).values():
-            if needs_placement(record):
-                decision = await self.place(record.app_id)
-                if decision is not None:
-                    self.executor.spawn(self.executor.act(decision),
-                                        f"placing {record.app_id}")
+        """Place every app left with nothing serving and nothing loading, in one round."""
+        view = await self.store.view()
+        todo = [a for a, record in view.apps.items() if needs_placement(record)]
+        if not todo:
+            return
+        decision = await self.place(todo)
+        if decision is not None:
+            self.executor.spawn(self.executor.act(decision), f"placing {len(todo)} apps")
 
     async def get(self, app_id: str) -> AppRecord:
         """One app record; NotFoundError when unknown."""
@@ -147,11 +201,17 @@ class Orchestrator:
 
         Event-driven paths handle the normal cases; this catches the rest (an app whose
         loading primary was on a server that failed, capacity freed by a deletion, an app
-        that found no room when it registered), so the cluster always converges.
+        that found no room when it registered), so the cluster always converges. A pass
+        runs only when the records changed since the last one that succeeded (placement
+        depends on nothing else): an idle controller costs one revision check a second.
         """
+        converged_at: int | None = None
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await self.place_unplaced()
+                revision = await self.store.revision()
+                if revision != converged_at:
+                    await self.place_unplaced()
+                    converged_at = revision
             except Exception:  # noqa: BLE001 - keep the loop alive (Redis restarting ...)
                 logger.exception("convergence pass failed")

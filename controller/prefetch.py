@@ -54,9 +54,9 @@ class InterimPrefetcher:
 
     async def run(self) -> None:
         """Send the prefetches not yet sent (one task per server and variant)."""
-        apps, servers = await self.store.apps_and_servers()
-        variants = interim_variants(self.families, (r.spec.family for r in apps.values()))
-        for server_id, server in sorted(servers.items()):
+        view = await self.store.view()
+        variants = interim_variants(self.families, {r.spec.family for r in view.apps.values()})
+        for server_id, server in sorted(view.servers.items()):
             if server.state is not ServerState.UP or not self.agents.connected(server_id):
                 continue
             for variant in variants:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -187,11 +188,10 @@ class Controller:
     async def refresh_gauges(self) -> None:
         """Set the apps-by-status and servers-by-state gauges from the records."""
         assert self.store is not None  # noqa: S101
-        apps = await self.store.apps()
+        view = await self.store.view()
+        statuses = Counter(a.status for a in view.apps.values())
         for status in AppStatus:
-            self.metrics.apps.labels(status.value).set(
-                sum(1 for a in apps.values() if a.status is status))
-        servers = await self.store.servers()
+            self.metrics.apps.labels(status.value).set(statuses[status])
+        states = Counter(s.state for s in view.servers.values())
         for state in ServerState:
-            self.metrics.servers.labels(state.value).set(
-                sum(1 for s in servers.values() if s.state is state))
+            self.metrics.servers.labels(state.value).set(states[state])

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -125,22 +125,32 @@ class Store:
         logger.info("records loaded from redis: %d apps, %d servers (revision %d)",
                     len(raw_apps), len(raw_servers), self._cache.revision)
 
-    async def _write(self, pipe: Any, **applied: Any) -> Any:
-        """Run a transaction whose last command increments ``rev``; update the cache after.
+    async def _write(self, commands: Callable[[Any], None],
+                     applied: Callable[[list[Any]], dict[str, Any]]) -> list[Any]:
+        """One transaction of ``commands`` and the ``rev`` increment; the cache follows.
 
-        Holding the event lock: writes reach Redis and the cache in one order. ``applied``
-        names what the cache takes on success (``RecordCache.written``); a write that failed
-        (its outcome unknown) or one that does not follow the cached revision reloads it.
+        Under the event lock, so writes reach Redis and the cache in one order. ``applied``
+        turns the commands' results into what the cache takes (``RecordCache.written``).
+        A write that failed (its outcome unknown) reloads the cache at the next read.
         """
-        try:
-            *results, rev = await pipe.execute()
-        except BaseException:
-            self._cache.invalidate()
-            raise
-        if not self._cache.written(int(rev), **applied) and self._cache.revision:
-            logger.warning("redis revision %s does not follow the cached %d; reloading",
-                           rev, self._cache.revision)
+        await self._loaded()
+        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
+            commands(pipe)
+            pipe.incr(self._key("rev"))
+            try:
+                *results, rev = await pipe.execute()
+            except BaseException:
+                self._cache.invalidate()
+                raise
+            self._applied(int(rev), **applied(results))
         return results
+
+    def _applied(self, rev: int, **changes: Any) -> None:
+        """Hand an acknowledged write to the cache (hold the event lock)."""
+        was_loaded, cached = self._cache.loaded, self._cache.revision
+        if not self._cache.written(rev, **changes) and was_loaded:
+            logger.warning("redis revision %d does not follow the cached %d; the records "
+                           "will be loaded again", rev, cached)
 
     async def revision(self) -> int:
         """The records' revision, checked against Redis (one round trip).
@@ -171,12 +181,9 @@ class Store:
     async def put_app(self, record: AppRecord) -> None:
         """Write an app record (stamps ``updated_at``)."""
         record.updated_at = now()
-        raw = record.model_dump_json()
-        await self._loaded()
-        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key("apps"), record.app_id, raw)
-            pipe.incr(self._key("rev"))
-            await self._write(pipe, apps=[(record.app_id, raw)])
+        pair = (record.app_id, record.model_dump_json())
+        await self._write(lambda pipe: pipe.hset(self._key("apps"), *pair),
+                          lambda _: {"apps": [pair]})
 
     async def add_app(self, record: AppRecord) -> bool:
         """Write a new app record; False when the id is taken."""
@@ -184,28 +191,17 @@ class Store:
 
     async def add_apps(self, records: Sequence[AppRecord]) -> list[bool]:
         """Write new app records in one transaction; False for each id already taken."""
-        if not records:
+        pairs = [(r.app_id, r.model_dump_json()) for r in records]
+        if not pairs:
             return []
-        raws = [(r.app_id, r.model_dump_json()) for r in records]
-        await self._loaded()
-        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
-            for app_id, raw in raws:
-                pipe.hsetnx(self._key("apps"), app_id, raw)
-            pipe.incr(self._key("rev"))
-            # Not taken when the HSETNX was refused; read before the cache takes the rest.
-            added = await self._write_new(pipe, raws)
-        return added
 
-    async def _write_new(self, pipe: Any, raws: list[tuple[str, str]]) -> list[bool]:
-        try:
-            *results, rev = await pipe.execute()
-        except BaseException:
-            self._cache.invalidate()
-            raise
-        added = [bool(r) for r in results]
-        self._cache.written(int(rev), apps=[pair for pair, ok in zip(raws, added, strict=True)
-                                            if ok])
-        return added
+        def commands(pipe: Any) -> None:
+            for app_id, raw in pairs:
+                pipe.hsetnx(self._key("apps"), app_id, raw)
+
+        results = await self._write(commands, lambda added: {"apps": [
+            pair for pair, ok in zip(pairs, added, strict=True) if ok]})
+        return [bool(ok) for ok in results]
 
     async def app_ids(self) -> list[str]:
         """The ids of every registered app, sorted."""
@@ -221,22 +217,16 @@ class Store:
 
     async def delete_app(self, app_id: str) -> None:
         """Forget an app."""
-        await self._loaded()
-        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self._key("apps"), app_id)
-            pipe.incr(self._key("rev"))
-            await self._write(pipe, deleted_apps=[app_id])
+        await self._write(lambda pipe: pipe.hdel(self._key("apps"), app_id),
+                          lambda _: {"deleted_apps": [app_id]})
 
     # --- servers -----------------------------------------------------------------------------
 
     async def put_server(self, record: ServerRecord) -> None:
         """Write a server record."""
-        raw = record.model_dump_json()
-        await self._loaded()
-        async with self._event_lock, self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key("servers"), record.server_id, raw)
-            pipe.incr(self._key("rev"))
-            await self._write(pipe, servers=[(record.server_id, raw)])
+        pair = (record.server_id, record.model_dump_json())
+        await self._write(lambda pipe: pipe.hset(self._key("servers"), *pair),
+                          lambda _: {"servers": [pair]})
 
     async def servers(self) -> dict[str, ServerRecord]:
         """Every server record by id (private copies)."""
@@ -292,7 +282,7 @@ class Store:
                 self._cache.invalidate()
                 raise
             if app_pairs or server_pairs:
-                self._cache.written(int(rev), apps=app_pairs, servers=server_pairs)
+                self._applied(int(rev), apps=app_pairs, servers=server_pairs)
         stored = [e.model_copy(update={"seq": int(first) + i}) for i, e in enumerate(events)]
         return intent_id, stored
 

@@ -66,8 +66,9 @@ class WarmPlanner:
         """Solve the warm-backup plan and converge the warm replicas to it."""
         ex = self.executor
         async with ex.locks.plan:
-            apps, servers = await self.store.apps_and_servers()
-            snapshot = build_snapshot(self.families, servers, apps)
+            view = await self.store.view()  # read-only; each changed record is read again
+            apps = view.apps
+            snapshot = build_snapshot(self.families, view.servers, apps)
             started = self.clock.monotonic()
             plan = await asyncio.to_thread(self.policy().plan_warm, snapshot)
             self.metrics.solve.observe(self.clock.monotonic() - started)

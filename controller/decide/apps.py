@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from controller.decide.decision import Decision, accuracy_of, event_for
 from controller.records import (
     AppRecord,
     AppStatus,
+    Event,
     Replica,
 )
 from policies.actions import LoadVariant, Stage, UnloadVariant
-from policies.errors import PolicyError
-from policies.model import ClusterSnapshot, Family, Role
+from policies.errors import PolicyError, UnknownReferenceError
+from policies.model import ClusterSnapshot, Family, Placement, Role
 from policies.primary import place_primaries
 from understudy.wire.protocol import ModelState
 
@@ -29,33 +30,71 @@ def decide_place(record: AppRecord, snapshot: ClusterSnapshot,
 
     None when the app needs no placement (or nothing changes: still no room, same reason).
     """
-    if not needs_placement(record):
+    return decide_place_many([record], snapshot, families, now)
+
+
+def decide_place_many(records: Sequence[AppRecord], snapshot: ClusterSnapshot,
+                      families: Mapping[str, Family], now: float) -> Decision | None:
+    """Place the primaries of ``records`` on one snapshot, in order, as if one by one.
+
+    Each app that needs a placement goes where :func:`place_primaries` puts it, given the
+    ones placed before it (a registration burst costs one snapshot, not one per app); one
+    that finds no room is recorded unavailable with the reason. Loads that end an outage
+    (an app that served before or found no room) form the urgent stage ``place``, new apps'
+    the routine ``place-new``. None when no record changes.
+    """
+    todo = [r for r in records if needs_placement(r)]
+    if not todo:
         return None
-    reason = ""
+    placed, unplaced = _primaries(snapshot, [r.app_id for r in todo])
+    changed: list[AppRecord] = []
+    events: list[Event] = []
+    loads: dict[bool, list[LoadVariant]] = {True: [], False: []}
+    notes: list[str] = []
+    for record in todo:
+        placement = placed.get(record.app_id)
+        if placement is None:
+            why = unplaced[record.app_id]
+            if record.status is AppStatus.UNAVAILABLE and record.reason == why:
+                continue
+            record.status, record.reason = AppStatus.UNAVAILABLE, why
+            changed.append(record)
+            events.append(event_for(record, "unplaced", None, why, {}, None, now))
+            continue
+        replica = Replica(server_id=placement.server_id, variant=placement.variant,
+                          role=Role.PRIMARY,
+                          accuracy=accuracy_of(families, record.spec.family, placement.variant))
+        # An app that served before (or found no room) is in an outage; a new one is not.
+        urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
+        record.put_replica(replica)
+        record.home = replica.key
+        record.status = AppStatus.PENDING
+        record.reason = ""
+        changed.append(record)
+        loads[urgent].append(LoadVariant(replica.server_id, record.app_id, replica.variant,
+                                         Role.PRIMARY))
+        notes.append(f"{record.app_id}: primary {replica.variant} on {replica.server_id}")
+    if not changed:
+        return None
+    stages = tuple(Stage(name, tuple(loads[urgent]), urgent=urgent)
+                   for name, urgent in (("place", True), ("place-new", False)) if loads[urgent])
+    return Decision(apps=tuple(changed), events=tuple(events), stages=stages,
+                    notes=tuple(notes))
+
+
+def _primaries(snapshot: ClusterSnapshot, app_ids: list[str]
+               ) -> tuple[dict[str, Placement], dict[str, str]]:
+    """The policy's primary placements by app, and why each other app found no room."""
+    known = [a for a in app_ids if a in snapshot.app_by_id]
+    # An app the snapshot leaves out (it fits no server any more) is the policy's error.
+    unplaced = {a: str(UnknownReferenceError(f"unknown apps {[a]}"))
+                for a in app_ids if a not in snapshot.app_by_id}
     try:
-        result = place_primaries(snapshot, [record.app_id], largest_first=False)
+        result = place_primaries(snapshot, known, largest_first=False)
     except PolicyError as exc:
-        result, reason = None, str(exc)
-    if result is None or not result.placements:
-        why = result.unplaced[0].reason if result and result.unplaced else reason
-        if record.status is AppStatus.UNAVAILABLE and record.reason == why:
-            return None
-        record.status, record.reason = AppStatus.UNAVAILABLE, why
-        return Decision(apps=(record,),
-                        events=(event_for(record, "unplaced", None, why, {}, None, now),))
-    placement = result.placements[0]
-    replica = Replica(server_id=placement.server_id, variant=placement.variant,
-                      role=Role.PRIMARY,
-                      accuracy=accuracy_of(families, record.spec.family, placement.variant))
-    # An app that served before (or found no room) is in an outage; a new one is not.
-    urgent = record.home is not None or record.status is AppStatus.UNAVAILABLE
-    record.put_replica(replica)
-    record.home = replica.key
-    record.status = AppStatus.PENDING
-    record.reason = ""
-    load = LoadVariant(replica.server_id, record.app_id, replica.variant, Role.PRIMARY)
-    return Decision(apps=(record,), stages=(Stage("place", (load,), urgent=urgent),),
-                    notes=(f"primary {replica.variant} on {replica.server_id}",))
+        return {}, {**unplaced, **dict.fromkeys(known, str(exc))}
+    unplaced |= {u.app_id: u.reason for u in result.unplaced}
+    return {p.app_id: p for p in result.placements}, unplaced
 
 
 def decide_delete(record: AppRecord) -> Decision:

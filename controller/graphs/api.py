@@ -10,13 +10,14 @@ replicas start), ``GET /v1/graphs``, ``GET/DELETE /v1/graphs/{name}``, ``POST
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.graphs.records import GraphRecord, GraphRegistration
 from controller.service import Controller
+from controller.views import DEFAULT_PAGE, MAX_PAGE, next_headers, page_of
 from stateful.core.frontend import ClientRequest
 from stateful.messages import Payload
 
@@ -95,8 +96,14 @@ def graph_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
         return record
 
     @app.get("/v1/graphs", tags=["graphs"])
-    async def list_graphs() -> list[GraphRecord]:
-        return await controller.graphs.registered()
+    async def list_graphs(response: Response, request: Request, cursor: str | None = None,
+                          limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE
+                          ) -> list[GraphRecord]:
+        graphs = {g.name: g for g in await controller.graphs.registered()}
+        found, next_cursor = page_of(graphs, cursor, limit)
+        response.headers.update(next_headers(request.url.path, request.query_params,
+                                             next_cursor))
+        return found
 
     @app.get("/v1/graphs/{name}", tags=["graphs"])
     async def get_graph(name: str) -> GraphRecord:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.errors import AgentCommandError, AgentUnavailableError
+from controller.record_cache import ReadOnlyAppRecord, ReadOnlyServerRecord, RecordsView
 from controller.records import (
     AppRecord,
     Event,
@@ -152,9 +153,13 @@ class FakeStore:
         self.intents_written: list[dict[str, Any]] = []
         self.on_commit: Callable[[], None] = lambda: None
         self.writes = 0
+        self._view: RecordsView | None = None
+        self.revision_now = 0
+        """Bumped by every change of an app or server record (``revision``)."""
 
     def _written(self) -> None:
         self.writes += 1
+        self._changed()
         self.on_commit()
         self.timeline.poke()
 
@@ -174,11 +179,32 @@ class FakeStore:
 
     def put_app_now(self, record: AppRecord) -> None:
         self._apps[record.app_id] = record.model_dump_json()
+        self._changed()
 
     def put_server_now(self, record: ServerRecord) -> None:
         self._servers[record.server_id] = record.model_dump_json()
+        self._changed()
+
+    def _changed(self) -> None:
+        self.revision_now += 1
+        self._view = None
 
     # RecordStore
+    async def view(self) -> RecordsView:
+        # Read-only records like the real store's: a decision that changes one fails loudly.
+        if self._view is None:
+            self._view = RecordsView(
+                self.revision_now,
+                {k: ReadOnlyAppRecord.model_validate_json(v)
+                 for k, v in sorted(self._apps.items())},
+                {k: ReadOnlyServerRecord.model_validate_json(v)
+                 for k, v in sorted(self._servers.items())},
+                tuple(sorted(self._apps)))
+        return self._view
+
+    async def revision(self) -> int:
+        return self.revision_now
+
     async def apps(self) -> dict[str, AppRecord]:
         return self.all_apps()
 
@@ -198,6 +224,15 @@ class FakeStore:
         self.put_app_now(record)
         self._written()
         return True
+
+    async def add_apps(self, records: Sequence[AppRecord]) -> list[bool]:
+        added = []
+        for record in records:
+            added.append(record.app_id not in self._apps)
+            if added[-1]:
+                self.put_app_now(record)
+        self._written()
+        return added
 
     async def delete_app(self, app_id: str) -> None:
         self._apps.pop(app_id, None)

@@ -1,0 +1,203 @@
+"""The controller's in-memory copy of the app and server records it wrote to Redis.
+
+The controller is the only writer of ``us:apps`` and ``us:servers``, and every write goes
+through ``controller.store.Store``, which updates this cache only once Redis acknowledged the
+write (Redis stays the write-ahead record). Each write also increments a revision counter in
+Redis in the same transaction; the cache keeps the revision it reflects, so a gap (a write it
+did not see, Redis restarted without the latest writes) is noticed and the cache is loaded
+again.
+
+Records are kept as the JSON stored in Redis and parsed at most once per write, as read-only
+records (:class:`ReadOnlyAppRecord`, :class:`ReadOnlyServerRecord`): a caller that only looks
+(the API's lists, the convergence pass, the planning snapshot) shares them; a caller that
+changes a record asks for its own copy (``copy_app`` ...), as it did when every read parsed
+Redis' answer. Assigning to a read-only record raises, so a decision made on a shared record
+by mistake fails loudly instead of changing the cache behind Redis' back.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pydantic import ConfigDict, Field
+
+from controller.records import AppRecord, AppSpec, Replica, ServerRecord
+
+
+class ReadOnlyAppSpec(AppSpec):
+    """An app spec shared by every reader of the cache: never changed in place."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class ReadOnlyReplica(Replica):
+    """A replica of a shared app record: never changed in place."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class ReadOnlyAppRecord(AppRecord):
+    """An app record shared by every reader of the cache: never changed in place."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: ReadOnlyAppSpec
+    replicas: list[ReadOnlyReplica] = Field(default_factory=list)
+
+
+class ReadOnlyServerRecord(ServerRecord):
+    """A server record shared by every reader of the cache: never changed in place."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsView:
+    """Every app and server record at one revision, read-only, apps in id order.
+
+    Taken without a round trip; it does not change when records are written afterwards.
+    """
+
+    revision: int
+    apps: Mapping[str, AppRecord]
+    servers: Mapping[str, ServerRecord]
+    app_ids: Sequence[str]
+    """The apps' ids, sorted (what pagination walks)."""
+
+
+class RecordCache:
+    """App and server records by id, as the JSON stored in Redis, parsed on demand.
+
+    Pure bookkeeping, no I/O: the store decides when to load it and feeds it every write
+    Redis acknowledged.
+    """
+
+    def __init__(self) -> None:
+        self.loaded = False
+        self.revision = 0
+        self._apps_json: dict[str, str] = {}
+        self._servers_json: dict[str, str] = {}
+        self._apps: dict[str, ReadOnlyAppRecord] = {}
+        """Parsed records, filled on first read after each write."""
+        self._servers: dict[str, ReadOnlyServerRecord] = {}
+        self._ids: list[str] = []
+        self._view: RecordsView | None = None
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def load(self, apps: Mapping[str, str], servers: Mapping[str, str], revision: int) -> None:
+        """Replace everything with what Redis holds at ``revision``."""
+        self._apps_json = dict(apps)
+        self._servers_json = dict(servers)
+        self._apps.clear()
+        self._servers.clear()
+        self._ids = sorted(self._apps_json)
+        self._view = None
+        self.revision = revision
+        self.loaded = True
+
+    def invalidate(self) -> None:
+        """Forget everything: the next read loads from Redis again."""
+        self.loaded = False
+        self._apps_json.clear()
+        self._servers_json.clear()
+        self._apps.clear()
+        self._servers.clear()
+        self._ids = []
+        self._view = None
+
+    # --- writes Redis acknowledged ------------------------------------------------------------
+
+    def follows(self, revision: int) -> bool:
+        """Whether ``revision`` is the next one (no write was missed); False invalidates."""
+        if self.loaded and revision == self.revision + 1:
+            return True
+        self.invalidate()
+        return False
+
+    def written(self, revision: int, *, apps: Iterable[tuple[str, str]] = (),
+                servers: Iterable[tuple[str, str]] = (),
+                deleted_apps: Iterable[str] = ()) -> bool:
+        """Apply one acknowledged write (app and server JSON by id, deletions) at ``revision``.
+
+        False (and the cache invalidated) when the write does not follow the cached revision.
+        """
+        if not self.follows(revision):
+            return False
+        for app_id, raw in apps:
+            if app_id not in self._apps_json:
+                bisect.insort(self._ids, app_id)
+            self._apps_json[app_id] = raw
+            self._apps.pop(app_id, None)
+        for server_id, raw in servers:
+            self._servers_json[server_id] = raw
+            self._servers.pop(server_id, None)
+        for app_id in deleted_apps:
+            if self._apps_json.pop(app_id, None) is not None:
+                del self._ids[bisect.bisect_left(self._ids, app_id)]
+            self._apps.pop(app_id, None)
+        self.revision = revision
+        self._view = None
+        return True
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def app(self, app_id: str) -> ReadOnlyAppRecord | None:
+        """One app's shared read-only record."""
+        record = self._apps.get(app_id)
+        if record is None:
+            raw = self._apps_json.get(app_id)
+            if raw is None:
+                return None
+            record = self._apps[app_id] = ReadOnlyAppRecord.model_validate_json(raw)
+        return record
+
+    def server(self, server_id: str) -> ReadOnlyServerRecord | None:
+        """One server's shared read-only record."""
+        record = self._servers.get(server_id)
+        if record is None:
+            raw = self._servers_json.get(server_id)
+            if raw is None:
+                return None
+            record = self._servers[server_id] = ReadOnlyServerRecord.model_validate_json(raw)
+        return record
+
+    def view(self) -> RecordsView:
+        """Every record, read-only, at the current revision (built once per revision)."""
+        if self._view is None:
+            ids = tuple(self._ids)
+            apps = {app_id: self.app(app_id) for app_id in ids}
+            servers = {s: self.server(s) for s in sorted(self._servers_json)}
+            self._view = RecordsView(self.revision, MappingProxyType(apps),  # type: ignore[arg-type]
+                                     MappingProxyType(servers),  # type: ignore[arg-type]
+                                     ids)
+        return self._view
+
+    def app_ids(self) -> list[str]:
+        """Every app's id, sorted."""
+        return list(self._ids)
+
+    def copy_app(self, app_id: str) -> AppRecord | None:
+        """A private, changeable copy of one app's record."""
+        raw = self._apps_json.get(app_id)
+        return AppRecord.model_validate_json(raw) if raw is not None else None
+
+    def copy_apps(self) -> dict[str, AppRecord]:
+        """Private copies of every app record, in id order."""
+        return {a: AppRecord.model_validate_json(self._apps_json[a]) for a in self._ids}
+
+    def copy_servers(self) -> dict[str, ServerRecord]:
+        """Private copies of every server record, in id order."""
+        return {s: ServerRecord.model_validate_json(self._servers_json[s])
+                for s in sorted(self._servers_json)}
+
+    def app_json(self, app_id: str) -> str | None:
+        """The JSON stored for one app (what Redis holds)."""
+        return self._apps_json.get(app_id)
+
+    def server_json(self, server_id: str) -> str | None:
+        """The JSON stored for one server."""
+        return self._servers_json.get(server_id)
