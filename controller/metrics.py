@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -29,6 +36,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_start_time_seconds (with the process' CPU and memory): counters restart at
+        # zero with the controller, and this tells a scraper (and rate()) when it happened.
+        ProcessCollector(registry=r)
         self.failovers = Counter("understudy_failovers_total",
                                  "Apps failed over, by how", ["kind"], registry=r)
         self.server_failures = Counter("understudy_server_failures_total",
