@@ -244,8 +244,8 @@ class FailureDetector:
         """Whether the server is watched (not declared failed since its last watch)."""
         return server_id in self._watched
 
-    def stop(self) -> None:
-        """Stop the monitor process."""
+    async def stop(self) -> None:
+        """Stop the monitor process and wait for it (its pipes closed with it)."""
         self._stopping = True
         self._watched.clear()
         process = self._process
@@ -254,5 +254,13 @@ class FailureDetector:
                 process.stdin.close()
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 5.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
         if self._reader is not None:
             self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader

@@ -159,7 +159,7 @@ class Controller:
         if hasattr(self, "graphs"):
             await self.graphs.close()
         if hasattr(self, "detector"):
-            self.detector.stop()
+            await self.detector.stop()
             self.events.close_all()
             await self.agents.close_all()
         if self.store is not None:

@@ -1,7 +1,9 @@
 """A small websocket peer that stands in for the controller when testing the agent.
 
 It accepts agent connections on ``AGENT_WS_PATH`` (checking the bearer token when given),
-records every frame with its arrival time, and lets a test send commands and await results.
+answers each hello with a heartbeat channel to its own UDP socket, records every frame and
+datagram with its arrival time, and lets a test send commands, probe the agent's heartbeat
+thread and await results.
 Everything runs on an event loop in a background thread, so synchronous tests can drive it.
 """
 
@@ -19,7 +21,31 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from understudy.wire.protocol import AGENT_WS_PATH, CommandResult, encode, parse_agent_message
+from understudy.wire import heartbeat
+from understudy.wire.protocol import (
+    AGENT_WS_PATH,
+    CommandResult,
+    HeartbeatChannel,
+    Hello,
+    encode,
+    parse_agent_message,
+)
+
+NONCE = 0x5EED_0000_0001
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, peer: AgentPeer) -> None:
+        self.peer = peer
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            datagram = heartbeat.decode(data)
+        except heartbeat.DatagramError:
+            return
+        self.peer.agent_address = addr
+        target = self.peer.beats if datagram.kind is heartbeat.Kind.BEAT else self.peer.acks
+        target.append(Received(time.time(), datagram))
 
 
 @dataclass
@@ -60,9 +86,16 @@ class AgentPeer:
     _changed: asyncio.Condition | None = None
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     port: int = 0
+    beats: list[Received] = field(default_factory=list)
+    acks: list[Received] = field(default_factory=list)
+    agent_address: Any = None
+    udp_port: int = 0
 
     async def start(self, port: int = 0) -> None:
         self._changed = asyncio.Condition()
+        self._udp, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Datagrams(self), local_addr=("127.0.0.1", 0))
+        self.udp_port = self._udp.get_extra_info("sockname")[1]
         self._server = await serve(self._handle, "127.0.0.1", port, compression=None,
                                    process_request=self._check, ping_interval=None)
         self.port = self._server.sockets[0].getsockname()[1]  # type: ignore[index]
@@ -84,6 +117,10 @@ class AgentPeer:
         try:
             async for raw in ws:
                 message = parse_agent_message(raw)
+                if isinstance(message, Hello):
+                    await ws.send(encode(HeartbeatChannel(
+                        port=self.udp_port, slot=1, nonce=NONCE,
+                        heartbeat_interval_ms=message.heartbeat_interval_ms)))
                 assert self._changed is not None
                 async with self._changed:
                     self.frames.append(Received(time.time(), message))
@@ -129,6 +166,12 @@ class AgentPeer:
     def of_type(self, kind: str) -> list[Received]:
         return [f for f in self.frames if getattr(f.message, "type", None) == kind]
 
+    def probe(self, seq: int) -> None:
+        """Send a PROBE to the agent's heartbeat thread (it answers with an ACK)."""
+        self._udp.sendto(heartbeat.encode(heartbeat.Kind.PROBE, 1, NONCE, seq, time.time()),
+                         self.agent_address)
+
     async def close(self) -> None:
+        self._udp.close()
         self._server.close(close_connections=True)
         await self._server.wait_closed()

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from agent.daemon import Agent, AgentConfig
-from tests.integration.agent_peer import AgentPeer, LoopThread
-from understudy.wire.protocol import CommandResult, Heartbeat, Hello, TritonDown, TritonUp
+from tests.integration.agent_peer import NONCE, AgentPeer, LoopThread
+from understudy.wire.protocol import CommandResult, Hello, TritonDown, TritonUp
 
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "test-token"
@@ -175,10 +175,13 @@ def test_bad_commands_get_error_replies_and_the_agent_stays_up(harness: Harness)
 
 
 def test_heartbeats_arrive_at_the_configured_interval(harness: Harness) -> None:
-    start = len(harness.peer.of_type("heartbeat"))
-    harness.call(harness.peer.wait_for(
-        lambda frames: sum(isinstance(f.message, Heartbeat) for f in frames) >= start + 100, 30))
-    beats = harness.peer.of_type("heartbeat")[start:start + 100]
+    peer = harness.peer
+    start = len(peer.beats)
+    deadline = time.time() + 30
+    while len(peer.beats) < start + 100 and time.time() < deadline:
+        time.sleep(0.1)
+    beats = peer.beats[start:start + 100]
+    assert len(beats) == 100, "the agent's heartbeat thread stopped sending"
     gaps_ms = [(b.at - a.at) * 1000 for a, b in zip(beats, beats[1:], strict=False)]
     median = statistics.median(gaps_ms)
     p99 = sorted(gaps_ms)[int(0.99 * len(gaps_ms)) - 1]
@@ -187,6 +190,19 @@ def test_heartbeats_arrive_at_the_configured_interval(harness: Harness) -> None:
     assert 17.0 <= median <= 23.0
     seqs = [b.message.seq for b in beats]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert all(b.message.nonce == NONCE and b.message.triton_alive for b in beats)
+
+
+def test_the_heartbeat_thread_answers_probes(harness: Harness) -> None:
+    peer = harness.peer
+    sent = time.time()
+    harness.loop.loop.call_soon_threadsafe(peer.probe, 4242)
+    deadline = sent + 5
+    while not any(a.message.seq == 4242 for a in peer.acks) and time.time() < deadline:
+        time.sleep(0.01)
+    ack = next(a for a in peer.acks if a.message.seq == 4242)
+    assert ack.message.nonce == NONCE
+    print(f"probe answered in {(ack.at - sent) * 1000:.1f} ms")
 
 
 def test_unauthorised_agent_is_refused(tmp_path: Path, artifact_store: Path) -> None:

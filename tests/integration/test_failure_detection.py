@@ -1,0 +1,159 @@
+"""The detector with its real monitor process and real heartbeating processes over UDP.
+
+Each "server" here is a small process running the agent's own ``HeartbeatSender`` (a thread
+that beats and answers probes). SIGSTOP freezes it like a stalled or stopped box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import pytest
+
+from controller.detector import FailureDetector
+from controller.suspicion import MAX_SUSPECT_T
+
+T = 0.02
+BOUND_S = MAX_SUSPECT_T * T + 2 * T + 0.02
+"""Suspicion cap + confirmation (2 T) + sweeps: the longest silence before a declaration."""
+SLACK_S = 0.1
+"""A loaded 2-core CI machine may run the monitor late by this much."""
+
+_SENDER = """
+import sys, time
+from understudy.wire.heartbeat import HeartbeatSender
+port, slot, nonce = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+HeartbeatSender(("127.0.0.1", port), slot, nonce, lambda: {t}, lambda: True).start()
+print("ready", flush=True)
+time.sleep(3600)
+""".format(t=T)
+
+
+class Declared:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, float, float]] = []
+        self.alive: list[str] = []
+
+    def __call__(self, server: str, reason: str, at: float, last_seen: float) -> None:
+        self.items.append((server, reason, at, last_seen))
+
+
+@asynccontextmanager
+async def _detector() -> AsyncIterator[tuple[FailureDetector, Declared]]:
+    declared = Declared()
+    detector = FailureDetector(T, 2, declared)
+    detector.alive_listeners.append(declared.alive.append)
+    await detector.start()
+    try:
+        yield detector, declared
+    finally:
+        await detector.stop()
+
+
+@contextmanager
+def _sender(detector: FailureDetector, server: str) -> Iterator[subprocess.Popen[str]]:
+    channel = detector.admit(server, None)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SENDER, str(channel.port), str(channel.slot),
+         str(channel.nonce)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        yield process
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.kill()
+        process.wait()
+
+
+async def _stop_for(process: subprocess.Popen[str], seconds: float) -> float:
+    stopped = time.time()
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    return stopped
+
+
+@pytest.mark.timeout(60)
+def test_a_short_stall_is_not_declared_and_a_long_one_is_within_the_bound() -> None:
+    async def scenario() -> None:
+        async with _detector() as (detector, declared):
+            with _sender(detector, "s1") as s1, _sender(detector, "s2"):
+                detector.watch("s1", grace_s=1.0)
+                detector.watch("s2", grace_s=1.0)
+                await asyncio.sleep(3.0)  # the monitor learns each server's gaps
+                assert declared.items == []
+                for _ in range(5):  # stalls shorter than suspicion + confirmation
+                    await _stop_for(s1, 0.05)
+                    await asyncio.sleep(0.5)
+                assert declared.items == [], declared.items
+                assert detector.stats.suspicions >= 0  # counted, whether or not suspected
+                stopped = await _stop_for(s1, 1.0)  # a stopped box: silent, probes unanswered
+                assert [d[:2] for d in declared.items] == [
+                    ("s1", "missed heartbeats, probes unanswered")]
+                _, _, at, last_seen = declared.items[0]
+                print(f"declared {1000 * (at - stopped):.0f} ms after SIGSTOP, "
+                      f"{1000 * (at - last_seen):.0f} ms after the last heartbeat")
+                assert stopped - 2 * T <= last_seen <= stopped + 0.01
+                assert at - stopped <= BOUND_S + SLACK_S
+                await asyncio.sleep(0.5)  # resumed: its heartbeats say it is alive
+                assert declared.alive == ["s1"]
+                assert not detector.watching("s1") and detector.watching("s2")
+                assert [d[0] for d in declared.items] == ["s1"]  # s2 never declared
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_monitor_is_restarted_and_keeps_watching() -> None:
+    async def scenario() -> None:
+        async with _detector() as (detector, declared):
+            with _sender(detector, "s1") as s1:
+                detector.watch("s1", grace_s=1.0)
+                await asyncio.sleep(1.0)
+                process = detector._process
+                assert process is not None
+                process.kill()
+                await asyncio.sleep(2.0)
+                assert detector._process is not None and detector._process is not process
+                assert detector.stats.restarts == 1
+                assert declared.items == []  # beats reach the new monitor on the same port
+                s1.kill()
+                await asyncio.sleep(0.6)
+                assert [d[0] for d in declared.items] == ["s1"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_forged_datagrams_do_not_keep_a_silent_server_alive() -> None:
+    import socket
+
+    from understudy.wire.heartbeat import Kind, encode
+
+    async def scenario() -> None:
+        async with _detector() as (detector, declared):
+            channel = detector.admit("s1", None)
+            detector.watch("s1", grace_s=0.2)
+            forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                for seq in range(40):  # right slot, wrong nonce; then garbage
+                    forger.sendto(encode(Kind.BEAT, channel.slot, channel.nonce ^ 1, seq,
+                                         time.time(), 1), ("127.0.0.1", channel.port))
+                    forger.sendto(b"x" * 7, ("127.0.0.1", channel.port))
+                    await asyncio.sleep(T)
+            finally:
+                forger.close()
+            assert [d[0] for d in declared.items] == ["s1"]
+            await asyncio.sleep(1.1)  # the monitor reports its counters once a second
+            assert detector.stats.rejected >= 40 and detector.stats.heartbeats >= 40
+
+    asyncio.run(scenario())
