@@ -209,9 +209,16 @@ class Orchestrator:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                revision = await self.store.revision()
-                if revision != converged_at:
-                    await self.place_unplaced()
-                    converged_at = revision
+                converged_at = await self.converge_pass(converged_at)
             except Exception:  # noqa: BLE001 - keep the loop alive (Redis restarting ...)
                 logger.exception("convergence pass failed")
+
+    async def converge_pass(self, converged_at: int | None) -> int:
+        """Place what needs it unless the records are still at revision ``converged_at``.
+
+        Returns the revision this pass converged (the next pass's ``converged_at``).
+        """
+        revision = await self.store.revision()
+        if revision != converged_at:
+            await self.place_unplaced()
+        return revision

@@ -135,6 +135,9 @@ class RenderedViews:
         """A JSON list of the views of ``records``."""
         return b"[" + b",".join(self.json(r, servers) for r in records) + b"]"
 
+    def __contains__(self, app_id: object) -> bool:
+        return app_id in self._rendered
+
     def prune(self, known: Mapping[str, AppRecord]) -> None:
         """Drop the renderings of deleted apps (call now and then)."""
         if len(self._rendered) > len(known):

@@ -41,6 +41,7 @@ from deploy.workload import (
     RegistrationError,
     Workload,
     generate_workload,
+    list_all,
     register_apps,
     wait_converged,
 )
@@ -311,11 +312,11 @@ class Testbed:
 
     def servers(self) -> list[dict[str, Any]]:
         """The controller's server records."""
-        return list(self.http.get("/v1/servers").json())
+        return list_all(self.http, "/v1/servers")
 
     def apps(self) -> list[dict[str, Any]]:
         """The controller's app views."""
-        return list(self.http.get("/v1/apps").json())
+        return list_all(self.http, "/v1/apps")
 
     def _servers_up(self, count: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):

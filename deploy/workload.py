@@ -27,8 +27,26 @@ DEFAULT_RATE_RPS = (1.0, 5.0)
 """Range of the generated apps' ``max_rate_rps`` (the testbed's clients send 5 req/s)."""
 
 
+NEXT_CURSOR = "X-Next-Cursor"
+"""Header of a list page that is not the last (``controller.views``)."""
+
+
 class RegistrationError(RuntimeError):
     """The controller refused an app, or an app registered earlier has a different spec."""
+
+
+def list_all(http: httpx.Client, path: str, **params: Any) -> list[dict[str, Any]]:
+    """Every item of a paged list endpoint (``/v1/apps``, ``/v1/servers``, ...), page by page."""
+    items: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        query = {**params, **({"cursor": cursor} if cursor is not None else {})}
+        response = http.get(path, params=query)
+        response.raise_for_status()
+        items += response.json()
+        cursor = response.headers.get(NEXT_CURSOR)
+        if cursor is None:
+            return items
 
 
 @dataclass(frozen=True)
@@ -77,7 +95,7 @@ def wait_for_servers(http: httpx.Client, count: int, timeout_s: float,
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            servers = http.get("/v1/servers").json()
+            servers = list_all(http, "/v1/servers")
             up = sum(1 for s in servers if s["state"] == "up" and s["connected"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             up = 0
@@ -133,7 +151,7 @@ def convergence_gaps(http: httpx.Client) -> list[str]:
     unplanned ones present.
     """
     try:
-        apps = http.get("/v1/apps").json()
+        apps = list_all(http, "/v1/apps")
         plan = http.get("/v1/plan")
     except (httpx.HTTPError, ValueError) as exc:
         return [f"controller unreachable: {exc}"]
