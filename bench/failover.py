@@ -16,8 +16,11 @@ for interims that loaded alone in their failure; and that very load's own durati
 timed it, which isolates what the control plane adds: detection, planning, notification);
 upgrade done = injected failure -> client told the target serves; MTTR = detection -> client
 notification (the paper's definition); recovery rate = recovered / affected apps; accuracy
-reduction = mean over recovered apps of 1 - accuracy(final) / accuracy(before). The last line
-is one JSON object.
+reduction = mean over recovered apps of 1 - accuracy(final) / accuracy(before). Every failure
+declaration of each run is printed and counted, true or false (``deploy.declarations``: false
+when its server was not killed by the bench, or had been revived), with the apps it moved: a
+false one moves healthy apps, which the figures above would not show. The last line is one
+JSON object.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from deploy.declarations import classify, describe, parse, tally  # noqa: E402
+from deploy.inject import fetch_declarations, injections, kill, revive  # noqa: E402
 from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
 from model_repo.profiles import load_families  # noqa: E402
@@ -111,16 +116,13 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         for index in range(args.failures):
             victim = servers[index % len(servers)]
             time.sleep(1.0)
-            at = bed.fail([victim])
+            at = kill(bed, [victim])
             try:
                 wait_until(f"recovery from {victim}", lambda v=victim: _settled(bed, v), 180, 0.2)
             except TestbedError as exc:
                 logging.warning("%s", exc)
             failures.append({"server": victim, "at": at})
-            bed.start_agent(victim)
-            wait_until(f"{victim} back", lambda v=victim: any(
-                s["server_id"] == v and s["state"] == "up" and s["connected"]
-                for s in bed.servers()), 120, 0.25)
+            revive(bed, victim, 120)
             try:
                 bed.wait_converged(90)
             except TestbedError as exc:
@@ -129,8 +131,25 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         recorder.stop()
         events = list(recorder.received)
+        try:
+            declarations = fetch_declarations(bed.http)
+        except Exception as exc:  # noqa: BLE001 - the run's figures still count
+            logging.warning("cannot read the declarations: %s", exc)
+            declarations = []
         bed.down()
-    return {"failures": failures, "events": events}
+    return {"failures": failures, "events": events, "declarations": declarations,
+            "injections": injections(bed.state)}
+
+
+def judge_declarations(policy: str, run: dict[str, Any]) -> dict[str, Any]:
+    """Every declaration of the run, true or false, printed in full; their counts."""
+    injected = run["injections"]
+    verdicts = classify(parse(run["declarations"]), injected)
+    origin = injected[0].at if injected else 0.0
+    for verdict in verdicts:
+        print(f"[{policy}] {'FALSE ' if verdict.false else ''}declaration "
+              f"{describe(verdict, injected, origin)}", flush=True)
+    return tally(verdicts, injected)
 
 
 def outcomes(run: dict[str, Any], families: Any) -> list[dict[str, Any]]:
@@ -268,8 +287,9 @@ def main() -> int:
     # main thread parses a reply waits up to 5 ms before its receipt time is taken.
     sys.setswitchinterval(0.0005)
     families = load_families()
-    all_rows = {policy: outcomes(run_policy(policy, args), families)
-                for policy in ("understudy", "full-size-warm-k")}
+    runs = {policy: run_policy(policy, args) for policy in ("understudy", "full-size-warm-k")}
+    all_rows = {policy: outcomes(run, families) for policy, run in runs.items()}
+    judged = {policy: judge_declarations(policy, run) for policy, run in runs.items()}
     # Measured after both testbeds are down, so nothing else loads the machine meanwhile.
     load_now = measure_load_times({r["interim_variant"] for rows in all_rows.values()
                                    for r in rows if r["interim_variant"]})
@@ -304,6 +324,15 @@ def main() -> int:
                        if base["mttr_mean_ms"] and ours["mttr_mean_ms"] else None),
         "accuracy_reduction_pct": ours["accuracy_reduction_pct"],
         "baseline_accuracy_reduction_pct": base["accuracy_reduction_pct"],
+        # Every declaration, not only the injected failures': a false one moves healthy apps.
+        "declarations": judged["understudy"]["declarations"],
+        "false_declarations": judged["understudy"]["false_declarations"],
+        "apps_moved_by_false_declarations":
+            judged["understudy"]["apps_moved_by_false_declarations"],
+        "missed_detections": judged["understudy"]["missed_detections"],
+        "baseline_false_declarations": judged["full-size-warm-k"]["false_declarations"],
+        "baseline_apps_moved_by_false_declarations":
+            judged["full-size-warm-k"]["apps_moved_by_false_declarations"],
     }
     print(json.dumps(summary))
     return 0

@@ -7,6 +7,10 @@ definition); first response = first successful client response from the new loca
 failure injected (end to end); accuracy reduction = 1 - accuracy(final variant) /
 accuracy(variant before the failure). Recovery rate = affected apps that got a serving
 location / affected apps.
+
+Every failure declaration the controller made is listed too, true or false, with the apps it
+moved (``deploy.declarations`` judges each against the recorded injections), and the plot marks
+the false ones: a report that counted only the injected failures would hide its false alarms.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from deploy.declarations import Injection, Verdict, describe, tally
 
 SERVING_KINDS = ("warm_switch", "interim_serving", "serving", "upgraded", "failback")
 
@@ -157,22 +163,68 @@ def print_table(outcomes: list[AppOutcome], write: Any) -> None:
     write("(times in ms after the injected failure; MTTR from detection to notification)\n")
 
 
+def origin_of(injections: list[Injection], verdicts: list[Verdict],
+              requests: list[dict[str, Any]]) -> float:
+    """Where shown times start: the first injected failure, else the earliest record."""
+    if injections:
+        return injections[0].at
+    instants = [v.declaration.detected_at for v in verdicts] + [r["sent_at"] for r in requests]
+    return min(instants, default=0.0)
+
+
+def print_declarations(verdicts: list[Verdict], injections: list[Injection], origin: float,
+                       write: Any) -> dict[str, Any]:
+    """Every declaration in full, then the counts; returns them (``deploy.declarations.tally``)."""
+    counts = tally(verdicts, injections)
+    write(f"failure declarations: {counts['declarations']} ({counts['declarations_true']} of "
+          f"servers the run failed, {counts['false_declarations']} false, moving "
+          f"{counts['apps_moved_by_false_declarations']} apps for nothing; "
+          f"{counts['missed_detections']} injected failures never declared)\n")
+    for verdict in verdicts:
+        write(f"  {'!' if verdict.false else ' '} {describe(verdict, injections, origin)}\n")
+    if verdicts:
+        write("(times in s relative to the first injected failure; silent: since the "
+              "controller last heard from the server)\n")
+    return counts
+
+
 def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
          requests: list[dict[str, Any]], path: Path, window_s: tuple[float, float] = (-3, 12),
-         ) -> Path | None:
-    """Client response time around the last failure, one line per affected app (PNG)."""
-    if not failures:
+         verdicts: list[Verdict] | None = None) -> Path | None:
+    """Client response time around the last failure, one line per affected app (PNG).
+
+    Below it, the whole run: every request's response time, the injected failures, and every
+    failure declaration, the false ones marked apart (they are drawn in the top panel too when
+    they fall in its window).
+    """
+    verdicts = verdicts or []
+    if not failures and not verdicts:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, (ax, whole) = plt.subplots(2, 1, figsize=(9, 8), height_ratios=(3, 2))
+    if failures:
+        _plot_last_failure(ax, failures, outcomes, requests, window_s, verdicts)
+    else:
+        ax.set_axis_off()
+    origin = failures[0]["at"] if failures else min(
+        v.declaration.detected_at for v in verdicts)
+    _plot_run(whole, failures, requests, verdicts, origin)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_last_failure(ax: Any, failures: list[dict[str, Any]], outcomes: list[AppOutcome],
+                       requests: list[dict[str, Any]], window_s: tuple[float, float],
+                       verdicts: list[Verdict]) -> None:
     index = len(failures) - 1
     at = failures[index]["at"]
-    apps = [o for o in outcomes if o.failure == index]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for outcome in apps:
+    for outcome in (o for o in outcomes if o.failure == index):
         points = sorted((r["sent_at"] - at, (r["done_at"] - r["sent_at"]) * 1000.0)
                         for r in requests if r["app_id"] == outcome.app_id
                         and window_s[0] <= r["sent_at"] - at <= window_s[1])
@@ -184,18 +236,61 @@ def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
                        linewidth=0.8)
     failed = ",".join(failures[index]["servers"])
     ax.axvline(0.0, color="red", linewidth=1.5, label=f"failure of {failed}")
+    for verdict in verdicts:
+        offset = verdict.declaration.detected_at - at
+        if verdict.false and window_s[0] <= offset <= window_s[1]:
+            ax.axvline(offset, color="darkorange", linestyle="--", linewidth=1.2,
+                       label=f"FALSE declaration of {verdict.declaration.server_id}")
     ax.set_xlabel("request sent, seconds after the injected failure")
     ax.set_ylabel("response time (ms, retries included)")
     ax.set_yscale("log")
     ax.set_title("Client response time around a server failure (dotted: client notified)")
     ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+
+def _plot_run(ax: Any, failures: list[dict[str, Any]], requests: list[dict[str, Any]],
+              verdicts: list[Verdict], origin: float) -> None:
+    """The whole run: requests, injections (red), true (green) and false (orange) declarations."""
+    if requests:
+        ax.scatter([r["sent_at"] - origin for r in requests],
+                   [max(1e-1, (r["done_at"] - r["sent_at"]) * 1000.0) for r in requests],
+                   s=2, color="lightgrey", label="client requests (every app)")
+    for index, failure in enumerate(failures):
+        ax.axvline(failure["at"] - origin, color="red", linewidth=1.2,
+                   label="injected failure" if index == 0 else None)
+    true = [v for v in verdicts if not v.false]
+    false = [v for v in verdicts if v.false]
+    ax.set_yscale("log")
+    low, high = ax.get_ylim() if requests else (1.0, 1000.0)
+    if true:
+        ax.scatter([v.declaration.detected_at - origin for v in true], [high] * len(true),
+                   marker="v", color="green", zorder=3, label=f"true declaration ({len(true)})")
+    if false:
+        ax.scatter([v.declaration.detected_at - origin for v in false], [high] * len(false),
+                   marker="X", s=60, color="darkorange", zorder=4,
+                   label=f"FALSE declaration ({len(false)})")
+        for verdict in false:
+            x = verdict.declaration.detected_at - origin
+            ax.axvline(x, color="darkorange", linestyle="--", linewidth=0.8)
+            ax.annotate(verdict.declaration.server_id, (x, high), fontsize=7,
+                        color="darkorange", xytext=(2, -10), textcoords="offset points")
+    ax.set_ylim(low, high * 2)
+    ax.set_xlabel("seconds after the first injected failure" if failures
+                  else "seconds after the first declaration")
+    ax.set_ylabel("response time (ms)")
+    ax.set_title(f"The whole run: {len(failures)} injected failures, {len(verdicts)} "
+                 f"failure declarations, {len(false)} of them false")
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def outcomes_json(outcomes: list[AppOutcome]) -> list[dict[str, Any]]:
     """Outcomes as plain dicts (with the derived fields)."""
     return [{**asdict(o), "recovered": o.recovered,
              "accuracy_reduction_pct": o.accuracy_reduction_pct} for o in outcomes]
+
+
+def verdicts_json(verdicts: list[Verdict], injections: list[Injection]) -> list[dict[str, Any]]:
+    """Each declaration with its verdict and the injection it matched."""
+    return [{**v.declaration.model_dump(), "false": v.false, "injection": v.injection,
+             "injection_kind": injections[v.injection].kind if v.injection is not None else None}
+            for v in verdicts]

@@ -1,4 +1,4 @@
-"""``understudy testbed up|fail|revive|report|status|down|register|client``: the testbed."""
+"""``understudy testbed up|fail|revive|report|status|down|register|client|sim-agents``."""
 
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     fail = actions.add_parser("fail", help="SIGKILL a server (agent + Triton) or a site")
     fail.add_argument("server", nargs="?")
     fail.add_argument("--site", default=None)
-    revive = actions.add_parser("revive", help="restart a failed server's agent")
+    revive = actions.add_parser("revive", help="restart a failed server's agent and wait "
+                                "until the controller sees it up")
     revive.add_argument("server")
+    revive.add_argument("--timeout-s", type=float, default=180.0)
     report = actions.add_parser("report", help="failure outcomes, recovery rate and a plot")
     report.add_argument("--json", action="store_true", help="also print the JSON summary")
     demo = actions.add_parser("demo", help="up, steady load, fail one server, report, down")
@@ -64,6 +66,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     client.add_argument("--app", required=True, help="app id(s), comma-separated")
     client.add_argument("--rate", type=float, default=5.0)
     client.add_argument("--out", type=Path, default=Path("runs/requests"))
+    _sim_agents_arguments(actions.add_parser(
+        "sim-agents", help="simulated agents (no Triton) driven by commands on stdin: "
+        "crash, silence, stall, revive, restart (deploy/sim_control.py)"))
     for sub in (up, fail, revive, report, client):
         sub.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
@@ -79,6 +84,26 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headroom", type=float, default=0.2)
     parser.add_argument("--critical", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _sim_agents_arguments(parser: argparse.ArgumentParser) -> None:
+    from understudy.cli.agent import parse_capacity
+
+    parser.add_argument("--controller-url", required=True)
+    parser.add_argument("--token", default=None, help=f"bearer token (default ${TOKEN_ENV})")
+    parser.add_argument("--agents", type=int, default=250, help="simulated servers here")
+    parser.add_argument("--first", type=int, default=0,
+                        help="number of the first server (sim-NNNN), for several processes")
+    parser.add_argument("--sites", type=int, default=10, help="sites, round-robin")
+    parser.add_argument("--capacity", type=parse_capacity,
+                        default=parse_capacity("memory_mb=4000,compute=100"),
+                        help="each server's capacity, NAME=NUMBER,... (default "
+                        "memory_mb=4000,compute=100)")
+    parser.add_argument("--load-time-scale", type=float, default=1.0,
+                        help="multiply every profiled load time by this")
+    parser.add_argument("--hold", action="store_true",
+                        help="do not connect until a 'connect' command")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the reconnect jitter")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -126,6 +151,8 @@ def _load(options: argparse.Namespace) -> Any:
 
 
 def _fail(options: argparse.Namespace) -> int:
+    from deploy.inject import kill
+
     testbed = _load(options)
     if options.site:
         servers = testbed.servers_of_site(options.site)
@@ -134,20 +161,38 @@ def _fail(options: argparse.Namespace) -> int:
     else:
         sys.stderr.write("give a SERVER or --site SITE\n")
         return 2
-    at = testbed.fail(servers)
+    at = kill(testbed, servers, site=options.site or "")
     sys.stdout.write(f"killed {', '.join(servers)} at {at:.3f}\n")
     return 0
 
 
 def _revive(options: argparse.Namespace) -> int:
+    import time
+
+    from deploy.inject import revive
+
     testbed = _load(options)
-    testbed.start_agent(options.server)
-    sys.stdout.write(f"restarted the agent of {options.server}\n")
+    started = time.time()
+    revive(testbed, options.server, options.timeout_s)
+    sys.stdout.write(f"restarted the agent of {options.server}: up and connected after "
+                     f"{time.time() - started:.1f} s\n")
     return 0
 
 
 def _report(options: argparse.Namespace) -> int:
-    from deploy.report import analyse, load_requests, outcomes_json, plot, print_table, summary
+    from deploy.declarations import classify, parse
+    from deploy.inject import fetch_declarations, injections
+    from deploy.report import (
+        analyse,
+        load_requests,
+        origin_of,
+        outcomes_json,
+        plot,
+        print_declarations,
+        print_table,
+        summary,
+        verdicts_json,
+    )
 
     testbed = _load(options)
     events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
@@ -158,12 +203,17 @@ def _report(options: argparse.Namespace) -> int:
     rate = figures["recovery_rate"]
     sys.stdout.write(f"recovery rate: {rate * 100:.1f} % of {figures['affected']} affected apps\n"
                      if rate is not None else "no failure injected yet\n")
+    injected = injections(testbed.state)
+    verdicts = classify(parse(fetch_declarations(testbed.http)), injected)
+    figures.update(print_declarations(verdicts, injected,
+                                      origin_of(injected, verdicts, requests), sys.stdout.write))
     path = plot(testbed.state.failures, outcomes, requests,
-                Path(testbed.state.run_dir) / "report.png")
+                Path(testbed.state.run_dir) / "report.png", verdicts=verdicts)
     if path is not None:
         sys.stdout.write(f"plot: {path}\n")
     (Path(testbed.state.run_dir) / "report.json").write_text(json.dumps(
-        {"summary": figures, "outcomes": outcomes_json(outcomes)}, indent=2))
+        {"summary": figures, "outcomes": outcomes_json(outcomes),
+         "declarations": verdicts_json(verdicts, injected)}, indent=2))
     if options.json:
         sys.stdout.write(json.dumps(figures) + "\n")
     return 0
@@ -219,6 +269,23 @@ def _register(options: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_agents(options: argparse.Namespace) -> int:
+    """Run simulated agents until stdin closes (or ``quit``)."""
+    import asyncio
+    import os
+
+    from deploy.sim_control import FleetSpec, run_fleet
+
+    if options.agents < 1 or options.first < 0 or options.sites < 1:
+        sys.stderr.write("--agents and --sites must be at least 1, --first at least 0\n")
+        return 2
+    spec = FleetSpec(controller_url=options.controller_url, capacity=options.capacity,
+                     count=options.agents, first=options.first, sites=options.sites,
+                     token=options.token or os.environ.get(TOKEN_ENV),
+                     load_time_scale=options.load_time_scale, seed=options.seed)
+    return asyncio.run(run_fleet(spec, hold=options.hold))
+
+
 def _client(options: argparse.Namespace) -> int:
     from deploy.loadgen import run_clients
 
@@ -240,6 +307,7 @@ def _demo(options: argparse.Namespace) -> int:
     import shutil
     import time
 
+    from deploy.inject import kill
     from deploy.testbed import Testbed, wait_until
     from deploy.topology import make_topology
 
@@ -266,7 +334,7 @@ def _demo(options: argparse.Namespace) -> int:
                 counts[server] = counts.get(server, 0) + 1 + 10 * bool(app["backups"])
         victim = max(sorted(counts), key=lambda s: counts[s])
         _say(f"SIGKILL of server {victim} (its agent and its Triton) ...")
-        testbed.fail([victim])
+        kill(testbed, [victim])
 
         def settled() -> bool:
             return all(not (a["serving"] and a["serving"]["server_id"] == victim)
@@ -276,7 +344,8 @@ def _demo(options: argparse.Namespace) -> int:
         time.sleep(options.recovery_s)
         _say("after the failure")
         _print_apps(testbed)
-        _say("report")
+        _say("report (every failure declaration is listed: one of a server the demo did not "
+             "kill is a false alarm, marked ! here and in orange on the plot)")
         report = argparse.Namespace(run_dir=options.run_dir, json=True)
         _report(report)
     finally:
@@ -286,4 +355,5 @@ def _demo(options: argparse.Namespace) -> int:
 
 
 _ACTIONS = {"up": _up, "demo": _demo, "fail": _fail, "revive": _revive, "report": _report,
-            "status": _status, "down": _down, "register": _register, "client": _client}
+            "status": _status, "down": _down, "register": _register, "client": _client,
+            "sim-agents": _sim_agents}
