@@ -149,8 +149,8 @@ class Store:
         """Hand an acknowledged write to the cache (hold the event lock)."""
         was_loaded, cached = self._cache.loaded, self._cache.revision
         if not self._cache.written(rev, **changes) and was_loaded:
-            logger.warning("redis revision %d does not follow the cached %d; the records "
-                           "will be loaded again", rev, cached)
+            logger.warning("redis revision %d does not follow the cached %d; reloading the "
+                           "records at the next read", rev, cached)
 
     async def revision(self) -> int:
         """The records' revision, checked against Redis (one round trip).
