@@ -262,7 +262,8 @@ class SuspicionTable:
         self.last_sweep = now
         for watch in self.by_slot.values():
             if (watch.armed and watch.suspect_since is None and now >= watch.grace_until
-                    and now - watch.last_arrival > self._suspect_after(watch, now)):
+                    and now - watch.last_arrival > (watch.suspect_after
+                                                    or self._suspect_after(watch, now))):
                 watch.suspect_since = now
                 self.suspects.add(watch.slot)
                 self.suspicions += 1
@@ -329,6 +330,10 @@ class SuspicionTable:
             watch.gap_pos = (watch.gap_pos + 1) % WINDOW
             watch.gap_sum -= old
             watch.gap_sq -= old * old
+            if watch.gap_pos == 0:
+                # Once per window: exact sums again (running sums drift with float error).
+                watch.gap_sum = math.fsum(gaps) - gap
+                watch.gap_sq = math.fsum(g * g for g in gaps) - gap * gap
         watch.gap_sum += gap
         watch.gap_sq += gap * gap
         watch.since_recompute += 1
@@ -342,10 +347,6 @@ class SuspicionTable:
         t = self.settings.interval_s
         count = len(watch.gaps)
         if count >= MIN_SAMPLES:
-            # Recomputed from the window: the running sums drift with float error otherwise.
-            if watch.gap_pos == 0:
-                watch.gap_sum = math.fsum(watch.gaps)
-                watch.gap_sq = math.fsum(g * g for g in watch.gaps)
             mean = watch.gap_sum / count
             std = math.sqrt(max(0.0, watch.gap_sq / count - mean * mean))
         else:

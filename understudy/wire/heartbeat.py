@@ -94,9 +94,9 @@ def decode(data: bytes | memoryview) -> Datagram:
         raise DatagramError(f"unknown kind {kind}") from exc
 
 
-def unpack_fields(data: bytes | memoryview) -> tuple[bytes, int, int, int, int, int, int, float]:
-    """The raw fields, unchecked (the monitor's hot path checks them itself)."""
-    return _FORMAT.unpack(data)
+unpack_from = _FORMAT.unpack_from
+"""The raw fields at the start of a buffer, unchecked: the monitor's hot path checks them itself
+(the struct's own method, not a wrapper: each call is paid fifty thousand times a second)."""
 
 
 def new_nonce() -> int:
