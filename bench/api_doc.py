@@ -38,6 +38,18 @@ interactively at `/docs` and as JSON at `/openapi.json`.
   conflict (a taken id, a different spec under an existing id, too few servers) a 409, a graph
   that is not serving yet a 503.
 - **Request bodies** reject unknown fields (422).
+- **Lists** (`GET /v1/apps`, `/v1/servers`, `/v1/graphs`) answer a JSON list sorted by id, at
+  most `limit` items (default 1000, at most 10000). When more match, the response carries
+  `X-Next-Cursor: ID` and `Link: <...&cursor=ID>; rel="next"`: pass `cursor=ID` (the last id of
+  the page) with the same filters for the next page; the last page has neither header. A walk
+  visits every item once; an item added or removed meanwhile only changes pages not read yet.
+  `GET /v1/events` pages by `since` (the last event's `seq`) and `limit` instead.
+- **Batches**: `POST /v1/apps/batch` registers up to 1000 apps in one call: one Redis
+  transaction, one placement for all of them. Bad input refuses the whole batch (422, nothing
+  registered; `errors` names each entry at fault, e.g. `body.apps.3`), as does an id given
+  twice. Otherwise the answer is 200 with one result per app in the request's order: `created`,
+  or `conflict` for an id already registered (that app is left as it is), so a batch can be
+  sent again after a timeout.
 - **Websockets** (`/v1/events/ws`, `/v1/agents/connect`): see [websocket.md](websocket.md).
 """
 
