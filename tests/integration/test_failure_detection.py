@@ -26,14 +26,14 @@ BOUND_S = MAX_SUSPECT_T * T + 2 * T + 0.02
 SLACK_S = 0.1
 """A loaded 2-core CI machine may run the monitor late by this much."""
 
-_SENDER = """
+_SENDER = f"""
 import sys, time
 from understudy.wire.heartbeat import HeartbeatSender
 port, slot, nonce = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-HeartbeatSender(("127.0.0.1", port), slot, nonce, lambda: {t}, lambda: True).start()
+HeartbeatSender(("127.0.0.1", port), slot, nonce, lambda: {T}, lambda: True).start()
 print("ready", flush=True)
 time.sleep(3600)
-""".format(t=T)
+"""
 
 
 class Declared:
