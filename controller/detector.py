@@ -42,6 +42,8 @@ AliveCallback = Callable[[str], None]
 """A server declared failed sent a heartbeat (its Triton alive): it is back."""
 
 MONITOR_START_TIMEOUT_S = 20.0
+FALSE_ALARM_WINDOW_S = 1.0
+"""A declared server heard from within this long was a false alarm (see false_alarm)."""
 MONITOR_RESTART_GRACE_S = 1.0
 """After a monitor restart, how long every server has to be heard again."""
 
@@ -84,7 +86,7 @@ class FailureDetector:
         self._base_stats = MonitorStats()
         self._watched: dict[str, int] = {}
         """Watched server -> the generation of its current watch."""
-        self._last_watch: dict[str, float] = {}
+        self._declared_at: dict[str, float] = {}
         self._admitted: dict[str, _Admission] = {}
         self._slots: dict[str, int] = {}
         self._generation = 0
@@ -203,13 +205,22 @@ class FailureDetector:
         """Start (or restart) watching a server; its first heartbeat is due within ``grace_s``."""
         self._generation += 1
         self._watched[server_id] = self._generation
-        self._last_watch[server_id] = time.time()
         grace = grace_s if grace_s is not None else self.timeout_s
         self._send({"op": "watch", "server": server_id, "generation": self._generation,
                     "grace_s": grace})
 
     def false_alarm(self, server_id: str) -> None:
-        """A server declared failed was alive: the monitor is more patient with it a while."""
+        """A server declared failed was alive: the monitor is more patient with it a while.
+
+        Only when it was heard from soon after the declaration: a server silent for longer
+        (a box stopped for seconds) was a real outage for its clients too, and widening its
+        suspicion would only slow the next real detection.
+        """
+        declared = self._declared_at.get(server_id)
+        if declared is not None and time.monotonic() - declared > FALSE_ALARM_WINDOW_S:
+            logger.info("%s is back after %.1f s of silence: an outage, not a false alarm",
+                        server_id, time.monotonic() - declared)
+            return
         logger.warning("false alarm on %s", server_id)
         self._send({"op": "false_alarm", "server": server_id})
 
@@ -229,6 +240,7 @@ class FailureDetector:
     def _declare(self, server_id: str, reason: str, last_seen: float) -> None:
         if self._watched.pop(server_id, None) is None:
             return
+        self._declared_at[server_id] = time.monotonic()
         self._send({"op": "unwatch", "server": server_id})
         detected_at = time.time()
         last_seen = min(last_seen, detected_at)
