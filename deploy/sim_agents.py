@@ -3,7 +3,7 @@
 For control-plane tests at a scale no testbed reaches (a thousand servers on one machine). Each
 :class:`SimAgent` keeps one websocket to the controller (``hello``, then commands and their
 ``result``), like ``agent.daemon.Agent``, and its heartbeats go over UDP from the process's one
-heartbeat thread (``deploy.sim_heartbeats``). Many agents share one asyncio loop; run several
+heartbeat sender (``deploy.sim_heartbeats``). Many agents share one asyncio loop; run several
 processes for more (``understudy testbed sim-agents``, driven by ``deploy.sim_control``).
 
 What a simulated server does with each command:
@@ -204,13 +204,12 @@ class SimAgent:
     def beating(self) -> bool:
         """Whether it holds a heartbeat channel and beats on it now."""
         entry = self._entry
-        return entry is not None and entry.active(time.monotonic())
+        return entry is not None and entry.beating
 
     def counters(self) -> dict[str, int]:
-        """Beats sent, probes answered and ignored on the current channel, and more."""
-        entry = self._entry
-        return {"sent": entry.sent if entry else 0, "acks": entry.acks if entry else 0,
-                "probes_ignored": entry.probes_ignored if entry else 0,
+        """Beats sent and probes answered or ignored (current channel, sender's last report)."""
+        sent, acks, ignored = self.pump.counters.get(self.server_id, (0, 0, 0))
+        return {"sent": sent, "acks": acks, "probes_ignored": ignored,
                 "connects": self.connects, "refusals": self.refusals,
                 "commands": self.commands, "models": len(self.models.items)}
 
@@ -269,10 +268,12 @@ class SimAgent:
             task.cancel()
 
     async def _serve(self, ws: Any) -> None:
-        await ws.send(encode(self._hello()))
-        self._ws = ws
+        if not self._online.is_set():
+            return  # crashed while connecting
+        self._ws = ws  # before any await: a crash from now on aborts this connection
         self.connects += 1
         try:
+            await ws.send(encode(self._hello()))
             while self._outbox:
                 await ws.send(self._outbox.popleft())
             async for raw in ws:
@@ -320,7 +321,7 @@ class SimAgent:
         self._cancel_stall()
         self._awake.clear()
         if self._entry is not None:
-            self._entry.beating = False
+            self.pump.set_beating(self._entry, False)
 
     def stall(self, seconds: float) -> None:
         """A silence that ends by itself after ``seconds``."""
@@ -348,7 +349,7 @@ class SimAgent:
         self._cancel_stall()
         self._awake.set()
         if self._entry is not None:
-            self._entry.beating = True
+            self.pump.set_beating(self._entry, True)
 
     def _cancel_stall(self) -> None:
         if self._stall is not None:

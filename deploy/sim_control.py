@@ -1,11 +1,12 @@
 """A process of simulated agents, driven by one-line commands (``understudy testbed sim-agents``).
 
-The process runs ``count`` :class:`~deploy.sim_agents.SimAgent` on one asyncio loop and one
-heartbeat thread. Servers are ``sim-0000``, ``sim-0001`` ... (:func:`server_name`; ``--first``
-numbers a process's share when several run) in sites ``site-00`` ... round-robin
-(:func:`site_name`). It reads commands on stdin, one per line, and answers each with one JSON
-line on stdout (``ok``, ``op``, ``servers`` acted on, ``at``: the wall time the fault was
-injected); stdin closing ends the process. At start it prints ``{"op": "ready", ...}``.
+The process runs ``count`` :class:`~deploy.sim_agents.SimAgent` on one asyncio loop, and one
+heartbeat sender for them all (``deploy.sim_heartbeats``). Servers are ``sim-0000``,
+``sim-0001`` ... (:func:`server_name`; ``--first`` numbers a process's share when several run)
+in sites ``site-00`` ... round-robin (:func:`site_name`). It reads commands on stdin, one per
+line, and answers each with one JSON line on stdout (``ok``, ``op``, ``servers`` acted on,
+``at``: the wall time the fault was injected); stdin closing ends the process. At start it
+prints ``{"op": "ready", ...}``.
 
 Commands (TARGET: ``all``, ``site:SITE`` or comma-separated server ids)::
 
@@ -142,7 +143,7 @@ class SimFleet:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self, hold: bool) -> None:
-        """Start the heartbeat thread, and the agents unless ``hold``."""
+        """Start the heartbeat sender, and the agents unless ``hold``."""
         self.pump.start()
         if not hold:
             self.connect(list(self.agents))
@@ -154,7 +155,7 @@ class SimFleet:
                 self._tasks[server] = self.agents[server].start()
 
     async def close(self) -> None:
-        """Stop every agent cleanly (close frames), then the heartbeat thread."""
+        """Stop every agent cleanly (close frames), then the heartbeat sender."""
         await asyncio.gather(*(agent.stop() for agent in self.agents.values()))
         for task in self._tasks.values():
             task.cancel()

@@ -1,33 +1,45 @@
-"""One thread that sends the heartbeats of every simulated agent in a process, and answers probes.
+"""The heartbeats of every simulated agent of a process, sent by one dedicated thread of its own.
 
-A real agent runs one :class:`~understudy.wire.heartbeat.HeartbeatSender` thread; a thousand of
-those would be a thousand threads fighting for the GIL. Here one dedicated thread (not the
-asyncio loop, whose websocket work would delay the beats) serves all the agents of a process:
+A real agent runs one :class:`~understudy.wire.heartbeat.HeartbeatSender` thread beside its
+asyncio loop; a thousand of those would be a thousand threads. Here the agents of a
+``sim-agents`` process share one sender: the single thread of a small child process
+(``python -m deploy.sim_heartbeats``, started by :class:`HeartbeatPump`). It is a process, not a
+thread of the agents' process, because a thread there shares the GIL with an asyncio loop doing
+the websocket work of hundreds of agents: on a loaded machine the loop's thread, holding the
+GIL, is descheduled and the heartbeat thread waits behind it, so whole processes of agents fell
+silent for 150 ms at once and were declared failed (an artefact of packing 250 agents into one
+process; a real agent's loop has one agent's work). The child asks for a raised priority (root
+only), runs with the garbage collector off (it allocates nothing that lives), and:
 
-* each agent has its own UDP socket, connected to the controller's heartbeat port, so its
-  beats have their own source address and the monitor's PROBEs (sent to that address) come
-  back to that socket; all sockets sit in one ``selectors`` selector;
-* the heartbeat period T is cut into :data:`BUCKETS` ticks and each agent beats on its own
-  tick (agents are spread evenly over the ticks), so a process sends a steady trickle, not a
-  burst of every beat at once;
-* a PROBE is answered with an ACK (same slot, nonce and seq) at once, unless the agent is
-  silenced or stalled.
-
-The asyncio side adds and removes agents through :meth:`HeartbeatPump.add` and
-:meth:`HeartbeatPump.remove` (applied by the pump thread at its next tick) and switches an agent
-on and off through its :class:`BeatEntry` (``beating``, ``paused_until``): plain attribute
-writes, seen by the thread at its next tick.
+* gives each agent its own UDP socket, connected to the controller's heartbeat port, so its
+  beats have their own source address and the monitor's PROBEs (sent there) come back to it;
+  every socket sits in one ``selectors`` selector;
+* cuts the period T into :data:`BUCKETS` ticks and beats each agent on its own tick, so a
+  process sends a steady trickle, not a burst of every beat at once;
+* answers a PROBE at once with an ACK (same slot, nonce and seq), unless the agent is off
+  (crashed, silenced, stalled);
+* reads its orders on stdin, one per line (``add SERVER SLOT NONCE HOST PORT ON``,
+  ``remove SERVER``, ``on SERVER``, ``off SERVER``, ``interval SECONDS``), and prints its
+  counters every :data:`STATS_EVERY_S` as one JSON line (``late_ticks``, and per server
+  ``[sent, acks, probes_ignored]``); stdin closing ends it.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import gc
+import json
 import logging
+import os
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from understudy.wire.heartbeat import (
     DATAGRAM_SIZE,
@@ -36,176 +48,279 @@ from understudy.wire.heartbeat import (
     Kind,
     decode,
     encode,
-    raise_thread_priority,
 )
 
 logger = logging.getLogger(__name__)
 
 BUCKETS = 10
 """Ticks per heartbeat period; each agent beats on one of them."""
+STATS_EVERY_S = 1.0
+PUMP_NICE = -10
+START_TIMEOUT_S = 30.0
+
+
+# --- the asyncio side ---------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
 class BeatEntry:
-    """One agent connection's heartbeat channel, as the pump thread sees it."""
+    """One agent connection's heartbeat channel, as the agents' process sees it."""
 
     server_id: str
     address: tuple[str, int]
     slot: int
     nonce: int
     beating: bool = True
-    """False: neither beats nor probe answers (a crashed or silenced agent)."""
-    paused_until: float = 0.0
-    """Monotonic time before which the agent neither beats nor answers (a stall)."""
-    seq: int = 0
-    sent: int = 0
-    acks: int = 0
-    probes_ignored: int = 0
-    sock: socket.socket | None = field(default=None, repr=False)
-
-    def active(self, now: float) -> bool:
-        """Whether the agent beats and answers probes at ``now`` (monotonic)."""
-        return self.beating and now >= self.paused_until
+    """False: neither beats nor probe answers (a crashed, silenced or stalled agent)."""
 
 
 class HeartbeatPump:
-    """The heartbeat thread of one simulated-agent process (see the module docstring)."""
+    """The handle on the heartbeat process of one ``sim-agents`` process."""
 
     def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        """The period T; the controller may change it (``configure``), for every agent here."""
+        self._interval_s = interval_s
         self.late_ticks = 0
-        """Ticks the thread reached more than one period late (this process stalled)."""
-        self._buckets: list[list[BeatEntry]] = [[] for _ in range(BUCKETS)]
-        self._next_bucket = 0
-        self._pending: list[tuple[bool, BeatEntry]] = []
+        """Ticks the sender reached more than one period late (its process stalled)."""
+        self.counters: dict[str, list[int]] = {}
+        """Per server: beats sent, probes answered, probes ignored (current channel)."""
+        self._process: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._selector = selectors.DefaultSelector()
-        self._thread = threading.Thread(target=self._run, name="sim-heartbeats", daemon=True)
+
+    @property
+    def interval_s(self) -> float:
+        """The period T (the controller may change it, for every agent of the process)."""
+        return self._interval_s
+
+    @interval_s.setter
+    def interval_s(self, value: float) -> None:
+        if value != self._interval_s:
+            self._interval_s = value
+            self._order(f"interval {value!r}")
 
     def start(self) -> HeartbeatPump:
-        """Start the thread; returns self."""
-        self._thread.start()
+        """Start the heartbeat process and wait until it runs; returns self."""
+        process = subprocess.Popen(  # noqa: S603 - our own module
+            [sys.executable, "-m", "deploy.sim_heartbeats", "--interval-s",
+             repr(self._interval_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert process.stdout is not None  # noqa: S101 - piped
+        ready = process.stdout.readline()
+        if not ready.startswith("{"):
+            process.kill()
+            raise RuntimeError(f"the heartbeat process did not start (code {process.poll()})")
+        self._process = process
+        threading.Thread(target=self._read_counters, args=(process,), daemon=True,
+                         name="sim-heartbeat-counters").start()
         return self
 
     def stop(self) -> None:
-        """Stop the thread and close every socket."""
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        for bucket in self._buckets:
-            for entry in bucket:
-                _close(entry)
-        with self._lock:
-            for _, entry in self._pending:
-                _close(entry)
-            self._pending.clear()
+        """End the heartbeat process (closing its stdin ends it)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            process.stdin.close()  # type: ignore[union-attr]
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     def add(self, entry: BeatEntry) -> BeatEntry:
-        """Start beating for ``entry`` (its socket is opened here, registered by the thread)."""
-        family = socket.AF_INET6 if ":" in entry.address[0] else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        sock.connect(entry.address)
-        entry.sock = sock
-        with self._lock:
-            self._pending.append((True, entry))
+        """Beat for ``entry`` from now on (replacing the server's earlier channel)."""
+        host, port = entry.address
+        self._order(f"add {entry.server_id} {entry.slot} {entry.nonce} {host} {port} "
+                    f"{int(entry.beating)}")
         return entry
 
     def remove(self, entry: BeatEntry) -> None:
-        """Stop beating for ``entry`` now and close its socket at the thread's next tick."""
+        """Stop beating for ``entry`` and close its socket."""
         entry.beating = False
-        with self._lock:
-            self._pending.append((False, entry))
+        self._order(f"remove {entry.server_id}")
 
-    @property
-    def entries(self) -> int:
-        """Agents the thread beats for now."""
-        return sum(len(bucket) for bucket in self._buckets)
+    def set_beating(self, entry: BeatEntry, beating: bool) -> None:
+        """Switch beats and probe answers of ``entry`` on or off."""
+        entry.beating = beating
+        self._order(f"{'on' if beating else 'off'} {entry.server_id}")
 
-    # --- the thread -------------------------------------------------------------------------
+    def _order(self, line: str) -> None:
+        process = self._process
+        if process is None or process.stdin is None:
+            return  # not started (tests of the agent's logic), or stopping
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
 
-    def _apply_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for adding, entry in pending:
-            if adding:
-                if entry.sock is None:
-                    continue
-                bucket = min(self._buckets, key=len)
-                bucket.append(entry)
-                self._selector.register(entry.sock, selectors.EVENT_READ, entry)
-                continue
-            for bucket in self._buckets:
-                if entry in bucket:
-                    bucket.remove(entry)
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(entry.sock)  # type: ignore[arg-type]
-            _close(entry)
+    def _read_counters(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None  # noqa: S101 - piped
+        for line in process.stdout:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                report = json.loads(line)
+                self.late_ticks = int(report["late_ticks"])
+                self.counters = report["servers"]
 
-    def _run(self) -> None:
-        raise_thread_priority()
+
+# --- the heartbeat process ----------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Channel:
+    server_id: str
+    slot: int
+    nonce: int
+    sock: socket.socket
+    beating: bool
+    seq: int = 0
+    counts: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """Beats sent, probes answered, probes ignored."""
+
+
+class _Sender:
+    """The heartbeat process's loop (see the module docstring)."""
+
+    def __init__(self, interval_s: float, orders: Any, reports: Any) -> None:
+        self.interval_s = interval_s
+        self.orders = orders
+        self.reports = reports
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(orders, selectors.EVENT_READ, None)
+        self.channels: dict[str, _Channel] = {}
+        self.buckets: list[list[_Channel]] = [[] for _ in range(BUCKETS)]
+        self.late_ticks = 0
+        self.pending = b""
+        self.running = True
+
+    def run(self) -> None:
         due = time.monotonic()
-        while not self._stop.is_set():
+        next_report = due + STATS_EVERY_S
+        bucket = 0
+        while self.running:
             now = time.monotonic()
-            tick = self.interval_s / BUCKETS
             if now >= due:
                 if now - due > self.interval_s:
                     self.late_ticks += 1
                     due = now  # resume the schedule instead of bursting
-                self._apply_pending()
-                self._beat(self._buckets[self._next_bucket], now)
-                self._next_bucket = (self._next_bucket + 1) % BUCKETS
-                due += tick
+                self.beat(self.buckets[bucket])
+                bucket = (bucket + 1) % BUCKETS
+                due += self.interval_s / BUCKETS
+                if now >= next_report:
+                    next_report = now + STATS_EVERY_S
+                    self.report()
                 continue
-            try:
-                ready = self._selector.select(due - now)
-            except (OSError, ValueError):
-                ready = []
-            for key, _ in ready:
-                self._answer(key.data)
+            for key, _ in self.selector.select(due - now):
+                if key.data is None:
+                    self.read_orders()
+                else:
+                    self.answer(key.data)
 
-    def _beat(self, bucket: list[BeatEntry], now: float) -> None:
+    def beat(self, bucket: list[_Channel]) -> None:
         wall = time.time()
-        for entry in bucket:
-            if not entry.active(now) or entry.sock is None:
+        for channel in bucket:
+            if not channel.beating:
                 continue
             try:
-                entry.sock.send(encode(Kind.BEAT, entry.slot, entry.nonce, entry.seq, wall,
-                                       FLAG_TRITON_ALIVE))
-            except OSError as exc:  # e.g. ECONNREFUSED for an earlier datagram: keep going
-                logger.debug("beat of %s failed: %s", entry.server_id, exc)
-                continue
-            entry.seq += 1
-            entry.sent += 1
+                channel.sock.send(encode(Kind.BEAT, channel.slot, channel.nonce, channel.seq,
+                                         wall, FLAG_TRITON_ALIVE))
+            except OSError:
+                continue  # e.g. ECONNREFUSED for an earlier datagram: keep going
+            channel.seq += 1
+            channel.counts[0] += 1
 
-    def _answer(self, entry: BeatEntry) -> None:
-        sock = entry.sock
-        if sock is None:
-            return
+    def answer(self, channel: _Channel) -> None:
         while True:
             try:
-                data = sock.recv(DATAGRAM_SIZE + 1)
-            except (BlockingIOError, InterruptedError):
-                return
+                data = channel.sock.recv(DATAGRAM_SIZE + 1)
             except OSError:
-                return  # e.g. ECONNREFUSED reported for an earlier send
+                return  # nothing more, or ECONNREFUSED reported for an earlier send
             try:
                 datagram = decode(data)
             except DatagramError:
                 continue
-            if datagram.kind is not Kind.PROBE or datagram.nonce != entry.nonce:
+            if datagram.kind is not Kind.PROBE or datagram.nonce != channel.nonce:
                 continue
-            if not entry.active(time.monotonic()):
-                entry.probes_ignored += 1  # a stopped box reads nothing
+            if not channel.beating:
+                channel.counts[2] += 1  # a stopped box reads nothing
                 continue
             with contextlib.suppress(OSError):
-                sock.send(encode(Kind.ACK, entry.slot, entry.nonce, datagram.seq, time.time(),
-                                 FLAG_TRITON_ALIVE))
-                entry.acks += 1
+                channel.sock.send(encode(Kind.ACK, channel.slot, channel.nonce, datagram.seq,
+                                         time.time(), FLAG_TRITON_ALIVE))
+                channel.counts[1] += 1
+
+    def read_orders(self) -> None:
+        try:
+            chunk = os.read(self.orders.fileno(), 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.running = False  # the agents' process is gone
+            return
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            try:
+                self.apply(line.decode().split())
+            except (ValueError, IndexError, KeyError, OSError) as exc:
+                logger.error("bad order %r: %s", line[:200], exc)
+
+    def apply(self, words: list[str]) -> None:
+        op = words[0]
+        if op == "interval":
+            self.interval_s = float(words[1])
+        elif op == "add":
+            server, slot, nonce, host, port, on = words[1:7]
+            self.drop(server)
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                 socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.connect((host, int(port)))
+            channel = _Channel(server, int(slot), int(nonce), sock, on == "1")
+            self.channels[server] = channel
+            min(self.buckets, key=len).append(channel)
+            self.selector.register(sock, selectors.EVENT_READ, channel)
+        elif op == "remove":
+            self.drop(words[1])
+        elif op in ("on", "off"):
+            found = self.channels.get(words[1])
+            if found is not None:
+                found.beating = op == "on"
+        else:
+            raise ValueError(f"unknown order {op!r}")
+
+    def drop(self, server: str) -> None:
+        channel = self.channels.pop(server, None)
+        if channel is None:
+            return
+        for bucket in self.buckets:
+            if channel in bucket:
+                bucket.remove(channel)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(channel.sock)
+        channel.sock.close()
+
+    def report(self) -> None:
+        self.reports.write(json.dumps({"late_ticks": self.late_ticks, "servers": {
+            server: channel.counts for server, channel in self.channels.items()}}) + "\n")
+        self.reports.flush()
 
 
-def _close(entry: BeatEntry) -> None:
-    if entry.sock is not None:
-        with contextlib.suppress(OSError):
-            entry.sock.close()
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the heartbeat process (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--interval-s", type=float, default=0.02)
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("UNDERSTUDY_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s sim-heartbeats %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, PUMP_NICE)
+    gc.disable()  # nothing here makes cycles; a collection would only be a pause
+    os.set_blocking(sys.stdin.fileno(), False)
+    sender = _Sender(options.interval_s, sys.stdin, sys.stdout)
+    sender.report()  # the "ready" line
+    with contextlib.suppress(KeyboardInterrupt):
+        sender.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
