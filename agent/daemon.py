@@ -38,7 +38,7 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonConfig, TritonError, TritonServer
-from understudy.wire.heartbeat import HeartbeatSender
+from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess
 from understudy.wire.ports import free_ports
 from understudy.wire.protocol import (
     AGENT_WS_PATH,
@@ -171,7 +171,8 @@ class Agent:
         threads = config.model_load_threads
         self.load_slots = LoadSlots(threads, max(1, min(config.routine_load_slots, threads - 1)))
         self._ws: Any = None
-        self._heartbeats: HeartbeatSender | None = None
+        self.heartbeats = HeartbeatProcess()
+        """Beats and answers probes from a child process (``understudy.wire.heartbeat_process``)."""
         self._outbox: deque[str] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
@@ -180,6 +181,15 @@ class Agent:
         self._expected_exit = False
 
     # --- life cycle ------------------------------------------------------------------------
+
+    @property
+    def _triton_alive(self) -> bool:
+        return self._triton_up
+
+    @_triton_alive.setter
+    def _triton_alive(self, alive: bool) -> None:
+        self._triton_up = alive
+        self.heartbeats.triton(alive)  # the heartbeats carry it
 
     @property
     def endpoints(self) -> Endpoints:
@@ -191,10 +201,14 @@ class Agent:
     async def run(self) -> None:
         """Start Triton, then stay connected to the controller until :meth:`stop`."""
         self._loop = asyncio.get_running_loop()
+        self.heartbeats.start()  # from this (the main) thread: it dies with the thread
+        self.heartbeats.triton(self._triton_alive)
+        self._spawn(self._tick_heartbeats())
         await self._start_triton()
         try:
             await self._connection_loop()
         finally:
+            self.heartbeats.close()
             for task in list(self._tasks):
                 task.cancel()
             self._expected_exit = True
@@ -317,25 +331,15 @@ class Agent:
                 self._dispatch(raw)
         finally:
             self._ws = None
-            self._stop_heartbeats()
+            self.heartbeats.pause()
 
     def _start_heartbeats(self, channel: HeartbeatChannel) -> None:
         """Beat on the channel the controller gave this connection (replacing any other)."""
-        self._stop_heartbeats()
         host = channel.host or _host_of(self.config.controller_url)
-        self._heartbeats = HeartbeatSender(
-            (host, channel.port), channel.slot, channel.nonce,
-            interval_s=lambda: self.heartbeat_interval_s,
-            triton_alive=lambda: self._triton_alive).start()
+        self.heartbeats.channel(host, channel.port, channel.slot, channel.nonce,
+                                self.heartbeat_interval_s)
         logger.info("heartbeats to udp %s:%d every %.0f ms", host, channel.port,
                     self.heartbeat_interval_s * 1000)
-
-    def _stop_heartbeats(self) -> None:
-        sender, self._heartbeats = self._heartbeats, None
-        if sender is not None:
-            sender.stop()
-            if sender.late:
-                logger.warning("%d heartbeats were sent late (this host stalled)", sender.late)
 
     def _hello(self) -> Hello:
         return Hello(server_id=self.config.server_id, site_id=self.config.site_id,
@@ -344,6 +348,12 @@ class Agent:
                      inventory=list(self.models.values()),
                      heartbeat_interval_ms=self.heartbeat_interval_s * 1000.0,
                      boot_id=self.boot_id, agent_pid=_pid(), replicas=self.replicas.running())
+
+    async def _tick_heartbeats(self) -> None:
+        """Tell the heartbeat process this loop runs (a hung agent stops beating)."""
+        while True:
+            self.heartbeats.tick()
+            await asyncio.sleep(TICK_S)
 
     async def _send(self, message: Any, keep: bool = False) -> None:
         """Send now, or (``keep``) queue for the next connection if there is none."""
@@ -379,6 +389,7 @@ class Agent:
         if isinstance(message, Configure):
             if message.heartbeat_interval_ms is not None:
                 self.heartbeat_interval_s = message.heartbeat_interval_ms / 1000.0
+                self.heartbeats.interval(self.heartbeat_interval_s)
             return
         self._spawn(self._run_command(message))
 

@@ -1,12 +1,14 @@
 """The detector with its real monitor process and real heartbeating processes over UDP.
 
-Each "server" here is a small process running the agent's own ``HeartbeatSender`` (a thread
-that beats and answers probes). SIGSTOP freezes it like a stalled or stopped box.
+Each "server" here is a small process driving the agent's own heartbeat child process (which
+beats and answers probes), in a process group of its own: SIGSTOP of the group freezes both like
+a stopped box, SIGKILL kills both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,11 +30,15 @@ SLACK_S = 0.1
 
 _SENDER = f"""
 import sys, time
-from understudy.wire.heartbeat import HeartbeatSender
+from understudy.wire.heartbeat_process import HeartbeatProcess, TICK_S
 port, slot, nonce = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-HeartbeatSender(("127.0.0.1", port), slot, nonce, lambda: {T}, lambda: True).start()
-print("ready", flush=True)
-time.sleep(3600)
+beats = HeartbeatProcess().start()
+beats.triton(True)
+beats.channel("127.0.0.1", port, slot, nonce, {T})
+print("ready", beats.process.pid, flush=True)
+while True:
+    beats.tick()
+    time.sleep(TICK_S)
 """
 
 
@@ -62,23 +68,32 @@ def _sender(detector: FailureDetector, server: str) -> Iterator[subprocess.Popen
     channel = detector.admit(server, None)
     process = subprocess.Popen(
         [sys.executable, "-c", _SENDER, str(channel.port), str(channel.slot),
-         str(channel.nonce)], stdout=subprocess.PIPE, text=True)
+         str(channel.nonce)], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        assert process.stdout is not None
+        word, child = process.stdout.readline().split()
+        assert word == "ready"
+        process.heartbeat_pid = int(child)  # type: ignore[attr-defined]
         yield process
     finally:
-        os.kill(process.pid, signal.SIGCONT)
-        process.kill()
+        _signal(process, signal.SIGCONT)
+        _signal(process, signal.SIGKILL)
         process.wait()
+
+
+def _signal(process: subprocess.Popen[str], sig: int) -> None:
+    """Signal the server's whole process group (the driver and its heartbeat child)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
 
 
 async def _stop_for(process: subprocess.Popen[str], seconds: float) -> float:
     stopped = time.time()
-    os.kill(process.pid, signal.SIGSTOP)
+    _signal(process, signal.SIGSTOP)
     try:
         await asyncio.sleep(seconds)
     finally:
-        os.kill(process.pid, signal.SIGCONT)
+        _signal(process, signal.SIGCONT)
     return stopped
 
 
@@ -126,7 +141,7 @@ def test_a_killed_monitor_is_restarted_and_keeps_watching() -> None:
                 assert detector._process is not None and detector._process is not process
                 assert detector.stats.restarts == 1
                 assert declared.items == []  # beats reach the new monitor on the same port
-                s1.kill()
+                _signal(s1, signal.SIGKILL)
                 await asyncio.sleep(0.6)
                 assert [d[0] for d in declared.items] == ["s1"]
 
@@ -155,5 +170,29 @@ def test_forged_datagrams_do_not_keep_a_silent_server_alive() -> None:
             assert [d[0] for d in declared.items] == ["s1"]
             await asyncio.sleep(1.1)  # the monitor reports its counters once a second
             assert detector.stats.rejected >= 40 and detector.stats.heartbeats >= 40
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_the_heartbeat_process_dies_with_its_agent() -> None:
+    async def scenario() -> None:
+        async with _detector() as (detector, declared):
+            with _sender(detector, "s1") as s1:
+                detector.watch("s1", grace_s=1.0)
+                await asyncio.sleep(0.5)
+                child = s1.heartbeat_pid  # type: ignore[attr-defined]
+                os.kill(s1.pid, signal.SIGKILL)  # the agent only, not its group
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    try:
+                        os.kill(child, 0)
+                    except ProcessLookupError:
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    pytest.fail("the heartbeat process outlived its agent")
+                await asyncio.sleep(0.5)
+                assert [d[0] for d in declared.items] == ["s1"]
 
     asyncio.run(scenario())
