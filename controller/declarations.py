@@ -13,6 +13,7 @@ Redis keys (under the store's prefix): ``declarations`` hash seq -> :class:`Decl
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -56,6 +57,7 @@ class DeclarationLog:
         self.key = f"{prefix}declarations"
         self.seq_key = f"{prefix}declaration_seq"
         self.last_key = f"{prefix}declaration_last"
+        self._lock = asyncio.Lock()
 
     async def add(self, declaration: Declaration) -> Declaration:
         """Store a new declaration; returns it with its sequence number."""
@@ -67,9 +69,20 @@ class DeclarationLog:
             await pipe.execute()
         return stored
 
-    async def update(self, declaration: Declaration) -> None:
-        """Write back a changed declaration."""
-        await self.redis.hset(self.key, str(declaration.seq), declaration.model_dump_json())
+    async def update(self, seq: int, **fields: Any) -> None:
+        """Set some fields of a stored declaration, keeping every other field as stored.
+
+        Writers change different fields (the failover its moved apps, a revival its
+        ``alive_again``) at different times: each re-reads the record under one lock, so no
+        write loses another's field.
+        """
+        async with self._lock:
+            raw = await self.redis.hget(self.key, str(seq))
+            if raw is None:
+                return
+            stored = Declaration.model_validate_json(raw)
+            await self.redis.hset(self.key, str(seq),
+                                  stored.model_copy(update=fields).model_dump_json())
 
     async def latest(self, server_id: str) -> Declaration | None:
         """The server's most recent declaration."""
@@ -86,12 +99,10 @@ class DeclarationLog:
                 declaration.same_boot is not None:
             return
         if same_boot is None:
-            declaration.alive_again = at
+            await self.update(declaration.seq, alive_again=at)
         else:
-            declaration.same_boot = same_boot
-            if same_boot:
-                declaration.alive_again = at
-        await self.update(declaration)
+            await self.update(declaration.seq, same_boot=same_boot,
+                              alive_again=at if same_boot else None)
 
     async def list(self, since: int = 0, limit: int = MAX_LISTED) -> list[Declaration]:
         """Declarations with ``seq > since``, oldest first, at most ``limit``."""

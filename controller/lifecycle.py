@@ -124,9 +124,8 @@ class ServerLifecycle:
                                self.clock.time())
             await ex.commit(cold)
             if declaration is not None and self.declarations is not None:
-                declaration.apps_moved = sorted({s.app_id for s in switches} |
-                                                {r.app_id for r in plan.recoveries})
-                await self.declarations.update(declaration)
+                await self.declarations.update(declaration.seq, apps_moved=sorted(
+                    {s.app_id for s in switches} | {r.app_id for r in plan.recoveries}))
         self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
         self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
         logger.info("failover of %s planned in %.1f ms", server_id, planned_ms)

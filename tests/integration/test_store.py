@@ -83,3 +83,32 @@ def test_commit_without_events_or_intent(redis_url: str) -> None:
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_declaration_log_keeps_every_writer_s_fields(redis_url: str) -> None:
+    from controller.declarations import Declaration, DeclarationLog
+
+    async def scenario() -> None:
+        store = Store(redis_url)
+        log = DeclarationLog(store.redis, store.prefix)
+        try:
+            first = await log.add(Declaration(server_id="s1", reason="connection closed",
+                                              detected_at=10.0, last_seen=9.9))
+            second = await log.add(Declaration(server_id="s1", reason="missed heartbeats",
+                                               detected_at=20.0, last_seen=19.9,
+                                               apps_affected=["a", "b"]))
+            # The failover's moved apps and the revival land together: neither is lost.
+            await asyncio.gather(log.update(second.seq, apps_moved=["a"]),
+                                 log.mark_alive("s1", 20.1, same_boot=None))
+            listed = await log.list()
+            assert [d.seq for d in listed] == [first.seq, second.seq] == [1, 2]
+            assert listed[1].apps_moved == ["a"] and listed[1].alive_again == 20.1
+            assert listed[0].alive_again is None  # only the latest one is marked
+            await log.mark_alive("s1", 30.0, same_boot=True)  # already marked: kept
+            assert (await log.latest("s1")).alive_again == 20.1  # type: ignore[union-attr]
+            assert [d.seq for d in await log.list(since=1)] == [2]
+            assert await log.list(since=2) == []
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
