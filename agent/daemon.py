@@ -337,7 +337,7 @@ class Agent:
         """Beat on the channel the controller gave this connection (replacing any other)."""
         host = channel.host or _host_of(self.config.controller_url)
         self.heartbeats.channel(host, channel.port, channel.slot, channel.nonce,
-                                self.heartbeat_interval_s)
+                                self.heartbeat_interval_s, channel.tcp_port)
         logger.info("heartbeats to udp %s:%d every %.0f ms", host, channel.port,
                     self.heartbeat_interval_s * 1000)
 

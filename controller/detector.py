@@ -5,6 +5,8 @@ Two kinds of evidence, two paths:
 * **Crashes are immediate signals**, handled on the controller's loop: the agent's websocket
   closing (:meth:`FailureDetector.connection_closed`) and the agent's own report that its Triton
   died (:meth:`FailureDetector.declare`). No waiting: a dead process cannot send anything more.
+* **A dead agent's heartbeat process** closes its TCP liveness stream to the monitor without a
+  goodbye: also immediate, declared by the monitor (usually before the websocket closes).
 * **Silence is a suspicion**, judged by the heartbeat monitor (``controller.heartbeat_monitor``,
   a separate process reading UDP heartbeats): phi-accrual over each server's own inter-arrival
   distribution, then probes of the agent and of its Triton, and only then a declaration, which
@@ -58,6 +60,7 @@ class MonitorStats:
     suspicions: int = 0
     cleared: int = 0
     declarations: int = 0
+    streams_lost: int = 0
     cpu_s: float = 0.0
     servers: int = 0
     restarts: int = 0
@@ -82,6 +85,7 @@ class FailureDetector:
         """Called in order on each declaration (on the loop, synchronously)."""
         self.alive_listeners: list[AliveCallback] = []
         self.host, self.port, self.advertise_host = host, port, advertise_host
+        self.tcp_port = 0
         self.stats = MonitorStats()
         self._base_stats = MonitorStats()
         self._watched: dict[str, int] = {}
@@ -119,6 +123,7 @@ class FailureDetector:
             process.kill()
             raise RuntimeError(f"the heartbeat monitor did not start: {exc!r}") from exc
         self.port = int(ready["port"])  # a restart binds the same port again
+        self.tcp_port = int(ready["tcp_port"])
         self._process = process
         self._reader = asyncio.ensure_future(self._read_reports(process))
         logger.info("heartbeat monitor pid %s on udp %s:%d", ready.get("pid"), self.host,
@@ -197,7 +202,8 @@ class FailureDetector:
         admission = _Admission(slot, new_nonce(), triton_http)
         self._admitted[server_id] = admission
         self._send_admit(server_id, admission)
-        return HeartbeatChannel(port=self.port, host=self.advertise_host, slot=slot,
+        return HeartbeatChannel(port=self.port, tcp_port=self.tcp_port or None,
+                                host=self.advertise_host, slot=slot,
                                 nonce=admission.nonce,
                                 heartbeat_interval_ms=self.interval_s * 1000.0)
 

@@ -6,6 +6,12 @@ one ``selectors`` loop: it reads every pending datagram (``understudy.wire.heart
 datagrams and Triton readiness probes to suspects, and reports to the controller only what
 matters: declarations, servers alive again, and once a second its counters.
 
+Each agent's heartbeat process also keeps a TCP **liveness stream** open to the monitor (``hello
+SLOT NONCE``, then ``bye`` when it stops on purpose). A stream that closes without ``bye`` means
+the agent's processes died: an immediate signal, declared at once like a closed websocket, and
+usually seen first, because the heartbeat process is the smallest of the server's processes and
+runs at raised priority, so it is the first to finish dying when a box or a site is killed.
+
 It runs in its own process so that the controller's event loop (plans, events, API calls) never
 delays a heartbeat's timing and the heartbeats never take that loop's CPU or GIL; it asks for a
 raised priority (root only). It talks to the controller over its stdin and stdout, one JSON
@@ -32,7 +38,7 @@ import time
 from dataclasses import asdict, fields
 from typing import Any
 
-from controller.suspicion import ServerWatch, SuspicionSettings, SuspicionTable
+from controller.suspicion import Declaration, ServerWatch, SuspicionSettings, SuspicionTable
 from understudy.wire.heartbeat import DATAGRAM_SIZE, MAGIC, VERSION, Kind, encode, unpack_from
 
 logger = logging.getLogger(__name__)
@@ -94,11 +100,35 @@ def _parse_endpoint(text: str | None) -> tuple[str, int] | None:
         return None
 
 
+class _Stream:
+    """One agent heartbeat process's liveness stream."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = b""
+        self.slot: int | None = None
+        self.nonce = 0
+        self.said_bye = False
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == b"hello" and self.slot is None:
+                with contextlib.suppress(ValueError):
+                    self.slot, self.nonce = int(parts[1]), int(parts[2])
+            elif parts == [b"bye"]:
+                self.said_bye = True
+        if len(self.pending) > 1024:
+            self.pending = b""  # not our protocol; the nonce check still guards
+
+
 class Monitor:
     """The monitor's loop and its I/O (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, settings: SuspicionSettings,
-                 commands: Any, reports: Any) -> None:
+                 commands: Any, reports: Any, listener: socket.socket | None = None) -> None:
         self.sock = sock
         self.table = SuspicionTable(settings)
         self.commands = commands
@@ -106,6 +136,10 @@ class Monitor:
         self.selector = selectors.DefaultSelector()
         self.selector.register(sock, selectors.EVENT_READ, "udp")
         self.selector.register(commands, selectors.EVENT_READ, "commands")
+        if listener is not None:
+            self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.listener = listener
+        self.streams_lost = 0
         self.probes: dict[str, _TritonProbe] = {}
         self.buffer = bytearray(DATAGRAM_SIZE + 1)
         self.pending_input = b""
@@ -132,6 +166,10 @@ class Monitor:
                     received = True
                 elif key.data == "commands":
                     self.read_commands()
+                elif key.data == "accept":
+                    self.accept()
+                elif isinstance(key.data, _Stream):
+                    self.read_stream(key.data)
                 else:
                     self.progress_probe(key.data, mask)
             now = time.monotonic()
@@ -152,7 +190,8 @@ class Monitor:
         """What the controller exports as metrics."""
         return {"heartbeats": self.heartbeats, "acks": self.acks, "rejected": self.rejected,
                 "suspicions": self.table.suspicions, "cleared": self.table.cleared,
-                "declarations": self.declarations, "cpu_s": time.process_time(),
+                "declarations": self.declarations, "streams_lost": self.streams_lost,
+                "cpu_s": time.process_time(),
                 "servers": len(self.table.by_slot)}
 
     def receive(self, now: float) -> None:
@@ -182,20 +221,51 @@ class Monitor:
             else:
                 self.rejected += 1
 
+    def accept(self) -> None:
+        assert self.listener is not None  # noqa: S101 - registered only with one
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError, OSError):
+            return
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, _Stream(conn))
+
+    def read_stream(self, stream: _Stream) -> None:
+        try:
+            data = stream.sock.recv(256)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""  # reset: as good as closed
+        if data:
+            stream.feed(data)
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(stream.sock)
+        stream.sock.close()
+        if stream.said_bye or stream.slot is None:
+            return
+        declaration = self.table.stream_closed(stream.slot, stream.nonce, time.monotonic())
+        if declaration is not None:
+            self.streams_lost += 1
+            self.declare(declaration)
+
+    def declare(self, declaration: Declaration) -> None:
+        self.declarations += 1
+        self.cancel_probe(declaration.server_id)
+        self.report({"op": "declare", "server": declaration.server_id,
+                     "generation": declaration.generation, "reason": declaration.reason,
+                     "silent_s": declaration.silent_s,
+                     "last_seen": time.time() - declaration.silent_s})
+
     def sweep(self, now: float) -> None:
         result = self.table.sweep(now)
         for watch in result.probes:
             self.send_probe(watch)
         for watch in result.triton_probes:
             self.start_triton_probe(watch)
-        wall = time.time()
         for declaration in result.declarations:
-            self.declarations += 1
-            self.cancel_probe(declaration.server_id)
-            self.report({"op": "declare", "server": declaration.server_id,
-                         "generation": declaration.generation, "reason": declaration.reason,
-                         "silent_s": declaration.silent_s,
-                         "last_seen": wall - declaration.silent_s})
+            self.declare(declaration)
         for server_id in result.suspected:
             logger.info("suspecting %s; probing", server_id)
 
@@ -294,6 +364,19 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _listen(family: int, host: str, port: int) -> socket.socket:
+    """The liveness streams' TCP listener: on the UDP port's number when it is free."""
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.bind((host, 0))
+    listener.listen(1024)
+    listener.setblocking(False)
+    return listener
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -316,10 +399,12 @@ def main(argv: list[str] | None = None) -> int:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
     sock.bind((options.host, options.port))
     sock.setblocking(False)
+    listener = _listen(family, options.host, sock.getsockname()[1])
     os.set_blocking(sys.stdin.fileno(), False)
     settings = SuspicionSettings(**json.loads(options.settings))
-    monitor = Monitor(sock, settings, sys.stdin, sys.stdout)
-    monitor.report({"op": "ready", "port": sock.getsockname()[1], "pid": os.getpid()})
+    monitor = Monitor(sock, settings, sys.stdin, sys.stdout, listener)
+    monitor.report({"op": "ready", "port": sock.getsockname()[1],
+                    "tcp_port": listener.getsockname()[1], "pid": os.getpid()})
     try:
         monitor.run()
     except KeyboardInterrupt:

@@ -22,7 +22,8 @@ _MONITOR_COUNTERS = {
     "rejected": "Datagrams rejected (malformed, unknown kind)",
     "suspicions": "Servers suspected after an abnormal silence",
     "cleared": "Suspicions cleared by a heartbeat or a probe answer (declarations avoided)",
-    "declarations": "Silent servers declared failed by the heartbeat monitor",
+    "declarations": "Servers declared failed by the heartbeat monitor (silent, or dead)",
+    "streams_lost": "Liveness streams closed without a goodbye (agent processes died)",
     "restarts": "Restarts of the heartbeat monitor process",
 }
 

@@ -241,6 +241,20 @@ class SuspicionTable:
         self._clear(watch)
         return True
 
+    def stream_closed(self, slot: int, nonce: int, now: float) -> Declaration | None:
+        """The agent's liveness stream closed without a goodbye: its process group died.
+
+        An immediate signal, like the agent's websocket closing: declared at once when it is
+        the server's current connection and the server is watched.
+        """
+        watch = self.by_slot.get(slot)
+        if watch is None or watch.nonce != nonce or not watch.armed:
+            return None
+        watch.armed = False
+        self._clear(watch)
+        return Declaration(watch.server_id, watch.generation, "agent processes died",
+                           now - watch.last_arrival)
+
     def triton_result(self, server_id: str, ready: bool) -> None:
         """The readiness probe of a suspect's Triton answered (or failed)."""
         watch = self.by_server.get(server_id)

@@ -15,9 +15,14 @@ It shares the agent's fate:
   the agent is hung and the process stops beating and answering probes, so the server is
   suspected and, unless its Triton still answers, declared.
 
+It also keeps a TCP **liveness stream** to the controller's heartbeat monitor (``hello SLOT
+NONCE``, and ``bye`` before it closes the stream on purpose): when the agent's processes are
+killed, this small, high-priority process is usually the first to finish dying, and the stream's
+close without ``bye`` is an immediate signal, like the websocket's.
+
 The agent drives it with one line per command on its stdin: ``channel HOST PORT SLOT NONCE
-INTERVAL_S`` (beat there from now on), ``pause`` (the connection closed), ``triton 0|1``,
-``interval S``, ``tick``, ``exit``.
+INTERVAL_S [TCP_PORT]`` (beat there from now on), ``pause`` (the connection closed), ``triton
+0|1``, ``interval S``, ``tick``, ``exit``.
 """
 
 from __future__ import annotations
@@ -66,9 +71,13 @@ class HeartbeatProcess:
             self.process = None
             self.start()
 
-    def channel(self, host: str, port: int, slot: int, nonce: int, interval_s: float) -> None:
-        """Beat to ``host:port`` with this connection's slot and nonce."""
-        self._send(f"channel {host} {port} {slot} {nonce} {interval_s!r}")
+    def channel(self, host: str, port: int, slot: int, nonce: int, interval_s: float,
+                tcp_port: int | None = None) -> None:
+        """Beat to ``host:port`` with this connection's slot and nonce.
+
+        With ``tcp_port``, also keep a liveness stream to ``host:tcp_port``.
+        """
+        self._send(f"channel {host} {port} {slot} {nonce} {interval_s!r} {tcp_port or 0}")
 
     def pause(self) -> None:
         """Stop beating (the connection is gone; the next one brings a new channel)."""
@@ -116,6 +125,9 @@ class _Beater:
         self.due = time.monotonic()
         self.pending = b""
         self.running = True
+        self.stream: socket.socket | None = None
+        self.stream_address: tuple[str, int] | None = None
+        self.stream_retry_at = 0.0
 
     def apply(self, line: str) -> None:
         parts = line.split()
@@ -124,6 +136,7 @@ class _Beater:
         op = parts[0]
         if op == "channel":
             host, port, slot, nonce, interval = parts[1:6]
+            tcp_port = int(parts[6]) if len(parts) > 6 else 0
             self.close_socket()
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -132,6 +145,8 @@ class _Beater:
             self.slot, self.nonce = int(slot), int(nonce)
             self.interval_s = float(interval)
             self.due = time.monotonic()
+            self.stream_address = (host, tcp_port) if tcp_port else None
+            self.open_stream()
         elif op == "pause":
             self.close_socket()
         elif op == "triton":
@@ -141,6 +156,7 @@ class _Beater:
         elif op == "tick":
             self.last_tick = time.monotonic()
         elif op == "exit":
+            self.close_socket()
             self.running = False
 
     def close_socket(self) -> None:
@@ -148,6 +164,49 @@ class _Beater:
             with contextlib.suppress(OSError):
                 self.sock.close()
         self.sock = None
+        self.close_stream(goodbye=True)
+        self.stream_address = None
+
+    def open_stream(self) -> None:
+        """Connect the liveness stream; a failure is retried a second later.
+
+        Blocking, briefly: the monitor is local to the controller and accepts at once.
+        """
+        if self.stream_address is None or self.stream is not None:
+            return
+        host, port = self.stream_address
+        try:
+            stream = socket.create_connection((host, port), timeout=1.0)
+            stream.sendall(f"hello {self.slot} {self.nonce}\n".encode())
+        except OSError:
+            self.stream_retry_at = time.monotonic() + 1.0
+            return
+        stream.setblocking(False)
+        self.stream = stream
+
+    def close_stream(self, goodbye: bool) -> None:
+        stream, self.stream = self.stream, None
+        if stream is None:
+            return
+        with contextlib.suppress(OSError):
+            if goodbye:
+                stream.setblocking(True)
+                stream.settimeout(0.5)
+                stream.sendall(b"bye\n")
+            stream.close()
+
+    def stream_event(self) -> None:
+        """The monitor closed the stream (it restarted): connect again a moment later."""
+        assert self.stream is not None  # noqa: S101 - only called when selected
+        try:
+            data = self.stream.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close_stream(goodbye=False)
+            self.stream_retry_at = time.monotonic() + 0.2
 
     def hung(self) -> bool:
         return time.monotonic() - self.last_tick > HANG_S
@@ -197,12 +256,17 @@ class _Beater:
                     self.seq += 1
                 self.due += self.interval_s
                 continue
-            watched: list[object] = [fd] + ([self.sock] if self.sock is not None else [])
+            if self.stream is None and self.stream_address is not None and \
+                    now >= self.stream_retry_at and not self.hung():
+                self.open_stream()
+            watched: list[object] = [fd] + [s for s in (self.sock, self.stream) if s is not None]
             readable, _, _ = select.select(watched, [], [], self.due - now)
             if fd in readable:
                 self.read_commands(fd)
             if self.sock is not None and self.sock in readable:
                 self.answer_probes()
+            if self.stream is not None and self.stream in readable:
+                self.stream_event()
 
 
 def _die_with_parent() -> None:

@@ -298,6 +298,8 @@ class HeartbeatChannel(_Message):
 
     type: Literal["heartbeat_channel"] = "heartbeat_channel"
     port: int = Field(gt=0, lt=65536)
+    tcp_port: int | None = Field(None, gt=0, lt=65536)
+    """The liveness stream's TCP port (``controller.heartbeat_monitor``); None: no stream."""
     host: str | None = Field(None, max_length=255)
     slot: int = Field(ge=0, lt=2**32)
     nonce: int = Field(gt=0, lt=2**64)
