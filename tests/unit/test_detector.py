@@ -178,3 +178,16 @@ def test_a_false_alarm_widens_that_server_only_and_decays() -> None:
     assert table.suspect_after("b", clock.now) == pytest.approx(before, rel=0.2)
     clock.run(31.0, beating={"a", "b"})
     assert table.suspect_after("a", clock.now) < 1.5 * before
+
+
+def test_a_closed_liveness_stream_declares_the_current_connection_only() -> None:
+    table, clock = _table("a", "b")
+    clock.run(1.0, beating={"a", "b"})
+    a = table.by_server["a"]
+    assert table.stream_closed(a.slot, a.nonce + 1, clock.now) is None  # an older connection
+    declaration = table.stream_closed(a.slot, a.nonce, clock.now)
+    assert declaration is not None and declaration.reason == "agent processes died"
+    assert declaration.silent_s < T
+    assert table.stream_closed(a.slot, a.nonce, clock.now) is None  # declared once
+    clock.run(1.0, beating={"b"})
+    assert clock.declared == []  # not declared again by silence
