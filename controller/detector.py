@@ -161,7 +161,9 @@ class FailureDetector:
                 return  # about an older watch
             logger.warning("server %s silent for %.0f ms and unanswered probes: %s", server_id,
                            report["silent_s"] * 1000, report["reason"])
-            self._declare(server_id, report["reason"], float(report["last_seen"]))
+            # Detected when the monitor decided, even if this loop was busy for a moment.
+            self._declare(server_id, report["reason"], float(report["last_seen"]),
+                          float(report.get("at", time.time())))
         elif op == "alive":
             server_id = report["server"]
             if server_id not in self._watched:
@@ -241,14 +243,16 @@ class FailureDetector:
 
     def declare(self, server_id: str, reason: str) -> None:
         """Declare the server failed now (e.g. its Triton died)."""
-        self._declare(server_id, reason, time.time())
+        now = time.time()
+        self._declare(server_id, reason, now, now)
 
-    def _declare(self, server_id: str, reason: str, last_seen: float) -> None:
+    def _declare(self, server_id: str, reason: str, last_seen: float,
+                 detected_at: float) -> None:
         if self._watched.pop(server_id, None) is None:
             return
         self._declared_at[server_id] = time.monotonic()
         self._send({"op": "unwatch", "server": server_id})
-        detected_at = time.time()
+        detected_at = min(detected_at, time.time())
         last_seen = min(last_seen, detected_at)
         for listener in self.listeners:
             listener(server_id, reason, detected_at, last_seen)

@@ -256,7 +256,7 @@ class Monitor:
         self.report({"op": "declare", "server": declaration.server_id,
                      "generation": declaration.generation, "reason": declaration.reason,
                      "silent_s": declaration.silent_s,
-                     "last_seen": time.time() - declaration.silent_s})
+                     "last_seen": time.time() - declaration.silent_s, "at": time.time()})
 
     def sweep(self, now: float) -> None:
         result = self.table.sweep(now)
