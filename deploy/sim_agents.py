@@ -299,19 +299,20 @@ class SimAgent:
         self.pump.interval_s = channel.heartbeat_interval_ms / 1000.0
         self._entry = self.pump.add(BeatEntry(self.server_id, (host, channel.port),
                                               channel.slot, channel.nonce,
-                                              beating=self._awake.is_set()))
+                                              beating=self._awake.is_set(),
+                                              tcp_port=channel.tcp_port))
 
-    def _stop_beating(self) -> None:
+    def _stop_beating(self, goodbye: bool = True) -> None:
         entry, self._entry = self._entry, None
         if entry is not None:
-            self.pump.remove(entry)
+            self.pump.remove(entry, goodbye)
 
     # --- faults -------------------------------------------------------------------------------
 
     def crash(self) -> None:
         """Abort the connection (no close frame) and stop beating until revive or restart."""
         self._online.clear()
-        self._stop_beating()
+        self._stop_beating(goodbye=False)  # the liveness stream closes without a goodbye
         ws, self._ws = self._ws, None
         if ws is not None:
             ws.transport.abort()

@@ -191,7 +191,8 @@ class SimFleet:
                 totals[key] = totals.get(key, 0) + value
         return {"agents": len(agents), "connected": sum(a.connected for a in agents),
                 "beating": sum(a.beating for a in agents), "late_ticks": self.pump.late_ticks,
-                **totals}
+                "sender_max_late_ms": self.pump.max_late_ms,
+                "reports_skipped": self.pump.reports_skipped, **totals}
 
 
 def _read_lines(stream: TextIO, loop: asyncio.AbstractEventLoop,

@@ -152,13 +152,15 @@ class SimAgentProcesses:
             raise SimDriverError(f"{op} {target}: {failed[0].get('error')}")
         return replies
 
-    def status(self) -> dict[str, int]:
-        """The processes' counters, summed."""
-        totals: dict[str, int] = {}
+    def status(self) -> dict[str, float]:
+        """The processes' counters, summed (their ``..._ms`` figures: the largest)."""
+        totals: dict[str, float] = {}
         for reply in self.command("status"):
             for key, value in reply.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    totals[key] = totals.get(key, 0) + value
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                totals[key] = max(totals.get(key, value), value) if key.endswith("_ms") \
+                    else totals.get(key, 0) + value
         return totals
 
     def close(self) -> None:

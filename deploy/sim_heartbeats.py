@@ -18,16 +18,23 @@ only), runs with the garbage collector off (it allocates nothing that lives), an
   process sends a steady trickle, not a burst of every beat at once;
 * answers a PROBE at once with an ACK (same slot, nonce and seq), unless the agent is off
   (crashed, silenced, stalled);
-* reads its orders on stdin, one per line (``add SERVER SLOT NONCE HOST PORT ON``,
-  ``remove SERVER``, ``on SERVER``, ``off SERVER``, ``interval SECONDS``), and prints its
-  counters every :data:`STATS_EVERY_S` as one JSON line (``late_ticks``, and per server
-  ``[sent, acks, probes_ignored]``); stdin closing ends it.
+* keeps each agent's TCP **liveness stream** to the monitor where the channel names one
+  (``tcp_port``; ``hello SLOT NONCE``, then ``bye`` before a close on purpose), as a real
+  agent's heartbeat process does: a crash closes it without ``bye`` (the monitor declares that
+  at once), a silence keeps it open; a stream the monitor closes is opened again;
+* reads its orders on stdin, one per line (``add SERVER SLOT NONCE HOST PORT ON [TCP_PORT]``,
+  ``remove SERVER bye|kill``, ``on SERVER``, ``off SERVER``, ``interval SECONDS``), and prints its
+  counters every :data:`STATS_EVERY_S` as one JSON line (``late_ticks``, ``max_late_ms``,
+  ``reports_skipped``, and per server ``[sent, acks, probes_ignored]``) without ever blocking
+  on it: a report the reader has no room for waits, and the next ones are skipped meanwhile;
+  stdin closing ends it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import json
 import logging
@@ -55,6 +62,7 @@ logger = logging.getLogger(__name__)
 BUCKETS = 10
 """Ticks per heartbeat period; each agent beats on one of them."""
 STATS_EVERY_S = 1.0
+STREAM_RETRY_S = 1.0
 PUMP_NICE = -10
 START_TIMEOUT_S = 30.0
 
@@ -72,6 +80,8 @@ class BeatEntry:
     nonce: int
     beating: bool = True
     """False: neither beats nor probe answers (a crashed, silenced or stalled agent)."""
+    tcp_port: int | None = None
+    """The monitor's liveness-stream port (None: no stream)."""
 
 
 class HeartbeatPump:
@@ -81,6 +91,9 @@ class HeartbeatPump:
         self._interval_s = interval_s
         self.late_ticks = 0
         """Ticks the sender reached more than one period late (its process stalled)."""
+        self.max_late_ms = 0.0
+        """The latest tick the sender reached, after its due time."""
+        self.reports_skipped = 0
         self.counters: dict[str, list[int]] = {}
         """Per server: beats sent, probes answered, probes ignored (current channel)."""
         self._process: subprocess.Popen[str] | None = None
@@ -130,13 +143,13 @@ class HeartbeatPump:
         """Beat for ``entry`` from now on (replacing the server's earlier channel)."""
         host, port = entry.address
         self._order(f"add {entry.server_id} {entry.slot} {entry.nonce} {host} {port} "
-                    f"{int(entry.beating)}")
+                    f"{int(entry.beating)} {entry.tcp_port or 0}")
         return entry
 
-    def remove(self, entry: BeatEntry) -> None:
-        """Stop beating for ``entry`` and close its socket."""
+    def remove(self, entry: BeatEntry, goodbye: bool = True) -> None:
+        """Stop beating for ``entry``; close its socket and stream (no ``bye``: a crash)."""
         entry.beating = False
-        self._order(f"remove {entry.server_id}")
+        self._order(f"remove {entry.server_id} {'bye' if goodbye else 'kill'}")
 
     def set_beating(self, entry: BeatEntry, beating: bool) -> None:
         """Switch beats and probe answers of ``entry`` on or off."""
@@ -157,6 +170,8 @@ class HeartbeatPump:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 report = json.loads(line)
                 self.late_ticks = int(report["late_ticks"])
+                self.max_late_ms = float(report["max_late_ms"])
+                self.reports_skipped = int(report["reports_skipped"])
                 self.counters = report["servers"]
 
 
@@ -170,9 +185,20 @@ class _Channel:
     nonce: int
     sock: socket.socket
     beating: bool
+    stream_address: tuple[str, int] | None = None
+    stream: socket.socket | None = None
+    stream_connected: bool = False
+    stream_retry_at: float = 0.0
     seq: int = 0
     counts: list[int] = field(default_factory=lambda: [0, 0, 0])
     """Beats sent, probes answered, probes ignored."""
+
+
+@dataclass(eq=False)
+class _StreamKey:
+    """Selector data of a channel's liveness stream."""
+
+    channel: _Channel
 
 
 class _Sender:
@@ -187,6 +213,9 @@ class _Sender:
         self.channels: dict[str, _Channel] = {}
         self.buckets: list[list[_Channel]] = [[] for _ in range(BUCKETS)]
         self.late_ticks = 0
+        self.max_late_s = 0.0
+        self.reports_skipped = 0
+        self.unsent = b""
         self.pending = b""
         self.running = True
 
@@ -197,8 +226,11 @@ class _Sender:
         while self.running:
             now = time.monotonic()
             if now >= due:
+                self.max_late_s = max(self.max_late_s, now - due)
                 if now - due > self.interval_s:
                     self.late_ticks += 1
+                    logger.warning("heartbeat tick %.1f ms late (this process did not run)",
+                                   1000 * (now - due))
                     due = now  # resume the schedule instead of bursting
                 self.beat(self.buckets[bucket])
                 bucket = (bucket + 1) % BUCKETS
@@ -210,12 +242,17 @@ class _Sender:
             for key, _ in self.selector.select(due - now):
                 if key.data is None:
                     self.read_orders()
+                elif isinstance(key.data, _StreamKey):
+                    self.stream_event(key.data.channel)
                 else:
                     self.answer(key.data)
 
     def beat(self, bucket: list[_Channel]) -> None:
         wall = time.time()
         for channel in bucket:
+            if channel.stream is None and channel.stream_address is not None and \
+                    time.monotonic() >= channel.stream_retry_at:
+                self.open_stream(channel)
             if not channel.beating:
                 continue
             try:
@@ -267,18 +304,20 @@ class _Sender:
         if op == "interval":
             self.interval_s = float(words[1])
         elif op == "add":
-            server, slot, nonce, host, port, on = words[1:7]
-            self.drop(server)
+            server, slot, nonce, host, port, on, tcp_port = words[1:8]
+            self.drop(server, goodbye=True)
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
                                  socket.SOCK_DGRAM)
             sock.setblocking(False)
             sock.connect((host, int(port)))
-            channel = _Channel(server, int(slot), int(nonce), sock, on == "1")
+            channel = _Channel(server, int(slot), int(nonce), sock, on == "1",
+                               (host, int(tcp_port)) if int(tcp_port) else None)
             self.channels[server] = channel
             min(self.buckets, key=len).append(channel)
             self.selector.register(sock, selectors.EVENT_READ, channel)
+            self.open_stream(channel)
         elif op == "remove":
-            self.drop(words[1])
+            self.drop(words[1], goodbye=words[2] == "bye")
         elif op in ("on", "off"):
             found = self.channels.get(words[1])
             if found is not None:
@@ -286,7 +325,7 @@ class _Sender:
         else:
             raise ValueError(f"unknown order {op!r}")
 
-    def drop(self, server: str) -> None:
+    def drop(self, server: str, goodbye: bool) -> None:
         channel = self.channels.pop(server, None)
         if channel is None:
             return
@@ -296,11 +335,79 @@ class _Sender:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(channel.sock)
         channel.sock.close()
+        self.close_stream(channel, goodbye)
+        channel.stream_address = None
+
+    # --- liveness streams ---------------------------------------------------------------------
+
+    def open_stream(self, channel: _Channel) -> None:
+        """Start connecting the channel's liveness stream (non-blocking)."""
+        if channel.stream_address is None or channel.stream is not None:
+            return
+        host, port = channel.stream_address
+        stream = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                               socket.SOCK_STREAM)
+        stream.setblocking(False)
+        if stream.connect_ex((host, port)) not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            stream.close()
+            channel.stream_retry_at = time.monotonic() + STREAM_RETRY_S
+            return
+        channel.stream, channel.stream_connected = stream, False
+        self.selector.register(stream, selectors.EVENT_WRITE, _StreamKey(channel))
+
+    def stream_event(self, channel: _Channel) -> None:
+        """The stream connected (say hello), or the monitor closed it (open it again later)."""
+        stream = channel.stream
+        if stream is None:
+            return
+        if not channel.stream_connected:
+            if stream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                with contextlib.suppress(OSError):
+                    stream.send(f"hello {channel.slot} {channel.nonce}\n".encode())
+                    channel.stream_connected = True
+                    self.selector.modify(stream, selectors.EVENT_READ, _StreamKey(channel))
+                    return
+            self.close_stream(channel, goodbye=False)
+            channel.stream_retry_at = time.monotonic() + STREAM_RETRY_S
+            return
+        try:
+            data = stream.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close_stream(channel, goodbye=False)
+            channel.stream_retry_at = time.monotonic() + STREAM_RETRY_S
+
+    def close_stream(self, channel: _Channel, goodbye: bool) -> None:
+        stream, channel.stream = channel.stream, None
+        if stream is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(stream)
+        with contextlib.suppress(OSError):
+            if goodbye and channel.stream_connected:
+                stream.send(b"bye\n")  # a few bytes: the socket's buffer takes them at once
+            stream.close()
+        channel.stream_connected = False
 
     def report(self) -> None:
-        self.reports.write(json.dumps({"late_ticks": self.late_ticks, "servers": {
-            server: channel.counts for server, channel in self.channels.items()}}) + "\n")
-        self.reports.flush()
+        """Write the counters without blocking (a slow reader must never stop the beats)."""
+        if not self.unsent:
+            self.unsent = (json.dumps({
+                "late_ticks": self.late_ticks, "max_late_ms": round(1000 * self.max_late_s, 3),
+                "reports_skipped": self.reports_skipped,
+                "servers": {server: channel.counts for server, channel in self.channels.items()}
+            }) + "\n").encode()
+        else:
+            self.reports_skipped += 1
+            logger.warning("counters not read by the agents' process; report skipped")
+        try:
+            written = os.write(self.reports.fileno(), self.unsent)
+        except BlockingIOError:
+            return
+        self.unsent = self.unsent[written:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, PUMP_NICE)
     gc.disable()  # nothing here makes cycles; a collection would only be a pause
     os.set_blocking(sys.stdin.fileno(), False)
+    os.set_blocking(sys.stdout.fileno(), False)
     sender = _Sender(options.interval_s, sys.stdin, sys.stdout)
     sender.report()  # the "ready" line
     with contextlib.suppress(KeyboardInterrupt):

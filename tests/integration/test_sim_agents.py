@@ -95,7 +95,8 @@ def test_a_crash_is_declared_at_once(
     at = sims.command("crash", "sim-0000")[0]["at"]
     found = _until("the crash's declaration",
                    lambda: _declaration_of(controller, "sim-0000", since), 5)
-    assert found["reason"] == "connection closed"
+    # Two immediate signals race: the websocket's close and the liveness stream's.
+    assert found["reason"] in ("connection closed", "agent processes died")
     assert found["detected_at"] - at < 0.5
 
 
