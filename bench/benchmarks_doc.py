@@ -261,9 +261,9 @@ declaration); `failover_plan_p50_ms` comes from the controller's "planned in" lo
 detection (declaration − injection) is printed per kind, with how long failovers waited for the
 planning lock. `false_declarations` counts declarations of servers the bench did not fail (or
 before their failure), from the controller's start: those in `/v1/declarations` and those the
-controller logged whose failover had not yet taken the planning lock when the run ended. Targets: 1000 agents, 0 false declarations, CPU ≤ 100 % of a core, ≤ 5 µs per
-heartbeat, connect storm ≤ 10 s, ≥ 200 apps/s, failover plan p50 ≤ 200 ms, warm notify p99 ≤
-100 ms.""",
+controller logged whose failover had not yet taken the planning lock when the run ended.
+Targets: 1000 agents, 0 false declarations, CPU ≤ 100 % of a core, ≤ 5 µs per heartbeat,
+connect storm ≤ 10 s, ≥ 200 apps/s, failover plan p50 ≤ 200 ms, warm notify p99 ≤ 100 ms.""",
         (("agents", "agents connected"), ("false_declarations", "false declarations"),
          ("controller_cpu_pct.heartbeats", "controller CPU, steady window (% of a core)"),
          ("controller_cpu_pct.idle", "controller CPU, nothing connected (% of a core)"),
