@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from controller.suspicion import SuspicionSettings
@@ -143,8 +143,7 @@ class FailureDetector:
         if self._stopping:
             return
         logger.error("heartbeat monitor exited (code %s); restarting it", process.returncode)
-        self._base_stats = self.stats
-        self._base_stats.restarts += 1
+        self._base_stats = replace(self.stats, restarts=self.stats.restarts + 1)
         self._process = None
         await self.start()
         for server_id, admission in self._admitted.items():
@@ -170,10 +169,13 @@ class FailureDetector:
                 for listener in self.alive_listeners:
                     listener(server_id)
         elif op == "stats":
+            # The monitor's counters start at zero in each monitor process: add those of the
+            # processes before it. ``servers`` is a level, not a count, and is taken as is.
             base = self._base_stats
             self.stats = MonitorStats(**{
-                key: (getattr(base, key) + report.get(key, 0) if key != "restarts"
-                      else base.restarts) for key in asdict(base)})
+                key: getattr(base, key) + report.get(key, 0)
+                for key in asdict(base) if key not in ("restarts", "servers")},
+                servers=report.get("servers", 0), restarts=base.restarts)
 
     def _send(self, message: dict[str, Any]) -> None:
         process = self._process

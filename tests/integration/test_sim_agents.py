@@ -8,13 +8,14 @@ machine); ``bench/control_plane_scale.py`` measures them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deploy.sim_driver import ControllerProcess, SimAgentProcesses
+from deploy.testbed import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,17 +42,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory
         controller.stop()
 
 
-def _until(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _up(controller: ControllerProcess) -> int:
     servers = controller.http.get("/v1/servers", params={"limit": 1000}).json()
     return sum(1 for s in servers if s["state"] == "up" and s["connected"])
@@ -75,8 +65,8 @@ def test_300_agents_connect_at_once_and_are_watched_without_false_alarms(
         cluster: tuple[ControllerProcess, SimAgentProcesses]) -> None:
     controller, sims = cluster
     sims.command("connect")
-    _until("300 servers up and connected", lambda: _up(controller) == AGENTS, 45)
-    _until("every agent beating on its channel",
+    wait_until("300 servers up and connected", lambda: _up(controller) == AGENTS, 45)
+    wait_until("every agent beating on its channel",
            lambda: sims.status()["beating"] == AGENTS, 15)
     before = sims.status()["sent"]
     watched = time.monotonic()
@@ -93,7 +83,7 @@ def test_a_crash_is_declared_at_once(
     controller, sims = cluster
     since = _last_seq(controller)
     at = sims.command("crash", "sim-0000")[0]["at"]
-    found = _until("the crash's declaration",
+    found = wait_until("the crash's declaration",
                    lambda: _declaration_of(controller, "sim-0000", since), 5)
     # Two immediate signals race: the websocket's close and the liveness stream's.
     assert found["reason"] in ("connection closed", "agent processes died")
@@ -105,15 +95,15 @@ def test_a_silence_is_declared_after_suspicion_and_unanswered_probes(
     controller, sims = cluster
     since = _last_seq(controller)
     at = sims.command("silence", "sim-0001")[0]["at"]
-    found = _until("the silence's declaration",
+    found = wait_until("the silence's declaration",
                    lambda: _declaration_of(controller, "sim-0001", since), 5)
     assert found["reason"] == "missed heartbeats, probes unanswered"
     assert 0.04 < found["detected_at"] - at < 0.15 + 0.35  # 4.5 T + 2 T, plus slack
     sims.command("revive", "sim-0001")  # alive all along: a false alarm, taken back
-    _until("the revived server's declaration marked alive again",
+    wait_until("the revived server's declaration marked alive again",
            lambda: (_declaration_of(controller, "sim-0001", since) or {}).get("alive_again"),
            10)
-    _until("the revived server up again", lambda: _up(controller) == AGENTS - 1, 10)
+    wait_until("the revived server up again", lambda: _up(controller) == AGENTS - 1, 10)
 
 
 def test_a_short_stall_is_not_declared(
@@ -132,7 +122,7 @@ def test_a_restarted_agent_returns_with_a_new_boot(
     controller, sims = cluster
     boot = controller.http.get("/v1/servers/sim-0000").json()["boot_id"]
     sims.command("restart", "sim-0000")
-    _until("the crashed server back up",
+    wait_until("the crashed server back up",
            lambda: controller.http.get("/v1/servers/sim-0000").json()["state"] == "up", 10)
     assert controller.http.get("/v1/servers/sim-0000").json()["boot_id"] != boot
-    _until("every server up", lambda: _up(controller) == AGENTS, 10)
+    wait_until("every server up", lambda: _up(controller) == AGENTS, 10)

@@ -24,13 +24,10 @@ suspects the server), ACK (agent -> controller, the answer to a probe, echoing i
 
 from __future__ import annotations
 
-import logging
 import secrets
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-
-logger = logging.getLogger(__name__)
 
 MAGIC = b"UH"
 VERSION = 1
