@@ -36,7 +36,8 @@ def policy_for(config: RuntimeConfig) -> UnderstudyPolicy | FullSizeWarmK:
     """The failover policy a runtime configuration names."""
     warm = WarmPlanConfig(alpha=config.alpha, replicas=config.warm_replicas,
                           site_independent=config.site_independent, solver=config.solver,
-                          time_limit_s=config.time_limit_s, mip_rel_gap=config.mip_rel_gap)
+                          time_limit_s=config.time_limit_s, mip_rel_gap=config.mip_rel_gap,
+                          method=config.warm_method)
     if config.policy == "full-size-warm-k":
         return FullSizeWarmK(warm=warm)
     return UnderstudyPolicy(warm=warm,

@@ -158,6 +158,10 @@ class RuntimeConfig(BaseModel):
     solver: Literal["highs", "cbc", "gurobi"] = "highs"
     time_limit_s: float = Field(10.0, gt=0, le=3600)
     mip_rel_gap: float = Field(0.01, ge=0, lt=1)
+    warm_method: Literal["auto", "decomposed", "full", "heuristic"] = Field(
+        "auto", description="how the warm plan is solved: 'auto' solves the ILP (decomposed) "
+                            "up to a size and uses FailLite's heuristic above it, so that a "
+                            "re-plan of thousands of critical apps takes seconds, not minutes")
     site_independent: bool = False
     warm_replicas: int = Field(1, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] = "understudy"
@@ -179,6 +183,7 @@ class ConfigPatch(BaseModel):
     solver: Literal["highs", "cbc", "gurobi"] | None = None
     time_limit_s: float | None = Field(None, gt=0, le=3600)
     mip_rel_gap: float | None = Field(None, ge=0, lt=1)
+    warm_method: Literal["auto", "decomposed", "full", "heuristic"] | None = None
     site_independent: bool | None = None
     warm_replicas: int | None = Field(None, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] | None = None
