@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from controller.decide.decision import LOADED_FOR_THE_CHANGE, Decision, Recovery
@@ -92,6 +92,14 @@ class Locks:
             yield
 
     @contextlib.asynccontextmanager
+    async def apps(self, app_ids: Iterable[str]) -> AsyncIterator[None]:
+        """Holds the locks of ``app_ids`` (taken in id order)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for app_id in sorted(set(app_ids)):
+                await stack.enter_async_context(self.app(app_id))
+            yield
+
+    @contextlib.asynccontextmanager
     async def everything(self) -> AsyncIterator[None]:
         """The planning lock and every app's lock."""
         async with self.plan, self.every_app():
@@ -136,6 +144,11 @@ class Executor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def cancel_all(self) -> None:
+        """Stop every background task where it is (what a crash leaves behind)."""
+        for task in list(self._tasks):
+            task.cancel()
 
     async def idle(self) -> None:
         """Wait until no background work is left (tests, shutdown)."""

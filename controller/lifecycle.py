@@ -1,12 +1,11 @@
 """Servers failing and draining: events in, decisions (``controller.decide``) out, executed.
 
-A failure goes: the detector's callback (:meth:`ServerLifecycle.on_failure`) ->
-``decide.failover.decide_server_failed`` (the server and the warm switches, with the intent),
-committed and announced -> the policy's ``FailoverPlan`` (on the event loop when small, in a
-thread when large: the critical apps' clients have heard by then either way) ->
-``decide.failover.decide_cold``, committed -> its stages run by the executor -> a warm re-plan
--> the intent is done. A controller restarted in between finds the intent and runs the
-failover again from the records.
+A failure goes: the detector's callback (:meth:`ServerLifecycle.on_failure`) -> the switch
+(``controller.failover``: the server and the warm switches, with the intent, committed and
+announced under the locks of its apps only) -> a cold round shared with the other servers
+failing meanwhile (one snapshot, the policy's ``FailoverPlan``, ``decide_cold_batch``
+committed) -> its stages run by the executor -> a warm re-plan -> the intent is done. A
+controller restarted in between finds the intent and runs the failover again from the records.
 """
 
 from __future__ import annotations
@@ -17,27 +16,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller.decide.drain import decide_drain_leftovers, decide_drain_moves, server_drained
-from controller.decide.failover import FAILOVER, decide_cold, decide_server_failed
-from controller.declarations import Declaration, DeclarationLog
+from controller.decide.failover import FAILOVER
+from controller.declarations import DeclarationLog
 from controller.errors import ConflictError, NotFoundError
 from controller.executor import Executor
+from controller.failover import Failovers
 from controller.interfaces import AgentLink, Clock, FailureWatch, RecordStore
 from controller.metrics import Metrics
-from controller.records import AppRecord, ServerRecord, ServerState
+from controller.records import ServerRecord, ServerState
 from controller.returns import ServerReturns
 from controller.snapshot import build_snapshot
-from policies.actions import FailoverPlan
-from policies.failover import split_affected
-from policies.model import ClusterSnapshot, Family
+from policies.model import Family
 from policies.policy import FailoverPolicy
 
 logger = logging.getLogger(__name__)
-
-INLINE_PLAN_WORK = 2_000
-"""apps x servers up to which a failover is planned on the event loop: a plan this size takes
-about a millisecond, far below the heartbeat timeout; a larger one goes to a thread so that
-the loop keeps reading the other servers' heartbeats."""
-
 
 class ServerLifecycle:
     """Failure, resumption, drain and the watchdog; returns are :class:`ServerReturns`."""
@@ -58,7 +50,8 @@ class ServerLifecycle:
         self.replan_warm = replan_warm
         self.returns = returns
         self.declarations = declarations
-        self._last_seen: dict[str, float] = {}
+        self.failovers = Failovers(executor, store, agents, watch, families, policy, metrics,
+                                   clock, replan_warm, declarations)
         self._failing: set[str] = set()
         """Servers whose failover task is running."""
 
@@ -68,7 +61,7 @@ class ServerLifecycle:
                    last_seen: float) -> None:
         """Detector callback (synchronous, on the loop): start the failover task."""
         self.metrics.detection.observe(max(0.0, detected_at - last_seen))
-        self._last_seen[server_id] = last_seen
+        self.failovers.last_seen[server_id] = last_seen
         self.metrics.server_failures.labels(reason).inc()
         logger.error("server %s declared failed (%s, %.1f ms after its last sign of life)",
                      server_id, reason, (detected_at - last_seen) * 1000)
@@ -90,87 +83,9 @@ class ServerLifecycle:
 
     async def _fail_server(self, server_id: str, reason: str, detected_at: float,
                            resuming: bool) -> None:
-        ex = self.executor
-        async with ex.locks.everything():
-            locked_at = self.clock.time()
-            apps, servers = await self.store.apps_and_servers()
-            server = servers.get(server_id)
-            if server is None or (server.state is ServerState.FAILED) is not resuming:
-                return
-            if resuming:
-                # The policy plans the failure of a server it sees up (in memory only: the
-                # record stays failed, so no placement in between can pick the server).
-                server.state = ServerState.UP
-            if self.watch.watching(server_id):
-                # Heard from again while this task waited for the lock: not failed.
-                logger.warning("server %s is alive again; failover cancelled", server_id)
-                self.watch.false_alarm(server_id)
-                if not resuming:
-                    await self._declared(server, reason, detected_at, apps, cancelled=True)
-                return
-            snapshot = build_snapshot(self.families, servers, apps)
-            switches = split_affected(snapshot, [server_id]).warm_switches
-            failed = decide_server_failed(apps, servers, server_id, reason, detected_at,
-                                          self.agents.connected(server_id), switches,
-                                          self.clock.time())
-            intent = await ex.commit(failed)
-            self._announced(server_id, len(failed.apps), detected_at, locked_at)
-            # Logged once the warm switches are out (they must not wait for it), before the
-            # cold recoveries act.
-            declaration = None if resuming else await self._declared(
-                server, reason, detected_at, apps)
-            plan, planned_ms = await self._plan(snapshot, server_id, len(apps) * len(servers))
-            cold = decide_cold(apps, plan, server_id, detected_at, self.families,
-                               self.clock.time())
-            await ex.commit(cold)
-            if declaration is not None and self.declarations is not None:
-                await self.declarations.update(declaration.seq, apps_moved=sorted(
-                    {s.app_id for s in switches} | {r.app_id for r in plan.recoveries}))
-        self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
-        self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
-        logger.info("failover of %s planned in %.1f ms", server_id, planned_ms)
-        await ex.act(cold)
-        await self.replan_warm()
-        if intent is not None:
-            await self.store.done_intent(intent)
-
-    async def _declared(self, server: ServerRecord, reason: str, detected_at: float,
-                        apps: Mapping[str, AppRecord], cancelled: bool = False
-                        ) -> Declaration | None:
-        """Log the declaration (true or false: the log keeps every one) before acting on it."""
-        if self.declarations is None:
-            return None
-        last_seen = self._last_seen.pop(server.server_id, detected_at)
-        affected = sorted(app_id for app_id, record in apps.items()
-                          if any(r.server_id == server.server_id for r in record.replicas))
-        return await self.declarations.add(Declaration(
-            server_id=server.server_id, site_id=server.site_id, reason=reason,
-            detected_at=detected_at, last_seen=last_seen, boot_id=server.boot_id,
-            apps_affected=affected, cancelled=cancelled))
-
-    async def _plan(self, snapshot: ClusterSnapshot, server_id: str, work: int
-                    ) -> tuple[FailoverPlan, float]:
-        """The policy's failover plan, and the milliseconds it took to get it."""
-        asked = self.clock.monotonic()
-        policy = self.policy()
-        if work <= INLINE_PLAN_WORK:
-            plan = policy.plan_failover(snapshot, [server_id])
-        else:
-            plan = await asyncio.to_thread(policy.plan_failover, snapshot, [server_id])
-        planned_s = self.clock.monotonic() - asked
-        self.metrics.failover_plan.observe(planned_s)
-        return plan, planned_s * 1000
-
-    def _announced(self, server_id: str, switched: int, detected_at: float,
-                   locked_at: float) -> None:
-        """Log and count the warm switches just written and pushed to the clients."""
-        now = self.clock.time()
-        logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
-                    "(%.1f ms waiting for the planning lock)", server_id, switched,
-                    (now - detected_at) * 1000, (locked_at - detected_at) * 1000)
-        for _ in range(switched):
-            self.metrics.failovers.labels("warm").inc()
-            self.metrics.mttr.labels("warm").observe(now - detected_at)
+        failure = await self.failovers.switch(server_id, reason, detected_at, resuming)
+        if failure is not None:
+            await self.failovers.recover(failure)
 
     async def resume_failover(self, server_id: str) -> None:
         """Run a failover again for a failed server whose apps were not all moved.

@@ -85,6 +85,12 @@ class RecordCache:
         self._servers: dict[str, ReadOnlyServerRecord] = {}
         self._ids: list[str] = []
         self._view: RecordsView | None = None
+        self._on_server: dict[str, set[str]] = {}
+        """Server -> the apps with a replica there or served from there (see apps_on)."""
+        self._indexed_at: dict[str, frozenset[str]] = {}
+        """App -> the servers it is listed under in ``_on_server``."""
+        self._unindexed: set[str] = set()
+        """Apps written since the index last looked at them."""
 
     # --- loading -----------------------------------------------------------------------------
 
@@ -96,6 +102,9 @@ class RecordCache:
         self._servers.clear()
         self._ids = sorted(self._apps_json)
         self._view = None
+        self._on_server.clear()
+        self._indexed_at.clear()
+        self._unindexed = set(self._ids)
         self.revision = revision
         self.loaded = True
 
@@ -108,6 +117,9 @@ class RecordCache:
         self._servers.clear()
         self._ids = []
         self._view = None
+        self._on_server.clear()
+        self._indexed_at.clear()
+        self._unindexed.clear()
 
     # --- writes Redis acknowledged ------------------------------------------------------------
 
@@ -132,6 +144,7 @@ class RecordCache:
                 bisect.insort(self._ids, app_id)
             self._apps_json[app_id] = raw
             self._apps.pop(app_id, None)
+            self._unindexed.add(app_id)
         for server_id, raw in servers:
             self._servers_json[server_id] = raw
             self._servers.pop(server_id, None)
@@ -139,6 +152,7 @@ class RecordCache:
             if self._apps_json.pop(app_id, None) is not None:
                 del self._ids[bisect.bisect_left(self._ids, app_id)]
             self._apps.pop(app_id, None)
+            self._unindexed.add(app_id)
         self.revision = revision
         self._view = None
         return True
@@ -174,7 +188,35 @@ class RecordCache:
             self._view = RecordsView(self.revision, MappingProxyType(apps),  # type: ignore[arg-type]
                                      MappingProxyType(servers),  # type: ignore[arg-type]
                                      ids)
+            self._reindex()  # every record is parsed now: keeping the index costs little
         return self._view
+
+    def apps_on(self, server_id: str) -> list[str]:
+        """The apps with a replica on ``server_id`` or served from it, sorted.
+
+        What a failure of that server touches, found without looking at every app: the
+        index follows the writes (each written app is looked at again on the next call).
+        """
+        self._reindex()
+        return sorted(self._on_server.get(server_id, ()))
+
+    def _reindex(self) -> None:
+        for app_id in self._unindexed:
+            for server_id in self._indexed_at.pop(app_id, ()):
+                listed = self._on_server[server_id]
+                listed.discard(app_id)
+                if not listed:
+                    del self._on_server[server_id]
+            record = self.app(app_id)
+            if record is None:
+                continue
+            servers = {r.server_id for r in record.replicas}
+            if record.serving is not None:
+                servers.add(record.serving[0])
+            self._indexed_at[app_id] = frozenset(servers)
+            for server_id in servers:
+                self._on_server.setdefault(server_id, set()).add(app_id)
+        self._unindexed.clear()
 
     def app_ids(self) -> list[str]:
         """Every app's id, sorted."""

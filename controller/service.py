@@ -116,7 +116,7 @@ class Controller:
             request_warm_replan=self.warm.request, declarations=self.declarations)
         self.lifecycle = ServerLifecycle(
             self.executor, self.store, self.agents, self.detector, self.families,
-            self.orchestrator.policy, self.metrics, clock, self.warm.replan, self.returns,
+            self.orchestrator.policy, self.metrics, clock, self.warm.replan_soon, self.returns,
             self.declarations)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
@@ -181,7 +181,7 @@ class Controller:
                                     config.heartbeat_misses)
             await self.agents.configure(config.heartbeat_interval_ms)
         if {"alpha", "solver", "time_limit_s", "mip_rel_gap", "site_independent",
-                "warm_replicas", "policy"} & changes.keys():
+                "warm_replicas", "policy", "warm_method"} & changes.keys():
             self.warm.request()
         return config
 

@@ -16,7 +16,7 @@ from policies.model import (
     Server,
     Site,
 )
-from policies.resources import Resources
+from policies.resources import MEMORY_MB, Resources
 from understudy.wire.protocol import ModelState
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,32 @@ def warm_backups(apps: Mapping[str, AppRecord],
             for r in record.replicas
             if r.role is Role.WARM and r.state in _ACTIVE and record.serving != r.key
             and r.server_id in known}
+
+
+def free_memory_mb(server: ServerRecord, records: Iterable[AppRecord],
+                   families: Mapping[str, Family]) -> float:
+    """The server's memory left after the replicas ``records`` hold there (loaded or loading).
+
+    What one server's ``ClusterSnapshot.free`` says, from the records of the apps on it only
+    (``RecordStore.apps_on``), for decisions that must not wait for a whole snapshot.
+    """
+    used = 0.0
+    for record in records:
+        family = families.get(record.spec.family)
+        if family is None:
+            continue
+        seen: set[tuple[str, str]] = set()
+        for replica in record.replicas:
+            if replica.server_id != server.server_id or replica.state not in _ACTIVE or \
+                    replica.key in seen:
+                continue
+            seen.add(replica.key)
+            try:
+                used += family.variant(replica.variant).demand(
+                    record.spec.max_rate_rps)[MEMORY_MB]
+            except PolicyError:
+                continue
+    return server.capacity.get(MEMORY_MB, 0.0) - used
 
 
 def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerRecord],

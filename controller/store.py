@@ -215,6 +215,10 @@ class Store:
         """Every app record by id (private copies)."""
         return (await self._loaded()).copy_apps()
 
+    async def apps_on(self, server_id: str) -> list[str]:
+        """The ids of the apps with a replica on the server or served from it, sorted."""
+        return (await self._loaded()).apps_on(server_id)
+
     async def delete_app(self, app_id: str) -> None:
         """Forget an app."""
         await self._write(lambda pipe: pipe.hdel(self._key("apps"), app_id),

@@ -47,6 +47,7 @@ class WarmPlanner:
         self.clock = clock
         self._pending = False
         self._task: asyncio.Task[Any] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
 
     def request(self) -> None:
         """Re-plan soon; bursts of requests coalesce into one."""
@@ -54,13 +55,35 @@ class WarmPlanner:
         if self._task is None or self._task.done():
             self._task = self.executor.spawn(self._loop(), "warm re-plan")
 
+    async def replan_soon(self) -> None:
+        """Request a re-plan and wait for one that starts after this call to be done.
+
+        The failovers of a failing site's servers finish one after the other; each waits
+        for the warm plan to cover its apps again, and they all share one re-plan.
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.request()
+        await waiter
+
     async def _loop(self) -> None:
         while self._pending:
             await asyncio.sleep(WARM_REPLAN_DEBOUNCE_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.executor.no_urgent_loads.wait(), URGENT_HOLD_MAX_S)
             self._pending = False
-            await self.replan()
+            waiters, self._waiters = self._waiters, []
+            try:
+                await self.replan()
+            except Exception as exc:  # noqa: BLE001 - told to the waiters; requests go on
+                logger.exception("warm re-plan failed")
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def replan(self) -> dict[str, Any]:
         """Solve the warm-backup plan and converge the warm replicas to it."""

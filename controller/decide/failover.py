@@ -13,7 +13,7 @@ apps' clients hear first whatever the size of the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from controller.decide.decision import Decision, Recovery, accuracy_of, event_for
 from controller.records import (
@@ -62,15 +62,68 @@ def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, Se
                     notes=(f"failover of {server_id}: {len(switched)} warm switches",))
 
 
+def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Collection[str],
+                         families: Mapping[str, Family],
+                         free_memory_mb: Callable[[str], float]) -> tuple[WarmSwitch, ...]:
+    """The warm switches of the apps served from ``server_id``, from their records alone.
+
+    The rule of ``policies.failover.split_affected``, without a snapshot of the whole cluster:
+    an app served from the server switches to its best warm backup (loaded or loading) on a
+    ``live`` server, the most accurate, then the one whose server has the most free memory
+    (``free_memory_mb`` is asked only to break such ties), then the smallest server id.
+    """
+    switches = []
+    for app_id in sorted(apps):
+        record = apps[app_id]
+        if record.serving is None or record.serving[0] != server_id:
+            continue
+        family = families.get(record.spec.family)
+        if family is None:
+            continue
+        accuracy = {v.name: v.accuracy for v in family.variants}
+        candidates = [r for r in record.replicas
+                      if r.role is Role.WARM and r.state in (ModelState.LOADING, ModelState.READY)
+                      and r.server_id in live and r.server_id != server_id
+                      and r.variant in accuracy]
+        if not candidates:
+            continue
+        best = max(accuracy[r.variant] for r in candidates)
+        top = [r for r in candidates if accuracy[r.variant] == best]
+        chosen = top[0] if len(top) == 1 else min(
+            top, key=lambda r: (-free_memory_mb(r.server_id), r.server_id))
+        switches.append(WarmSwitch(app_id, chosen.server_id, chosen.variant))
+    return tuple(switches)
+
+
 def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: str,
                 detected_at: float, families: Mapping[str, Family], now: float) -> Decision:
     """The plan's cold part applied to the records; its stages are the plan's."""
+    return decide_cold_batch(apps, plan, {server_id: detected_at}, {}, families, now)
+
+
+def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
+                      failures: Mapping[str, float], cause: Mapping[str, str],
+                      families: Mapping[str, Family], now: float) -> Decision:
+    """The cold part of one plan for several failed servers, applied to the records.
+
+    ``failures``: each failed server's detection time; ``cause``: the server whose failure
+    affected each app (default: the first of ``failures``). ``apps`` must hold every app the
+    plan names and every app with a replica on a failed server.
+    """
+    first = next(iter(failures))
+
+    def recovery_of(app_id: str) -> Recovery:
+        server_id = cause.get(app_id, first)
+        return Recovery(failures.get(server_id, failures[first]), server_id)
+
     changed: set[str] = set()
     recoveries: dict[str, Recovery] = {}
     preempted = _preempt(plan, apps)
     changed |= preempted
     for recovery in plan.recoveries:
-        record = apps[recovery.app_id]
+        record = apps.get(recovery.app_id)
+        if record is None:  # deleted while the plan was made
+            continue
         record.serving = None
         record.status = AppStatus.RECOVERING
         family = record.spec.family
@@ -85,20 +138,23 @@ def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: st
                 accuracy=accuracy_of(families, family, recovery.target_variant)))
         else:
             interim.role = Role.UPGRADE  # one load that serves as the final target
-        recoveries[record.app_id] = Recovery(detected_at, server_id)
+        recoveries[record.app_id] = recovery_of(record.app_id)
         changed.add(record.app_id)
     lost: list[Event] = []
     for unrecoverable in plan.unrecoverable:
-        record = apps[unrecoverable.app_id]
+        record = apps.get(unrecoverable.app_id)
+        if record is None:
+            continue
         record.serving = None
         record.status = AppStatus.UNAVAILABLE
         record.reason = unrecoverable.reason
-        recovery = recoveries[record.app_id] = Recovery(detected_at, server_id)
+        recovery = recoveries[record.app_id] = recovery_of(record.app_id)
         lost.append(event_for(record, "unrecoverable", None, unrecoverable.reason, {},
                               recovery, now))
         changed.add(record.app_id)
-    changed |= forget_replicas_on(server_id, apps)
-    notes = (f"failover of {server_id}: {len(plan.recoveries)} progressive, "
+    for server_id in failures:
+        changed |= forget_replicas_on(server_id, apps)
+    notes = (f"failover of {'+'.join(failures)}: {len(plan.recoveries)} progressive, "
              f"{len(plan.unrecoverable)} unrecoverable, {len(preempted)} warm backups "
              f"preempted ({len(plan.deferred_preemptions)} once the interims serve)",
              ) + plan.notes

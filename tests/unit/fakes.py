@@ -218,6 +218,14 @@ class FakeStore:
         raw = self._apps.get(app_id)
         return AppRecord.model_validate_json(raw) if raw else None
 
+    async def apps_on(self, server_id: str) -> list[str]:
+        found = []
+        for app_id, record in self.all_apps().items():
+            if any(r.server_id == server_id for r in record.replicas) or \
+                    (record.serving is not None and record.serving[0] == server_id):
+                found.append(app_id)
+        return found
+
     async def add_app(self, record: AppRecord) -> bool:
         if record.app_id in self._apps:
             return False

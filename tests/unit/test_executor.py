@@ -280,6 +280,7 @@ def test_a_restarted_controller_resumes_the_failover_from_its_intent() -> None:
         assert [i["kind"] for i in first.store.intents_now()] == ["failover"]
         # Crash: the process and its connections are gone; the agents finish their loads.
         failover.cancel()
+        first.executor.cancel_all()
         with pytest.raises(asyncio.CancelledError):
             await failover
         await first.executor.idle()

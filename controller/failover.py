@@ -1,0 +1,305 @@
+"""A server failed: its warm switches at once, its cold recoveries in a shared planning round.
+
+1. **The switch** (:meth:`Failovers.switch`) holds the locks of the apps on the failed server
+   only (the record cache's index finds them), not the planning lock, and builds no snapshot
+   of the cluster: the server is marked failed, each app served there with a live warm backup
+   switches to it, and its clients hear. Its cost does not grow with the cluster, and it
+   never waits for a plan being made (a warm re-plan, another failure's cold round).
+2. **The cold round** (:meth:`Failovers.recover`): every switched failure not yet planned
+   joins the next round. A round holds the planning lock, builds one snapshot (in a thread on
+   a large cluster, so the loop keeps switching the other servers of a failing site), asks
+   the policy for one plan for all of its servers, and commits it under the locks of the apps
+   it touches, after checking that no server it loads onto failed meanwhile. The round's
+   loads run outside the lock: the next round plans while they load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.decide.decision import Decision
+from controller.decide.failover import (
+    choose_warm_switches,
+    decide_cold_batch,
+    decide_server_failed,
+)
+from controller.declarations import Declaration, DeclarationLog
+from controller.executor import Executor
+from controller.interfaces import AgentLink, Clock, FailureWatch, RecordStore
+from controller.metrics import Metrics
+from controller.record_cache import RecordsView
+from controller.records import AppRecord, ServerRecord, ServerState
+from controller.snapshot import build_snapshot, free_memory_mb
+from policies.actions import FailoverPlan
+from policies.model import Family, Role
+from policies.policy import FailoverPolicy
+
+logger = logging.getLogger(__name__)
+
+INLINE_PLAN_WORK = 2_000
+"""apps x servers up to which a round is planned on the event loop: a plan this size takes
+about a millisecond; a larger one (its snapshot too) goes to a thread so that the loop keeps
+switching the other failed servers and answering the API."""
+
+STALE_PLAN_RETRIES = 3
+"""Rounds planned again when a server the plan loads onto failed while it was made."""
+
+
+@dataclass
+class Failure:
+    """One declared server on its way through a failover."""
+
+    server_id: str
+    reason: str
+    detected_at: float
+    intent: str | None
+    declaration: Declaration | None
+    switched: frozenset[str]
+    """Apps switched to a warm backup."""
+    recovered: set[str] = field(default_factory=set)
+    """Apps the cold round recovers or gives up (the declaration's moved apps)."""
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Failovers:
+    """Switches failed servers' apps to their warm backups and plans the rest in rounds."""
+
+    def __init__(self, executor: Executor, store: RecordStore, agents: AgentLink,
+                 watch: FailureWatch, families: Mapping[str, Family],
+                 policy: Callable[[], FailoverPolicy], metrics: Metrics, clock: Clock,
+                 replan_warm: Callable[[], Awaitable[Any]],
+                 declarations: DeclarationLog | None = None) -> None:
+        self.executor = executor
+        self.store = store
+        self.agents = agents
+        self.watch = watch
+        self.families = families
+        self.policy = policy
+        self.metrics = metrics
+        self.clock = clock
+        self.replan_warm = replan_warm
+        self.declarations = declarations
+        self.last_seen: dict[str, float] = {}
+        """When each declared server was last heard from (for its declaration)."""
+        self._waiting: dict[str, Failure] = {}
+        self._rounds: asyncio.Task[Any] | None = None
+
+    # --- 1. the switch -----------------------------------------------------------------------
+
+    async def switch(self, server_id: str, reason: str, detected_at: float,
+                     resuming: bool) -> Failure | None:
+        """Mark the server failed and switch its apps with a live warm backup.
+
+        None when there is nothing to do: the server is unknown, or not in the state
+        expected (``resuming``: already failed), or heard from again (a false alarm, logged
+        as a cancelled declaration).
+        """
+        ex = self.executor
+        app_ids = await self.store.apps_on(server_id)
+        while True:
+            async with ex.locks.apps(app_ids):
+                now_on = await self.store.apps_on(server_id)
+                if set(now_on) <= set(app_ids):
+                    return await self._switch_locked(server_id, reason, detected_at, resuming,
+                                                     now_on)
+            # An app got a replica there while we waited: take its lock too, in id order.
+            app_ids = sorted(set(app_ids) | set(now_on))
+
+    async def _switch_locked(self, server_id: str, reason: str, detected_at: float,
+                             resuming: bool, app_ids: list[str]) -> Failure | None:
+        locked_at = self.clock.time()
+        view = await self.store.view()
+        server = view.servers.get(server_id)
+        if server is None or (server.state is ServerState.FAILED) is not resuming:
+            return None
+        if self.watch.watching(server_id):
+            # Heard from again while this task waited for the locks: not failed.
+            logger.warning("server %s is alive again; failover cancelled", server_id)
+            self.watch.false_alarm(server_id)
+            if not resuming:
+                await self._declared(server, reason, detected_at, app_ids, cancelled=True)
+            return None
+        apps = {a: r for a in app_ids if (r := await self.store.get_app(a)) is not None}
+        live = {s for s, r in view.servers.items()
+                if r.state is ServerState.UP and s != server_id}
+        free = await self._free_memory(_tied_candidates(apps, server_id, live), view)
+        switches = choose_warm_switches(apps, server_id, live, self.families,
+                                        lambda s: free.get(s, 0.0))
+        servers: dict[str, ServerRecord] = dict(view.servers)
+        servers[server_id] = ServerRecord.model_validate(server.model_dump())
+        failed = decide_server_failed(apps, servers, server_id, reason, detected_at,
+                                      self.agents.connected(server_id), switches,
+                                      self.clock.time())
+        intent = await self.executor.commit(failed)
+        self._announced(server_id, len(failed.apps), detected_at, locked_at)
+        # Logged once the warm switches are out (they must not wait for it).
+        declaration = None if resuming else await self._declared(
+            server, reason, detected_at, app_ids)
+        return Failure(server_id, reason, detected_at, intent, declaration,
+                       frozenset(s.app_id for s in switches))
+
+    async def _free_memory(self, server_ids: set[str], view: RecordsView) -> dict[str, float]:
+        free = {}
+        for server_id in server_ids:
+            records = [r for a in await self.store.apps_on(server_id)
+                       if (r := view.apps.get(a)) is not None]
+            free[server_id] = free_memory_mb(view.servers[server_id], records, self.families)
+        return free
+
+    def _announced(self, server_id: str, switched: int, detected_at: float,
+                   locked_at: float) -> None:
+        """Log and count the warm switches just written and pushed to the clients."""
+        now = self.clock.time()
+        logger.info("failover of %s: %d warm switches announced %.1f ms after detection "
+                    "(%.1f ms waiting for the apps' locks)", server_id, switched,
+                    (now - detected_at) * 1000, (locked_at - detected_at) * 1000)
+        for _ in range(switched):
+            self.metrics.failovers.labels("warm").inc()
+            self.metrics.mttr.labels("warm").observe(now - detected_at)
+
+    async def _declared(self, server: ServerRecord, reason: str, detected_at: float,
+                        affected: list[str], cancelled: bool = False) -> Declaration | None:
+        """Log the declaration (true or false: the log keeps every one) before acting on it."""
+        if self.declarations is None:
+            return None
+        last_seen = self.last_seen.pop(server.server_id, detected_at)
+        return await self.declarations.add(Declaration(
+            server_id=server.server_id, site_id=server.site_id, reason=reason,
+            detected_at=detected_at, last_seen=last_seen, boot_id=server.boot_id,
+            apps_affected=sorted(affected), cancelled=cancelled))
+
+    # --- 2. the cold round -------------------------------------------------------------------
+
+    async def recover(self, failure: Failure) -> None:
+        """Join the next cold round; return once its loads are done and the warm plan redone."""
+        self._waiting[failure.server_id] = failure
+        if self._rounds is None or self._rounds.done():
+            self._rounds = self.executor.spawn(self._run_rounds(), "failover rounds")
+        await failure.done
+
+    async def _run_rounds(self) -> None:
+        while self._waiting:
+            async with self.executor.locks.plan:
+                batch, self._waiting = self._waiting, {}
+                try:
+                    cold, plan = await self._round(batch)
+                except BaseException as exc:
+                    for failure in batch.values():
+                        if not failure.done.done():
+                            failure.done.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+            self.executor.spawn(self._finish(batch, cold, plan),
+                                f"cold recoveries of {_names(batch)}")
+
+    async def _round(self, batch: dict[str, Failure]) -> tuple[Decision, FailoverPlan]:
+        """Plan and commit one round (hold the planning lock)."""
+        for attempt in range(STALE_PLAN_RETRIES + 1):
+            view = await self.store.view()
+            plan, snapshot_primaries, planned_ms = await self._plan(view, sorted(batch))
+            touched = {r.app_id for r in plan.recoveries} | \
+                {u.app_id for u in plan.unrecoverable} | {p.app_id for p in plan.preempted}
+            for server_id in batch:
+                touched |= set(await self.store.apps_on(server_id))
+            async with self.executor.locks.apps(touched):
+                fresh = (await self.store.view()).servers
+                lost = sorted({r.server_id for r in plan.recoveries} - {
+                    s for s, r in fresh.items() if r.state is ServerState.UP})
+                if lost and attempt < STALE_PLAN_RETRIES:
+                    logger.warning("failover of %s: %s failed while it was planned; planning "
+                                   "again", _names(batch), ", ".join(lost))
+                    batch.update(self._waiting)
+                    self._waiting = {}
+                    continue
+                apps = {a: r for a in sorted(touched)
+                        if (r := await self.store.get_app(a)) is not None}
+                cause = {a: s for a, s in snapshot_primaries.items() if s in batch}
+                cold = decide_cold_batch(
+                    apps, plan, {s: f.detected_at for s, f in batch.items()}, cause,
+                    self.families, self.clock.time())
+                await self.executor.commit(cold)
+            break
+        for recovery in list(plan.recoveries) + list(plan.unrecoverable):
+            failure = batch.get(cause.get(recovery.app_id, ""))
+            if failure is not None:
+                failure.recovered.add(recovery.app_id)
+        self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
+        self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
+        logger.info("failover of %s planned in %.1f ms (%d servers, %d progressive, "
+                    "%d unrecoverable)", _names(batch), planned_ms, len(batch),
+                    len(plan.recoveries), len(plan.unrecoverable))
+        return cold, plan
+
+    async def _plan(self, view: RecordsView, failed: list[str]
+                    ) -> tuple[FailoverPlan, dict[str, str], float]:
+        """The policy's plan on a snapshot of ``view``, with what it took to make.
+
+        Also returns each app's serving server before the failures and the milliseconds the
+        snapshot and the plan took.
+        """
+        asked = self.clock.monotonic()
+        policy = self.policy()
+
+        def plan() -> tuple[FailoverPlan, dict[str, str]]:
+            snapshot = build_snapshot(self.families, view.servers, view.apps)
+            primaries = {a: p.server_id for a, p in snapshot.primary_by_app.items()
+                         if p.role is Role.PRIMARY}
+            return policy.plan_failover(snapshot, failed), primaries
+
+        if len(view.apps) * len(view.servers) <= INLINE_PLAN_WORK:
+            result = plan()
+        else:
+            result = await asyncio.to_thread(plan)
+        planned_s = self.clock.monotonic() - asked
+        self.metrics.failover_plan.observe(planned_s)
+        return result[0], result[1], planned_s * 1000
+
+    async def _finish(self, batch: dict[str, Failure], cold: Decision,
+                      plan: FailoverPlan) -> None:
+        """The round's loads, the warm re-plan, then each failure is done."""
+        try:
+            for failure in batch.values():
+                if failure.declaration is not None and self.declarations is not None:
+                    await self.declarations.update(failure.declaration.seq, apps_moved=sorted(
+                        failure.switched | failure.recovered))
+            await self.executor.act(cold)
+            await self.replan_warm()
+            for failure in batch.values():
+                if failure.intent is not None:
+                    await self.store.done_intent(failure.intent)
+        except BaseException as exc:
+            for failure in batch.values():
+                if not failure.done.done():
+                    failure.done.set_exception(exc)
+            raise
+        for failure in batch.values():
+            if not failure.done.done():
+                failure.done.set_result(None)
+
+
+def _tied_candidates(apps: Mapping[str, AppRecord], server_id: str, live: set[str]) -> set[str]:
+    """Servers of the warm backups of apps served from ``server_id`` that have more than one.
+
+    Only between those can the choice come down to free memory.
+    """
+    servers: set[str] = set()
+    for record in apps.values():
+        if record.serving is None or record.serving[0] != server_id:
+            continue
+        warm = {r.server_id for r in record.replicas if r.role is Role.WARM
+                and r.server_id in live}
+        if len(warm) > 1:
+            servers |= warm
+    return servers
+
+
+def _names(batch: Mapping[str, Failure]) -> str:
+    """The servers of a round, for the log (one token)."""
+    names = sorted(batch)
+    return "+".join(names[:3]) + (f"+{len(names) - 3}more" if len(names) > 3 else "")
