@@ -1,0 +1,244 @@
+"""The failover's two halves: the switch (no planning lock, no snapshot) and shared cold rounds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controller.decide.failover import choose_warm_switches, decide_cold_batch
+from controller.record_cache import RecordCache
+from controller.records import AppStatus, ServerState
+from policies.actions import FailoverPlan, ProgressiveRecovery, Unrecoverable, WarmSwitch
+from policies.model import Role
+from tests.unit.controller_harness import (
+    LARGE,
+    MEDIUM,
+    SMALL,
+    Controller,
+    app_record,
+    build_controller,
+    families,
+    replica,
+    seed,
+)
+from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
+from understudy.wire.protocol import ModelState
+
+TEST_LIMIT_S = 10.0
+
+
+def run(body: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
+
+
+def new_cluster(apps: list[Any], *, auto_load: bool = True) -> Controller:
+    clock = ManualClock()
+    timeline = Timeline()
+    store = FakeStore(clock, timeline)
+    agents = FakeAgents(timeline, auto_load=auto_load)
+    seed(store, agents, apps)
+    return build_controller(store, agents, clock)
+
+
+# --- the switch decision ---------------------------------------------------------------------
+
+
+def test_choose_warm_switches_prefers_accuracy_then_free_memory_then_server_id() -> None:
+    apps = {
+        "a": app_record("a", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM),
+                              replica("s3", MEDIUM, Role.WARM)], serving=("s1", LARGE)),
+        "b": app_record("b", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM),
+                              replica("s4", SMALL, Role.WARM)], serving=("s1", LARGE)),
+        "c": app_record("c", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM),
+                              replica("s3", SMALL, Role.WARM)], serving=("s1", LARGE)),
+        # not served from s1: untouched, although it has a replica there
+        "d": app_record("d", [replica("s2", LARGE), replica("s1", SMALL, Role.WARM)],
+                        serving=("s2", LARGE)),
+        # its only backup is on a server that is down
+        "e": app_record("e", [replica("s1", LARGE), replica("s4", SMALL, Role.WARM)],
+                        serving=("s1", LARGE)),
+    }
+    free = {"s2": 500.0, "s3": 500.0, "s4": 900.0}
+
+    def free_memory(server_id: str) -> float:
+        return free[server_id]
+
+    live = {"s2", "s3"} | {"s4"}
+    switches = choose_warm_switches({k: v for k, v in apps.items() if k != "e"}, "s1", live,
+                                    families(), free_memory)
+    assert switches == (WarmSwitch("a", "s3", MEDIUM),   # more accurate
+                        WarmSwitch("b", "s4", SMALL),    # same accuracy, more free memory
+                        WarmSwitch("c", "s2", SMALL))    # full tie: smaller server id
+    assert choose_warm_switches({"e": apps["e"]}, "s1", {"s2", "s3"}, families(),
+                                free_memory) == ()
+
+
+def test_choose_warm_switches_takes_a_loading_backup_but_not_one_being_unloaded() -> None:
+    apps = {"a": app_record("a", [replica("s1", LARGE),
+                                  replica("s2", SMALL, Role.WARM, ModelState.UNLOADING),
+                                  replica("s3", SMALL, Role.WARM, ModelState.LOADING)],
+                            serving=("s1", LARGE))}
+    assert choose_warm_switches(apps, "s1", {"s2", "s3"}, families(), lambda _: 0.0) == (
+        WarmSwitch("a", "s3", SMALL),)
+
+
+def test_decide_cold_batch_names_each_apps_own_failed_server() -> None:
+    apps = {
+        "p1": app_record("p1", [replica("s1", LARGE)], serving=("s1", LARGE)),
+        "p2": app_record("p2", [replica("s2", LARGE)], serving=("s2", LARGE)),
+        "w": app_record("w", [replica("s3", LARGE), replica("s2", SMALL, Role.WARM)],
+                        serving=("s3", LARGE)),
+    }
+    plan = FailoverPlan(failed_servers=frozenset({"s1", "s2"}), warm_switches=(),
+                        recoveries=(ProgressiveRecovery("p1", "s3", SMALL, LARGE),),
+                        unrecoverable=(Unrecoverable("p2", "no room"),))
+    decision = decide_cold_batch(apps, plan, {"s1": 10.0, "s2": 11.0},
+                                 {"p1": "s1", "p2": "s2"}, families(), 12.0)
+    assert {a: (r.failed_server, r.detected_at) for a, r in decision.recoveries.items()} == {
+        "p1": ("s1", 10.0), "p2": ("s2", 11.0)}
+    assert [x.app_id for x in decision.apps] == ["p1", "p2", "w"]
+    # both failed servers' replicas are forgotten
+    assert all(r.server_id not in ("s1", "s2") for a in apps.values() for r in a.replicas)
+    assert apps["p2"].status is AppStatus.UNAVAILABLE
+
+
+def test_decide_cold_batch_skips_an_app_deleted_while_the_plan_was_made() -> None:
+    plan = FailoverPlan(failed_servers=frozenset({"s1"}), warm_switches=(),
+                        recoveries=(ProgressiveRecovery("gone", "s3", SMALL, LARGE),),
+                        unrecoverable=())
+    decision = decide_cold_batch({}, plan, {"s1": 1.0}, {}, families(), 2.0)
+    assert decision.apps == ()
+
+
+# --- the record cache's index ----------------------------------------------------------------
+
+
+def test_the_record_cache_indexes_apps_by_server_through_writes_and_deletions() -> None:
+    cache = RecordCache()
+    a = app_record("a", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM)],
+                   serving=("s1", LARGE))
+    b = app_record("b", [replica("s2", LARGE)], serving=("s2", LARGE))
+    cache.load({"a": a.model_dump_json(), "b": b.model_dump_json()}, {}, 1)
+    assert (cache.apps_on("s1"), cache.apps_on("s2"), cache.apps_on("s9")) == (
+        ["a"], ["a", "b"], [])
+    a.replicas = [replica("s3", SMALL)]
+    a.serving = ("s3", SMALL)
+    assert cache.written(2, apps=[("a", a.model_dump_json())])
+    assert (cache.apps_on("s1"), cache.apps_on("s2"), cache.apps_on("s3")) == (
+        [], ["b"], ["a"])
+    assert cache.written(3, deleted_apps=["b"])
+    assert cache.apps_on("s2") == []
+    cache.view()  # a view keeps the index up to date as well
+    assert cache.apps_on("s3") == ["a"]
+
+
+# --- the failover's halves -----------------------------------------------------------------
+
+
+def two_server_apps() -> list[Any]:
+    """s1 and s2 (one site) each serve a critical app backed up on s3, and an app without."""
+    return [
+        app_record("c1", [replica("s1", LARGE), replica("s3", SMALL, Role.WARM)],
+                   serving=("s1", LARGE), critical=True),
+        app_record("c2", [replica("s2", LARGE), replica("s3", SMALL, Role.WARM)],
+                   serving=("s2", LARGE), critical=True),
+        app_record("p1", [replica("s1", MEDIUM)], serving=("s1", MEDIUM), variant=MEDIUM),
+        app_record("p2", [replica("s2", MEDIUM)], serving=("s2", MEDIUM), variant=MEDIUM),
+    ]
+
+
+def test_the_warm_switch_does_not_wait_for_the_planning_lock() -> None:
+    async def body() -> None:
+        ctl = new_cluster(two_server_apps())
+        ctl.agents.disconnect("s1")
+        async with ctl.executor.locks.plan:  # a warm re-plan solving, say
+            failover = asyncio.ensure_future(
+                ctl.lifecycle.fail_server("s1", "heartbeats missed", ctl.clock.time()))
+            await ctl.agents.timeline.until(lambda: ("warm_switch", "c1") in ctl.sink.kinds())
+            assert ctl.store.server("s1").state is ServerState.FAILED
+            # the cold part waits for the lock
+            assert not [c for c in ctl.agents.commands("load") if c.app_id == "p1"]
+        await failover
+        assert ctl.store.app("p1").serving is not None
+        assert ctl.store.app("p1").serving[0] in ("s2", "s3", "s4")
+
+    run(body)
+
+
+def test_servers_failing_together_share_one_cold_round(caplog: Any) -> None:
+    async def body() -> Controller:
+        ctl = new_cluster(two_server_apps())
+        for server_id in ("s1", "s2"):
+            ctl.agents.disconnect(server_id)
+        async with ctl.executor.locks.plan:
+            failovers = [asyncio.ensure_future(
+                ctl.lifecycle.fail_server(s, "site down", ctl.clock.time())) for s in ("s1", "s2")]
+            await ctl.agents.timeline.until(
+                lambda: {("warm_switch", "c1"), ("warm_switch", "c2")} <= set(ctl.sink.kinds()))
+        await asyncio.gather(*failovers)
+        return ctl
+
+    caplog.set_level("INFO", logger="controller.failover")
+    ctl = run(body)
+    rounds = [r.getMessage() for r in caplog.records if "planned in" in r.getMessage()]
+    assert len(rounds) == 1 and "s1+s2 planned" in rounds[0], rounds
+    for app_id in ("p1", "p2"):
+        record = ctl.store.app(app_id)
+        assert record.serving is not None and record.serving[0] in ("s3", "s4"), record
+    assert all(i["kind"] != "failover" for i in ctl.store.intents_now())
+
+
+def test_a_round_is_planned_again_when_a_target_server_fails_meanwhile() -> None:
+    async def body() -> tuple[Controller, str]:
+        ctl = new_cluster(two_server_apps())
+        ctl.agents.disconnect("s1")
+        policy = ctl.orchestrator.policy
+        calls: list[frozenset[str]] = []
+        lost: list[str] = []
+
+        def failing_a_target() -> Any:
+            real = policy()
+
+            class Wrapped:
+                def plan_failover(self, snapshot: Any, failed: Any) -> Any:
+                    plan = real.plan_failover(snapshot, failed)
+                    calls.append(frozenset(failed))
+                    if len(calls) == 1:  # a target of this plan fails meanwhile
+                        target = plan.recoveries[0].server_id
+                        lost.append(target)
+                        record = ctl.store.server(target)
+                        record.state = ServerState.FAILED
+                        ctl.store.put_server_now(record)
+                    return plan
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(real, name)
+            return Wrapped()
+
+        ctl.lifecycle.failovers.policy = failing_a_target
+        await ctl.lifecycle.fail_server("s1", "heartbeats missed", ctl.clock.time())
+        assert len(calls) >= 2
+        return ctl, lost[0]
+
+    ctl, lost = run(body)
+    record = ctl.store.app("p1")
+    assert record.serving is not None and record.serving[0] not in ("s1", lost), record
+
+
+def test_failover_rounds_share_one_warm_replan() -> None:
+    async def body() -> int:
+        ctl = new_cluster(two_server_apps())
+        replans = 0
+        real = ctl.warm.replan
+
+        async def counted() -> dict[str, Any]:
+            nonlocal replans
+            replans += 1
+            return await real()
+
+        ctl.warm.replan = counted  # type: ignore[method-assign]
+        await asyncio.gather(ctl.warm.replan_soon(), ctl.warm.replan_soon())
+        return replans
+
+    assert run(body) == 1
