@@ -19,7 +19,8 @@ from controller.decide.decision import Decision
 from controller.executor import Executor
 from controller.interfaces import Clock, RecordStore
 from controller.metrics import Metrics
-from controller.records import RuntimeConfig
+from controller.record_cache import RecordsView
+from controller.records import RuntimeConfig, ServerState
 from controller.snapshot import build_snapshot, warm_backups
 from policies.actions import LoadVariant, WarmPlan
 from policies.model import Family
@@ -28,6 +29,8 @@ from policies.policy import FailoverPolicy
 logger = logging.getLogger(__name__)
 
 WARM_REPLAN_DEBOUNCE_S = 0.05
+OPTIMISTIC_SOLVES = 3
+"""Solves outside the planning lock before one is made under it."""
 URGENT_HOLD_MAX_S = 10.0
 """How long a requested re-plan waits at most for the urgent loads in flight."""
 
@@ -86,39 +89,89 @@ class WarmPlanner:
                     waiter.set_result(None)
 
     async def replan(self) -> dict[str, Any]:
-        """Solve the warm-backup plan and converge the warm replicas to it."""
+        """Solve the warm-backup plan and converge the warm replicas to it.
+
+        The solve runs outside the planning lock, on the records as they were: a failover's
+        cold round or a placement need not wait for it. The plan is applied under the lock
+        if no server changed meanwhile (:func:`servers_unchanged`; otherwise it is solved
+        again, and after ``OPTIMISTIC_SOLVES`` tries under the lock, so it always ends), minus
+        what apps written meanwhile would make wrong (:meth:`_apply`).
+        """
         ex = self.executor
-        async with ex.locks.plan:
-            view = await self.store.view()  # read-only; each changed record is read again
-            apps = view.apps
-            snapshot = build_snapshot(self.families, view.servers, apps)
-            started = self.clock.monotonic()
-            plan = await asyncio.to_thread(self.policy().plan_warm, snapshot)
-            self.metrics.solve.observe(self.clock.monotonic() - started)
-            desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
-            current = warm_backups(apps, (s.server_id for s in snapshot.servers))
-            to_load, to_unload = sorted(desired - current), sorted(current - desired)
-            decisions: list[Decision] = []
-            # Each app's record is read again and written under its own lock: a load that
-            # finished during the solve (under the app's lock, not the planning lock) wrote
-            # a newer record, which writing the plan's copy back would undo.
-            for app_id in sorted({a for a, _, _ in to_load + to_unload}):
-                async with ex.locks.app(app_id):
-                    record = await self.store.get_app(app_id)
-                    if record is None:
-                        continue
-                    decision = decide_warm_backups(
-                        record, [k for k in to_load if k[0] == app_id],
-                        [k for k in to_unload if k[0] == app_id], self.families)
-                    await ex.commit(decision)
-                    decisions.append(decision)
-            summary = self._summary(plan, decisions)
-            await self.store.put_plan(summary)
+        for _ in range(OPTIMISTIC_SOLVES):
+            view = await self.store.view()
+            plan = await self._solve(view)
+            async with ex.locks.plan:
+                fresh = await self.store.view()
+                if servers_unchanged(view, fresh):
+                    summary, decisions = await self._apply(plan, view, fresh)
+                    break
+            logger.info("a server changed while the warm plan was solved; solving again")
+        else:
+            async with ex.locks.plan:
+                view = await self.store.view()
+                plan = await self._solve(view)
+                summary, decisions = await self._apply(plan, view, await self.store.view())
         logger.info("warm plan: %d backups (%d new, %d removed), %d uncovered, %s in %.3f s",
-                    len(desired), summary["loads"], summary["unloads"], len(plan.uncovered),
-                    plan.stats.status, plan.stats.total_s)
+                    len(plan.assignments), summary["loads"], summary["unloads"],
+                    len(plan.uncovered), plan.stats.status, plan.stats.total_s)
         await asyncio.gather(*(ex.run(d.stages) for d in decisions))
         return summary
+
+    async def _solve(self, view: RecordsView) -> WarmPlan:
+        """The policy's warm plan for the records of ``view`` (snapshot and solve in a thread)."""
+        policy = self.policy()
+
+        def solve() -> WarmPlan:
+            return policy.plan_warm(build_snapshot(self.families, view.servers, view.apps))
+
+        started = self.clock.monotonic()
+        plan = await asyncio.to_thread(solve)
+        self.metrics.solve.observe(self.clock.monotonic() - started)
+        return plan
+
+    async def _apply(self, plan: WarmPlan, solved_on: RecordsView, now: RecordsView
+                     ) -> tuple[dict[str, Any], list[Decision]]:
+        """Commit the loads and unloads that bring the records to ``plan`` (hold the lock).
+
+        What changed since the solve is left for the next re-plan (requested here): an app
+        written meanwhile gets no load or unload, and no backup loads onto a server where
+        such an app holds something or where an unload is held back (the plan counted the
+        room as it was).
+        """
+        ex = self.executor
+        desired = {(a.app_id, a.server_id, a.variant) for a in plan.assignments}
+        live = [s for s, r in now.servers.items() if r.state is ServerState.UP]
+        current = warm_backups(now.apps, live)
+        changed, dirty = changed_since(solved_on, now)
+        to_unload = sorted(current - desired)
+        dirty |= {server for app, server, _ in to_unload if app in changed}
+        to_unload = [k for k in to_unload if k[0] not in changed]
+        to_load = sorted(k for k in desired - current
+                         if k[0] not in changed and k[1] not in dirty)
+        held_back = len(desired - current) - len(to_load)
+        decisions: list[Decision] = []
+        # Each app's record is read again and written under its own lock: a load that
+        # finished meanwhile (under the app's lock, not the planning lock) wrote a newer
+        # record, which writing an older copy back would undo.
+        for app_id in sorted({a for a, _, _ in to_load + to_unload}):
+            async with ex.locks.app(app_id):
+                record = await self.store.get_app(app_id)
+                if record is None:
+                    continue
+                decision = decide_warm_backups(
+                    record, [k for k in to_load if k[0] == app_id],
+                    [k for k in to_unload if k[0] == app_id], self.families)
+                await ex.commit(decision)
+                decisions.append(decision)
+        summary = self._summary(plan, decisions)
+        summary["held_back"] = held_back
+        await self.store.put_plan(summary)
+        if held_back or len(to_unload) < len(current - desired):
+            logger.info("warm plan: %d backups held back (their records changed during the "
+                        "solve); re-planning", held_back)
+            self.request()
+        return summary, decisions
 
     def _summary(self, plan: WarmPlan, decisions: list[Decision]) -> dict[str, Any]:
         actions = [a for d in decisions for s in d.stages for a in s.actions]
@@ -135,3 +188,30 @@ class WarmPlanner:
                       "build_s": plan.stats.build_s, "solve_s": plan.stats.solve_s,
                       "total_s": plan.stats.total_s, "notes": list(plan.stats.notes)},
             "loads": loads, "unloads": len(actions) - loads}
+
+
+def servers_unchanged(solved_on: RecordsView, now: RecordsView) -> bool:
+    """Whether every server is as it was when the plan was solved (state and capacity)."""
+    for server_id in solved_on.servers.keys() | now.servers.keys():
+        before, after = solved_on.servers.get(server_id), now.servers.get(server_id)
+        if before is after:
+            continue
+        if before is None or after is None or before.state is not after.state or \
+                before.capacity != after.capacity:
+            return False
+    return True
+
+
+def changed_since(solved_on: RecordsView, now: RecordsView) -> tuple[set[str], set[str]]:
+    """The apps written since ``solved_on`` and the servers they held replicas on, then or now.
+
+    A plan solved on the older records counted their room as it was then.
+    """
+    changed = {a for a in now.app_ids if solved_on.apps.get(a) is not now.apps[a]}
+    changed |= {a for a in solved_on.app_ids if a not in now.apps}
+    servers: set[str] = set()
+    for app_id in changed:
+        for record in (solved_on.apps.get(app_id), now.apps.get(app_id)):
+            if record is not None:
+                servers |= {r.server_id for r in record.replicas}
+    return changed, servers
