@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from controller.records import AppRecord, ServerRecord, ServerState
 from policies.errors import CapacityExceededError, PolicyError
@@ -40,11 +41,12 @@ def application(record: AppRecord) -> Application:
 
 
 def _fits_somewhere(record: AppRecord, families: Mapping[str, Family],
-                    servers: Mapping[str, ServerRecord]) -> bool:
+                    capacities: list[Resources]) -> bool:
     """Whether the app's primary fits some server whole; apps that cannot are left out.
 
     Registration rejects them, but a server that shrinks (a new capacity in its hello) can
     make an old app impossible; one such app must not make every snapshot invalid.
+    ``capacities``: the servers' distinct capacities.
     """
     family = families.get(record.spec.family)
     if family is None:
@@ -55,7 +57,7 @@ def _fits_somewhere(record: AppRecord, families: Mapping[str, Family],
     except PolicyError:
         return False
     demand = variant.demand(record.spec.max_rate_rps)
-    if not servers or any(demand.fits_within(Resources(s.capacity)) for s in servers.values()):
+    if not capacities or any(demand.fits_within(c) for c in capacities):
         return True
     logger.warning("app %s: %s at %g req/s fits no server; left out of planning",
                    record.app_id, variant.name, record.spec.max_rate_rps)
@@ -103,6 +105,54 @@ def free_memory_mb(server: ServerRecord, records: Iterable[AppRecord],
     return server.capacity.get(MEMORY_MB, 0.0) - used
 
 
+@dataclass(frozen=True, slots=True)
+class _AppPart:
+    """One app's share of a snapshot, worked out from one record."""
+
+    record: AppRecord
+    application: Application | None
+    """None: the app is left out (unknown family, or its primary fits no server)."""
+    placements: tuple[Placement, ...]
+
+
+@dataclass
+class _PartCache:
+    """Apps' shares of the last snapshots, valid for one set of servers and capacities."""
+
+    servers_key: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+    parts: dict[str, _AppPart]
+
+
+_cache = _PartCache((), {})
+"""The cache's records are the store's shared read-only ones, new objects after every write,
+so an app's share is reused exactly while its record is unchanged: a snapshot of 10,000
+apps then costs what the few changed ones and the snapshot's own checks cost. (Replaced, never
+changed in place, when the servers change: snapshots are built in threads too.)"""
+
+
+def _app_part(record: AppRecord, families: Mapping[str, Family],
+              servers: Mapping[str, ServerRecord], capacities: list[Resources]) -> _AppPart:
+    if not _fits_somewhere(record, families, capacities) or \
+            record.spec.family not in families:
+        return _AppPart(record, None, ())
+    placements: list[Placement] = []
+    seen: set[tuple[str, str]] = set()
+    replicas = sorted((r for r in record.replicas if r.state in _ACTIVE
+                       and r.server_id in servers),
+                      key=lambda r: (record.serving != r.key, _RANK[r.role]))
+    for replica in replicas:
+        if replica.key in seen:  # one placement per (server, variant), the main one
+            continue
+        seen.add(replica.key)
+        role = replica.role
+        if record.serving == replica.key:
+            role = Role.PRIMARY
+        elif role is Role.PRIMARY and record.serving is not None:
+            role = Role.UPGRADE  # a primary-to-be while another replica serves
+        placements.append(Placement(record.app_id, replica.server_id, replica.variant, role))
+    return _AppPart(record, application(record), tuple(placements))
+
+
 def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerRecord],
                    apps: Mapping[str, AppRecord], failed: Iterable[str] = ()) -> ClusterSnapshot:
     """The cluster as the controller believes it is.
@@ -112,31 +162,31 @@ def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerR
     that are failed, draining or drained, plus ``failed``, are failed in the snapshot: no new
     replica goes there. Replicas being loaded count as placed (their memory is reserved).
     """
-    apps = {a: r for a, r in apps.items() if _fits_somewhere(r, families, servers)}
+    global _cache  # noqa: PLW0603 - replaced whole, see _cache
+    servers_key = tuple((s, tuple(sorted(r.capacity.items()))) for s, r in servers.items())
+    cache = _cache
+    if cache.servers_key != servers_key:
+        cache = _cache = _PartCache(servers_key, {})
+    capacities = list({key: Resources(dict(key)) for _, key in servers_key}.values())
+    parts = []
+    for app_id, record in apps.items():
+        part = cache.parts.get(app_id)
+        if part is None or part.record is not record or part.application is None and \
+                record.spec.family in families:
+            part = _app_part(record, families, servers, capacities)
+            cache.parts[app_id] = part
+        parts.append(part)
+    if len(cache.parts) > 2 * len(apps) + 100:  # deleted apps
+        cache.parts = {a: p for a, p in cache.parts.items() if a in apps}
     down = {s.server_id for s in servers.values() if s.state is not ServerState.UP}
     down |= set(failed)
-    placements: list[Placement] = []
-    for record in apps.values():
-        seen: set[tuple[str, str]] = set()
-        replicas = sorted((r for r in record.replicas if r.state in _ACTIVE
-                           and r.server_id in servers),
-                          key=lambda r: (record.serving != r.key, _RANK[r.role]))
-        for replica in replicas:
-            if replica.key in seen:  # one placement per (server, variant), the main one
-                continue
-            seen.add(replica.key)
-            role = replica.role
-            if record.serving == replica.key:
-                role = Role.PRIMARY
-            elif role is Role.PRIMARY and record.serving is not None:
-                role = Role.UPGRADE  # a primary-to-be while another replica serves
-            placements.append(Placement(record.app_id, replica.server_id, replica.variant, role))
+    placements = [p for part in parts if part.application is not None for p in part.placements]
     site_ids = sorted({s.site_id for s in servers.values()})
     common = {
         "families": families, "sites": tuple(Site(s) for s in site_ids),
         "servers": tuple(Server(s.server_id, s.site_id, Resources(s.capacity), s.server_type)
                          for s in servers.values()),
-        "apps": tuple(application(r) for r in apps.values() if r.spec.family in families),
+        "apps": tuple(part.application for part in parts if part.application is not None),
         "failed_servers": frozenset(down & servers.keys())}
     error: CapacityExceededError | None = None
     for demoted in _DEMOTION_STAGES:
