@@ -9,7 +9,7 @@ test moves by hand.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from controller.record_cache import RecordsView
@@ -37,7 +37,7 @@ class RecordStore(Protocol):
     async def delete_app(self, app_id: str) -> None: ...
     async def put_server(self, record: ServerRecord) -> None: ...
     async def app_and_servers(self, app_id: str
-                              ) -> tuple[AppRecord | None, dict[str, ServerRecord]]: ...
+                              ) -> tuple[AppRecord | None, Mapping[str, ServerRecord]]: ...
     async def apps_and_servers(self) -> tuple[dict[str, AppRecord],
                                               dict[str, ServerRecord]]: ...
     async def commit(self, *, apps: Sequence[AppRecord] = (),

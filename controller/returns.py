@@ -53,8 +53,7 @@ class ServerReturns:
 
     async def on_hello(self, hello: Hello) -> None:
         """An agent connected: register or update its server, reconcile, fail back."""
-        servers = await self.store.servers()
-        record = servers.get(hello.server_id)
+        record = (await self.store.view()).servers.get(hello.server_id)  # read-only
         was_failed = record is not None and record.state is ServerState.FAILED
         state = record.state if record is not None and not was_failed else ServerState.UP
         if record is not None and record.state is ServerState.DRAINED:
@@ -139,9 +138,14 @@ class ServerReturns:
     async def reconcile_server(self, server_id: str, inventory: list[InventoryItem]) -> None:
         """Converge one agent to the records: re-issue loads and unloads, remove strays."""
         ex = self.executor
-        async with ex.locks.everything():
-            decision = decide_reconcile(await self.store.apps(), server_id, inventory)
-            await ex.commit(decision)
+        # Under the planning lock no app gains a replica on the server (every load is
+        # decided under it), so the apps on it now are all the decision needs.
+        async with ex.locks.plan:
+            app_ids = await self.store.apps_on(server_id)
+            async with ex.locks.apps(app_ids):
+                apps = {a: r for a in app_ids if (r := await self.store.get_app(a)) is not None}
+                decision = decide_reconcile(apps, server_id, inventory)
+                await ex.commit(decision)
         ex.spawn(ex.act(decision), f"reconcile {server_id}")
 
     async def revive(self, server_id: str) -> None:

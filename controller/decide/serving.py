@@ -37,7 +37,9 @@ def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: 
         if replica is None or replica.state is not ModelState.LOADING:
             return None
         replica.state, replica.since, replica.load_s = ModelState.READY, now, loaded[2]
-    live = {s for s, r in servers.items() if r.state is not ServerState.FAILED}
+    live = {r.server_id for r in record.replicas
+            if (server := servers.get(r.server_id)) is not None
+            and server.state is not ServerState.FAILED}
     kind, current, retired = next_serving(record, live)
     for old in retired:
         old.state = ModelState.UNLOADING
