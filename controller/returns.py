@@ -50,6 +50,8 @@ class ServerReturns:
         self.server_joined = server_joined
         self.request_warm_replan = request_warm_replan
         self._reviving: set[str] = set()
+        self._failbacks_clear_at: int | None = None
+        """The records' revision at which the last fail-back pass found nothing to do."""
 
     async def on_hello(self, hello: Hello) -> None:
         """An agent connected: register or update its server, reconcile, fail back."""
@@ -179,8 +181,16 @@ class ServerReturns:
             self._reviving.discard(server_id)
 
     async def retry_failbacks(self, servers: Mapping[str, ServerRecord]) -> None:
-        """Apps away from (or smaller than) their home, home server up, nothing in flight."""
-        for record in (await self.store.view()).apps.values():
+        """Apps away from (or smaller than) their home, home server up, nothing in flight.
+
+        A pass that found nothing is not repeated until the records change (the watchdog
+        runs it every second; 10,000 apps are worth not looking at again for nothing).
+        """
+        view = await self.store.view()
+        if view.revision == self._failbacks_clear_at:
+            return
+        tried = False
+        for record in view.apps.values():
             home = record.home
             if home is None or record.serving == home or record.serving is None:
                 continue
@@ -189,7 +199,9 @@ class ServerReturns:
                 continue
             if any(r.state is not ModelState.READY for r in record.replicas):
                 continue
+            tried = True
             await self.fail_back(record.app_id)
+        self._failbacks_clear_at = None if tried else view.revision
 
     async def on_triton_up(self, server_id: str, message: TritonUp) -> None:
         """The agent restarted its Triton: treat it as the server's return."""

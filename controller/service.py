@@ -74,6 +74,7 @@ class Controller:
         self.families = load_families(settings.profiles_dir)
         self.artifacts = ArtifactCatalog(settings.artifacts)
         self.ready = False
+        self._gauges_at: int | None = None
 
     async def start(self) -> None:
         """Start Redis (if embedded) and the core; reconcile with what Redis remembers."""
@@ -189,6 +190,9 @@ class Controller:
         """Set the apps-by-status and servers-by-state gauges from the records."""
         assert self.store is not None  # noqa: S101
         view = await self.store.view()
+        if view.revision == self._gauges_at:
+            return  # the records have not changed since the last scrape
+        self._gauges_at = view.revision
         statuses = Counter(a.status for a in view.apps.values())
         for status in AppStatus:
             self.metrics.apps.labels(status.value).set(statuses[status])

@@ -11,7 +11,11 @@ For clusters where the warm-backup ILP does not fit a time budget, the paper's s
   ``site_independent`` (§3.4), on top of its own exclusion list; the latency SLO is checked
   by Algorithm 1 per server as usual;
 * for R > 1 backups the heuristic runs R rounds; each round also bars the servers (and sites)
-  of the backups already chosen.
+  of the backups already chosen;
+* with ``keep_current_bonus`` (the default) a current backup that still obeys every rule
+  and fits the reserve is kept where it is, the more accurate first, and only the backups
+  missing are planned: the ILP prefers keeping one too, and a re-plan after one failure
+  then loads the few backups it lost instead of moving thousands that were fine.
 
 Algorithm 1 keeps room on each server for one interim variant while a target loads; a warm
 backup loads its variant directly, so that reserve is a small safety margin here.
@@ -49,6 +53,8 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
         else:
             todo.append(app_id)
     chosen: dict[str, list[WarmAssignment]] = {a: [] for a in todo}
+    if config.keep_current_bonus > 0:
+        base = _keep_current(base, snapshot, chosen, wanted, config.site_independent)
     for _ in range(max(wanted.values(), default=0)):
         round_apps = [a for a in todo if len(chosen[a]) < wanted[a]]
         if not round_apps:
@@ -76,6 +82,43 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
                        objective=objective, solve_s=elapsed, total_s=elapsed,
                        notes=("FailLite Algorithm 1 over K, alpha reserved per server",))
     return WarmPlan(assignments, uncovered, stats)
+
+
+def _keep_current(base: ClusterSnapshot, snapshot: ClusterSnapshot,
+                  chosen: dict[str, list[WarmAssignment]], wanted: dict[str, int],
+                  site_independent: bool) -> ClusterSnapshot:
+    """Keep the current backups that obey every rule and fit ``base``; fills ``chosen``.
+
+    Returns ``base`` with the kept backups placed (so the rounds plan around them).
+    """
+    current = sorted((p for p in snapshot.placements
+                      if p.role is Role.WARM and p.app_id in chosen
+                      and p.server_id not in snapshot.failed_servers),
+                     key=lambda p: (-snapshot.variant_of(p).accuracy, p.app_id, p.server_id))
+    free = dict(base.free)
+    kept: list[Placement] = []
+    for placement in current:
+        app = snapshot.app_by_id[placement.app_id]
+        mine = chosen[app.app_id]
+        if len(mine) >= wanted[app.app_id]:
+            continue
+        primary = snapshot.primary_by_app[app.app_id].server_id
+        server = snapshot.server_by_id[placement.server_id]
+        taken = {primary} | {a.server_id for a in mine}
+        if server.server_id in taken or not app.may_back_up_on(server):
+            continue
+        if site_independent and server.site_id in {snapshot.site_of(s) for s in taken}:
+            continue
+        variant = snapshot.variant_of(placement)
+        room = free.get(server.server_id)
+        demand = variant.demand(app.max_rate_rps)
+        if room is None or not app.meets_slo(variant, server) or not demand.fits_within(room):
+            continue
+        free[server.server_id] = room - demand
+        mine.append(WarmAssignment(app.app_id, server.server_id, variant.name,
+                                   variant.accuracy))
+        kept.append(placement)
+    return base.with_placements(base.placements + tuple(kept)) if kept else base
 
 
 def _derived(snapshot: ClusterSnapshot, alpha: float) -> ClusterSnapshot:

@@ -80,3 +80,27 @@ def test_auto_method_switches_on_instance_size() -> None:
     assert ran.stats.method == "decomposed"
     ran = plan_warm_backups(snap, WarmPlanConfig(method="auto", auto_ilp_max_size=7))
     assert ran.stats.method == "heuristic"
+
+
+def test_heuristic_keeps_current_backups_that_still_obey_the_rules() -> None:
+    snap = small_cluster()
+    config = WarmPlanConfig(method="heuristic", alpha=0.1)
+    first = plan_warm_backups(snap, config)
+    # Those backups loaded: planning again moves none of them.
+    loaded = snap.with_placements(snap.placements + tuple(
+        placement(a.app_id, a.server_id, a.variant, Role.WARM) for a in first.assignments))
+    again = plan_warm_backups(loaded, config)
+    assert set(again.assignments) == set(first.assignments)
+    # A backup that now breaks a rule is not kept: k1's on C, where the user excludes it.
+    servers = [make_server("A", 1000, site="s1"), make_server("B", 1000, site="s1"),
+               make_server("C", 1000, site="s2"), make_server("D", 1000, site="s3")]
+    odd = make_snapshot([FAM], servers, [
+        make_app("k1", FAM, critical=True, excluded_servers={"C"}),
+        make_app("k2", FAM, critical=True), make_app("n1", FAM)], placements=[
+        placement("k1", "A", "fam-l"), placement("k2", "B", "fam-l"),
+        placement("n1", "C", "fam-l"), placement("k1", "C", "fam-s", Role.WARM)])
+    assert [a.server_id for a in plan_warm_backups(odd, config).for_app("k1")] == ["D"]
+    # Without the bonus the heuristic re-plans from scratch, as the paper's does.
+    fresh = plan_warm_backups(loaded, config.model_copy(update={"keep_current_bonus": 0.0}))
+    assert {a.app_id for a in fresh.assignments} == {"k1", "k2"}
+    assert warm_plan_violations(loaded, again, config) == []
