@@ -8,9 +8,10 @@ over-committed server) and precomputes the indexes the policies need.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -22,7 +23,7 @@ from policies.errors import (
     UnknownReferenceError,
     VariantTooLargeError,
 )
-from policies.resources import COMPUTE, MEMORY_MB, Resources, total
+from policies.resources import COMPUTE, MEMORY_MB, Resources
 
 T = TypeVar("T")
 
@@ -31,6 +32,9 @@ REFERENCE_SERVER_TYPE = "reference"
 
 _LATENCY_SLACK_MS = 1e-9
 """Latencies are sums of floats read from profiles; compare them with this slack."""
+
+_DEMAND_MEMO_SIZE = 1024
+"""Rates whose demand a variant remembers (an app's max rate is one; apps often share it)."""
 
 
 class Role(StrEnum):
@@ -72,6 +76,8 @@ class Variant:
     load_time_s: float | None = None
     top1_pct: float | None = None
     size_mb: float | None = None
+    _demand_memo: dict[float, Resources] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_id(self.name, "variant name")
@@ -98,8 +104,20 @@ class Variant:
         return self.base_demand[MEMORY_MB]
 
     def demand(self, rate_rps: float) -> Resources:
-        """Resources one replica needs to serve ``rate_rps`` requests per second."""
-        return self.base_demand + {COMPUTE: self.compute_per_rps * rate_rps}
+        """Resources one replica needs to serve ``rate_rps`` requests per second.
+
+        Remembered per rate (the variant is immutable): every snapshot build asks again.
+        """
+        if type(rate_rps) not in (float, int) or not rate_rps > 0:
+            return self.base_demand.plus(COMPUTE, self.compute_per_rps * rate_rps)
+        memo = self._demand_memo
+        found = memo.get(rate_rps)
+        if found is None:
+            found = self.base_demand.plus(COMPUTE, self.compute_per_rps * rate_rps)
+            if len(memo) >= _DEMAND_MEMO_SIZE:
+                memo.clear()  # bounded; clear() rather than evict one, safe across threads
+            memo[rate_rps] = found
+        return found
 
     def latency_on(self, server: Server) -> float:
         """Batch-1 latency on ``server``: its type's figure, else reference / speed."""
@@ -247,14 +265,31 @@ class Placement:
         object.__setattr__(self, "role", Role(self.role))
 
 
-def _index_unique(items: Iterable[T], key: str, what: str) -> dict[str, T]:
-    index: dict[str, T] = {}
-    for item in items:
-        ident = getattr(item, key)
-        if ident in index:
-            raise DuplicateIdError(f"duplicate {what} id {ident!r}")
-        index[ident] = item
+def _index_unique(items: Sequence[T], key: str, what: str) -> dict[str, T]:
+    ident = attrgetter(key)
+    index = {ident(item): item for item in items}
+    if len(index) < len(items):
+        index = {}
+        for item in items:  # name the first repeat in input order
+            if ident(item) in index:
+                raise DuplicateIdError(f"duplicate {what} id {ident(item)!r}")
+            index[ident(item)] = item
     return index
+
+
+class _Variants(dict[tuple[str, str | None], Variant]):
+    """Variants by (family, name), ``None`` naming the most accurate; a cache for one build."""
+
+    __slots__ = ("families",)
+
+    def __init__(self, families: Mapping[str, Family]) -> None:
+        super().__init__()
+        self.families = families
+
+    def __missing__(self, key: tuple[str, str | None]) -> Variant:
+        family, name = self.families[key[0]], key[1]
+        found = self[key] = family.most_accurate if name is None else family.variant(name)
+        return found
 
 
 @dataclass(frozen=True)
@@ -295,8 +330,9 @@ class ClusterSnapshot:
              MappingProxyType(_index_unique(self.servers, "server_id", "server")))
         set_(self, "app_by_id", MappingProxyType(_index_unique(self.apps, "app_id", "app")))
         self._check_references()
-        self._check_apps_fit()
-        self._index_placements()
+        variants = _Variants(self.families)
+        self._check_apps_fit(variants)
+        self._index_placements(variants)
 
     # --- validation -------------------------------------------------------------------------
 
@@ -305,9 +341,7 @@ class ClusterSnapshot:
             if server.site_id not in self.site_by_id:
                 raise UnknownReferenceError(
                     f"server {server.server_id!r} is in unknown site {server.site_id!r}")
-        unknown_failed = self.failed_servers - self.server_by_id.keys()
-        if unknown_failed:
-            raise UnknownReferenceError(f"failed servers {sorted(unknown_failed)} are unknown")
+        self._check_failed(self.failed_servers)
         for app in self.apps:
             family = self.families.get(app.family)
             if family is None:
@@ -329,42 +363,59 @@ class ClusterSnapshot:
                 raise UnknownReferenceError(
                     f"app {app.app_id!r} is pinned to unknown site {app.pinned_site!r}")
 
-    def _check_apps_fit(self) -> None:
+    def _check_failed(self, failed: frozenset[str]) -> None:
+        unknown_failed = failed - self.server_by_id.keys()
+        if unknown_failed:
+            raise UnknownReferenceError(f"failed servers {sorted(unknown_failed)} are unknown")
+
+    def _check_apps_fit(self, variants: _Variants) -> None:
         if not self.servers:
             return
+        # Servers with equal capacities answer alike: test each distinct capacity once.
+        capacities = list({tuple(s.capacity.items()): s.capacity for s in self.servers}.values())
         for app in self.apps:
-            variant = self.primary_variant(app)
+            variant = variants[app.family, app.primary_variant]
             demand = variant.demand(app.max_rate_rps)
-            if not any(demand.fits_within(s.capacity) for s in self.servers):
+            for capacity in capacities:  # a plain loop: any() over a generator costs more
+                if demand.fits_within(capacity):
+                    break
+            else:
                 raise VariantTooLargeError(
                     f"app {app.app_id!r}: variant {variant.name!r} needs {demand} at "
                     f"{app.max_rate_rps:g} req/s, more than any server's whole capacity")
 
-    def _index_placements(self) -> None:
-        usage: dict[str, list[Resources]] = {s.server_id: [] for s in self.servers}
+    def _index_placements(self, variants: _Variants) -> None:
+        usage: dict[str, dict[str, float]] = {s.server_id: {} for s in self.servers}
         primaries: dict[str, Placement] = {}
         seen: set[tuple[str, str, str]] = set()
+        # Bound once: the loop runs per placement, and an enum member lookup is not free.
+        app_of, sums_of, mark = self.app_by_id.get, usage.get, seen.add
+        primary, cold = Role.PRIMARY, Role.COLD
         for placement in self.placements:
-            app = self.app_by_id.get(placement.app_id)
+            app_id, server_id, name = placement.app_id, placement.server_id, placement.variant
+            app = app_of(app_id)
             if app is None:
-                raise UnknownReferenceError(f"placement names unknown app {placement.app_id!r}")
-            if placement.server_id not in self.server_by_id:
+                raise UnknownReferenceError(f"placement names unknown app {app_id!r}")
+            sums = sums_of(server_id)
+            if sums is None:
                 raise UnknownReferenceError(
-                    f"placement of {placement.app_id!r} names unknown server "
-                    f"{placement.server_id!r}")
-            variant = self.families[app.family].variant(placement.variant)
-            key = (placement.app_id, placement.server_id, placement.variant)
+                    f"placement of {app_id!r} names unknown server {server_id!r}")
+            variant = variants[app.family, name]
+            key = (app_id, server_id, name)
             if key in seen:
                 raise DuplicateIdError(
-                    f"variant {key[2]!r} of {key[0]!r} placed twice on {key[1]!r}")
-            seen.add(key)
-            if placement.role is Role.PRIMARY:
-                if placement.app_id in primaries:
-                    raise DuplicateIdError(f"app {placement.app_id!r} has two primaries")
-                primaries[placement.app_id] = placement
-            if placement.role is not Role.COLD:
-                usage[placement.server_id].append(variant.demand(app.max_rate_rps))
-        used = {server_id: total(demands) for server_id, demands in usage.items()}
+                    f"variant {name!r} of {app_id!r} placed twice on {server_id!r}")
+            mark(key)
+            role = placement.role
+            if role is primary:
+                if app_id in primaries:
+                    raise DuplicateIdError(f"app {app_id!r} has two primaries")
+                primaries[app_id] = placement
+            if role is not cold:
+                # Summed in placement order from zero, exactly as ``total`` would.
+                for resource, amount in variant.demand(app.max_rate_rps).items():
+                    sums[resource] = sums.get(resource, 0.0) + amount
+        used = {server_id: Resources(sums) for server_id, sums in usage.items()}
         for server in self.servers:
             if not used[server.server_id].fits_within(server.capacity):
                 raise CapacityExceededError(
@@ -375,6 +426,13 @@ class ClusterSnapshot:
         object.__setattr__(self, "used", MappingProxyType(used))
         object.__setattr__(self, "free", MappingProxyType(free))
         object.__setattr__(self, "primary_by_app", MappingProxyType(primaries))
+
+    def _derive(self, **changes: object) -> ClusterSnapshot:
+        """A copy with ``changes`` set as they are: the caller keeps the copy consistent."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
+        return copy
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -403,12 +461,25 @@ class ClusterSnapshot:
                      if p.app_id == app_id and (role is None or p.role is role))
 
     def with_placements(self, placements: Iterable[Placement]) -> ClusterSnapshot:
-        """A copy with ``placements`` replacing the current ones (re-validated)."""
-        return replace(self, placements=tuple(placements))
+        """A copy with ``placements`` replacing the current ones (re-validated).
+
+        Only the placements are checked and indexed again (nothing else changed), with the
+        errors a full build would raise.
+        """
+        copy = self._derive(placements=tuple(placements))
+        copy._index_placements(_Variants(self.families))
+        return copy
 
     def with_failed(self, server_ids: Iterable[str]) -> ClusterSnapshot:
-        """A copy in which ``server_ids`` are failed too."""
-        return replace(self, failed_servers=self.failed_servers | frozenset(server_ids))
+        """A copy in which ``server_ids`` are failed too (unknown ids: UnknownReferenceError).
+
+        Placements are unchanged, so ``used`` and the indexes carry over; failed servers
+        only leave ``free``.
+        """
+        failed = self.failed_servers | frozenset(server_ids)
+        self._check_failed(failed)
+        free = {k: v for k, v in self.free.items() if k not in failed}
+        return self._derive(failed_servers=failed, free=MappingProxyType(free))
 
 
 def latency_for(variant: Variant, server_type: str, speed: float) -> float:

@@ -16,12 +16,13 @@ Where we do better than the paper, on purpose:
   SLO on the app's server, not above its primary) go best accuracy gain per extra MB first,
   and the pass repeats until nothing improves (see ``_upgrade_pass`` for why that is cheap).
 * **Speed.** Demands are float tuples (memory first) precomputed once per app. Servers sit in
-  max-heaps of free memory per *latency class* (type, speed), so an SLO is checked per class,
-  not per server, and per (class, site) for apps whose exclusion list names sites. A search
-  pops servers in worst-fit order until one fits and stops once the most free memory left is
-  below the demand; a version counter per server invalidates old entries lazily. An attempt
-  costs O(log S) when memory binds; excluded servers, or compute binding on servers that still
-  have memory, make it pop more servers (O(S log S) at worst).
+  lists sorted by free memory, most first, per *latency class* (type, speed), so an SLO is
+  checked per class, not per server, and per (class, site) for apps whose exclusion list
+  names sites. A search walks a list in worst-fit order until a server fits and stops once
+  the most free memory left is below the demand; a server that changes moves within its
+  lists (bisection). An attempt costs O(1) when memory binds; excluded servers, or compute
+  binding on servers that still have memory, make it walk past more servers (O(S) at worst);
+  walking past a server changes nothing, so it is cheap.
 
 Ties go to the smaller server id. ``config.order == "priority"`` takes critical apps first,
 then larger matched variants, then app id. Repeated ids in ``app_ids`` are ignored.
@@ -29,9 +30,9 @@ then larger matched variants, then app id. Repeated ids in ``app_ids`` are ignor
 
 from __future__ import annotations
 
-import heapq
 import math
 import operator
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,7 +45,7 @@ from policies.resources import COMPUTE, MEMORY_MB
 EPSILON = 1e-9
 """Slack of every capacity comparison, as in ``Resources.fits_within``."""
 
-# The heap search stops early on free memory alone; a looser slack than EPSILON makes sure
+# A search stops early on free memory alone; a looser slack than EPSILON makes sure
 # rounding in "free - used - reserve" can never prune a server that the exact test accepts.
 _PRUNE_SLACK = 1e-6
 
@@ -52,7 +53,7 @@ DEFAULT_CONFIG = ProgressiveConfig()
 """The default settings (a frozen model, so one shared instance is safe)."""
 
 Vec = tuple[float, ...]
-HeapEntry = tuple[float, int, int]  # (-free memory after reserve, server index, version)
+Entry = tuple[float, int]  # (-free memory after reserve, server index): worst-fit sorts first
 
 
 def match_variant(family: Family, primary: Variant, delta: float) -> Variant:
@@ -82,7 +83,8 @@ class _App:
     top: int                # index of the primary variant: never go above it
     ok: list[list[bool]]    # per latency class, per variant: meets the SLO
     interim: list[int]      # per latency class: smallest variant meeting the SLO, or -1
-    restricted: bool        # has an exclusion list (checked per server)
+    restricted: bool        # has an exclusion list
+    excluded: frozenset[str]  # servers it may not use (its sites are left out of its pools)
     match: int = 0
     pos: int = 0
     server: int = -1
@@ -97,33 +99,35 @@ class _Cluster:
     """Mutable working copy of the live servers' free capacity (local to one call)."""
 
     servers: list[Server]
+    ids: list[str]
     free: list[Vec]
     klass: list[int]
     used: list[list[float]]         # per server: Σ steady demand of the plan's apps
     reserve: list[list[float]]      # per server: max transient demand (see module docstring)
     residents: list[list[_App]]
-    version: list[int]              # bumped on every change; older heap entries are stale
-    heaps: list[list[HeapEntry]]    # one per latency class
-    site_heaps: list[dict[str, list[HeapEntry]]]  # per latency class and site: same entries
+    entry: list[Entry]              # per server: its current entry in its sorted lists
+    orders: list[list[Entry]]       # one sorted list per latency class
+    site_orders: list[dict[str, list[Entry]]]  # per latency class and site: same entries
 
     def head(self, k: int) -> float:
         """Free memory of server ``k`` once its targets and its reserve are counted."""
         return self.free[k][0] - self.used[k][0] - self.reserve[k][0]
 
     def touch(self, k: int) -> None:
-        """Server ``k`` changed: invalidate its heap entries and push the new one."""
-        self.version[k] += 1
-        entry, c = (-self.head(k), k, self.version[k]), self.klass[k]
-        heapq.heappush(self.heaps[c], entry)
-        heapq.heappush(self.site_heaps[c][self.servers[k].site_id], entry)
+        """Server ``k`` changed: move its entry to its new place in its sorted lists."""
+        old, new, c = self.entry[k], (-self.head(k), k), self.klass[k]
+        for order in (self.orders[c], self.site_orders[c][self.servers[k].site_id]):
+            del order[bisect_left(order, old)]
+            insort(order, new)
+        self.entry[k] = new
 
-    def pools(self, c: int, app: Application) -> list[list[HeapEntry]]:
-        """Heaps to search in class ``c``: one per allowed site if the app lists sites."""
-        # Else an app allowed in one site of ten pops the other nine once its site is full.
+    def pools(self, c: int, app: Application) -> list[list[Entry]]:
+        """Lists to search in class ``c``: one per allowed site if the app lists sites."""
+        # Else an app allowed in one site of ten walks the other nine once its site is full.
         allowed, excluded = app.allowed_backup_sites, app.excluded_sites
         if allowed is None and not excluded:
-            return [self.heaps[c]]
-        return [heap for site, heap in self.site_heaps[c].items()
+            return [self.orders[c]]
+        return [order for site, order in self.site_orders[c].items()
                 if site not in excluded and (allowed is None or site in allowed)]
 
 
@@ -239,7 +243,7 @@ class _Catalog:
         restricted = bool(app.excluded_servers or app.excluded_sites
                           or app.allowed_backup_sites is not None)
         return _App(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
-                    interim=interim, restricted=restricted)
+                    interim=interim, restricted=restricted, excluded=app.excluded_servers)
 
 
 def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
@@ -252,19 +256,20 @@ def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
 
 def _new_cluster(snapshot: ClusterSnapshot, servers: list[Server], names: Sequence[str],
                  klass: list[int], n_classes: int) -> _Cluster:
-    cluster = _Cluster(servers, [tuple(snapshot.free[s.server_id][r] for r in names)
-                                 for s in servers], klass,
-                       used=[[0.0] * len(names) for _ in servers],
+    cluster = _Cluster(servers, [s.server_id for s in servers],
+                       [tuple(snapshot.free[s.server_id][r] for r in names) for s in servers],
+                       klass, used=[[0.0] * len(names) for _ in servers],
                        reserve=[[0.0] * len(names) for _ in servers],
-                       residents=[[] for _ in servers], version=[0] * len(servers),
-                       heaps=[[] for _ in range(n_classes)],
-                       site_heaps=[{} for _ in range(n_classes)])
+                       residents=[[] for _ in servers], entry=[],
+                       orders=[[] for _ in range(n_classes)],
+                       site_orders=[{} for _ in range(n_classes)])
     for k, server in enumerate(servers):
-        entry = (-cluster.head(k), k, 0)
-        cluster.heaps[klass[k]].append(entry)
-        cluster.site_heaps[klass[k]].setdefault(server.site_id, []).append(entry)
-    for heap in [*cluster.heaps, *(h for sites in cluster.site_heaps for h in sites.values())]:
-        heapq.heapify(heap)
+        entry = (-cluster.head(k), k)
+        cluster.entry.append(entry)
+        cluster.orders[klass[k]].append(entry)
+        cluster.site_orders[klass[k]].setdefault(server.site_id, []).append(entry)
+    for order in [*cluster.orders, *(o for sites in cluster.site_orders for o in sites.values())]:
+        order.sort()
     return cluster
 
 
@@ -280,50 +285,45 @@ def _load(info: _App, interim: int, target: int) -> tuple[Vec, Vec]:
     return tuple(map(max, tgt, itm)), tuple(map(min, tgt, itm))
 
 
-def _fits(cluster: _Cluster, k: int, base: Vec, trans: Vec) -> bool:
-    free, used, reserve = cluster.free[k], cluster.used[k], cluster.reserve[k]
-    for r in range(len(base)):
-        if used[r] + base[r] + max(reserve[r], trans[r]) > free[r] + EPSILON:
-            return False
-    return True
-
-
-def _best_in_heap(cluster: _Cluster, heap: list[HeapEntry], info: _App, base: Vec,
-                  trans: Vec) -> HeapEntry | None:
-    """The worst-fit server in ``heap`` that takes (base, trans), if any."""
-    version = cluster.version
-    popped: list[HeapEntry] = []
-    found = None
+def _best_in(cluster: _Cluster, order: list[Entry], info: _App, base: Vec,
+             trans: Vec) -> Entry | None:
+    """The worst-fit server in ``order`` that takes (base, trans), if any."""
+    # The hot loop of the module. The fit test (``used + base + max(reserve, trans) <= free``
+    # per resource) is inlined, memory last since the walk order already screens it, and
+    # ``max`` spelled out with its exact semantics. An exclusion list needs only its servers
+    # checked: its sites never reach this list (``_Cluster.pools``).
+    free, used, reserve, ids, excluded = (cluster.free, cluster.used, cluster.reserve,
+                                          cluster.ids, info.excluded)
     need = base[0] - _PRUNE_SLACK
-    while heap:
-        entry = heap[0]
-        if entry[2] != version[entry[1]]:
-            heapq.heappop(heap)  # stale: the server changed since this entry was pushed
-            continue
+    resources = range(len(base) - 1, -1, -1)
+    for entry in order:
         if -entry[0] < need:
-            break  # every remaining server has even less free memory
-        popped.append(heapq.heappop(heap))
+            return None  # every remaining server has even less free memory
         k = entry[1]
-        if info.restricted and not info.app.may_back_up_on(cluster.servers[k]):
+        if excluded and ids[k] in excluded:
             continue
-        if _fits(cluster, k, base, trans):
-            found = entry
-            break
-    for entry in popped:
-        heapq.heappush(heap, entry)
-    return found
+        room, load, held = free[k], used[k], reserve[k]
+        for r in resources:
+            high, t = held[r], trans[r]
+            if t > high:
+                high = t
+            if load[r] + base[r] + high > room[r] + EPSILON:
+                break
+        else:
+            return entry
+    return None
 
 
 def _place(cluster: _Cluster, info: _App) -> bool:
     """Matched variant down to the smallest; the first feasible (variant, server) wins."""
     for j in range(info.match, -1, -1):
-        best: HeapEntry | None = None
-        for c in range(len(cluster.heaps)):
+        best: Entry | None = None
+        for c in range(len(cluster.orders)):
             if not info.ok[c][j]:
                 continue
             base, trans = _load(info, info.interim[c], j)
-            for heap in cluster.pools(c, info.app):
-                hit = _best_in_heap(cluster, heap, info, base, trans)
+            for order in cluster.pools(c, info.app):
+                hit = _best_in(cluster, order, info, base, trans)
                 if hit is not None and (best is None or hit < best):
                     best = hit
         if best is not None:
@@ -423,14 +423,14 @@ class _Why:
     def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster,
                  names: Sequence[str]) -> None:
         self.snapshot, self.cluster, self.names = snapshot, cluster, names
-        self.most = [-math.inf] * len(cluster.heaps)  # most free memory per latency class
+        self.most = [-math.inf] * len(cluster.orders)  # most free memory per latency class
         for k, c in enumerate(cluster.klass):
             self.most[c] = max(self.most[c], cluster.head(k))
         self.allowed: dict[object, set[int]] = {}  # exclusion list -> classes it leaves
 
     def __call__(self, info: _App) -> str:
         app, cluster = info.app, self.cluster
-        classes: set[int] = set(range(len(cluster.heaps)))
+        classes: set[int] = set(range(len(cluster.orders)))
         if info.restricted:
             key = (app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
             if key not in self.allowed:

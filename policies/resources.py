@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 
 from policies.errors import NegativeCapacityError
 
@@ -27,6 +27,11 @@ class Resources(Mapping[str, float]):
 
     def __init__(self, amounts: Mapping[str, float] | Iterable[tuple[str, float]] = (), /,
                  **named: float) -> None:
+        if isinstance(amounts, Resources) and not named:
+            # Already checked and immutable: share its amounts.
+            self._amounts: dict[str, float] = amounts._amounts
+            self._hash: int | None = amounts._hash
+            return
         merged = dict(amounts)
         merged.update(named)
         for name, value in merged.items():
@@ -36,8 +41,16 @@ class Resources(Mapping[str, float]):
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise NegativeCapacityError(
                     f"resource {name!r} must be a finite number, got {value!r}")
-        self._amounts: dict[str, float] = {k: float(v) for k, v in sorted(merged.items())}
-        self._hash: int | None = None
+        self._amounts = {k: float(v) for k, v in sorted(merged.items())}
+        self._hash = None
+
+    @classmethod
+    def _trusted(cls, amounts: dict[str, float]) -> Resources:
+        """Wrap ``amounts`` as is: names valid and sorted, values finite floats (not copied)."""
+        vector = cls.__new__(cls)
+        vector._amounts = amounts
+        vector._hash = None
+        return vector
 
     @classmethod
     def non_negative(cls, amounts: Mapping[str, float], *, what: str) -> Resources:
@@ -47,6 +60,14 @@ class Resources(Mapping[str, float]):
         if negative:
             raise NegativeCapacityError(f"{what}: negative amounts {negative}")
         return vector
+
+    def plus(self, name: str, amount: float) -> Resources:
+        """This vector with ``amount`` added to resource ``name``: ``self + {name: amount}``."""
+        if type(amount) is not float or type(name) is not str or not name:
+            return self + {name: amount}
+        out = dict(self._amounts)
+        out[name] = out.get(name, 0.0) + amount
+        return _result(out, trusted=True, resort=len(out) != len(self._amounts))
 
     def __getitem__(self, name: str) -> float:
         return self._amounts.get(name, 0.0)
@@ -79,22 +100,42 @@ class Resources(Mapping[str, float]):
         out = dict(self._amounts)
         for name, value in other.items():
             out[name] = out.get(name, 0.0) + value
-        return Resources(out)
+        return _result(out, trusted=isinstance(other, Resources),
+                       resort=len(out) != len(self._amounts))
 
     def __sub__(self, other: Mapping[str, float]) -> Resources:
         out = dict(self._amounts)
         for name, value in other.items():
             out[name] = out.get(name, 0.0) - value
-        return Resources(out)
+        return _result(out, trusted=isinstance(other, Resources),
+                       resort=len(out) != len(self._amounts))
 
     def scaled(self, factor: float) -> Resources:
         """Every amount multiplied by ``factor``."""
-        return Resources({k: v * factor for k, v in self._amounts.items()})
+        out = {k: v * factor for k, v in self._amounts.items()}
+        # A float or int factor keeps every product a float; anything else is converted and
+        # checked by the validating constructor.
+        return _result(out, trusted=type(factor) in (float, int), resort=False)
+
+    # items() and values() straight from the dict: the Mapping mixins' views call
+    # __getitem__ per name, and arithmetic iterates vectors all the time.
+
+    def items(self) -> ItemsView[str, float]:
+        """(name, amount) pairs in name order (a read-only view)."""
+        return self._amounts.items()
+
+    def values(self) -> ValuesView[float]:
+        """Amounts in name order (a read-only view)."""
+        return self._amounts.values()
 
     def fits_within(self, capacity: Mapping[str, float]) -> bool:
         """True when every amount here is at most the same amount in ``capacity``."""
-        return all(value <= capacity.get(name, 0.0) + _EPSILON
-                   for name, value in self._amounts.items())
+        get = capacity._amounts.get if isinstance(capacity, Resources) else capacity.get
+        for name, value in self._amounts.items():
+            # "not <=" rather than ">": a NaN in a foreign mapping must not count as room.
+            if not value <= get(name, 0.0) + _EPSILON:
+                return False
+        return True
 
     def as_dict(self) -> dict[str, float]:
         """A plain copy, for JSON."""
@@ -104,7 +145,26 @@ class Resources(Mapping[str, float]):
 def total(vectors: Iterable[Mapping[str, float]]) -> Resources:
     """The element-wise sum of ``vectors``."""
     out: dict[str, float] = {}
+    trusted = True
     for vector in vectors:
+        trusted = trusted and isinstance(vector, Resources)
         for name, value in vector.items():
             out[name] = out.get(name, 0.0) + value
-    return Resources(out)
+    return _result(out, trusted=trusted, resort=True)
+
+
+def _result(amounts: dict[str, float], *, trusted: bool, resort: bool) -> Resources:
+    """A vector from the outcome of arithmetic, validated only as far as it could break.
+
+    ``trusted`` means every name came from a ``Resources`` (so is valid) and every value is a
+    float; then only finiteness is in doubt (a sum can overflow), checked in one ``sum``:
+    it is finite only if every term is, and a false alarm (finite terms overflowing the
+    sum) just takes the validating path, which accepts them. Untrusted input, or a non-finite
+    result, goes through the constructor, which raises its usual error. ``resort`` when
+    names may be out of order (a name was added, or the dict was built from scratch).
+    """
+    if not trusted or not math.isfinite(sum(amounts.values())):
+        return Resources(amounts)
+    if resort:
+        amounts = dict(sorted(amounts.items()))
+    return Resources._trusted(amounts)
