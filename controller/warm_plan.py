@@ -106,7 +106,7 @@ class WarmPlanner:
                 if servers_unchanged(view, fresh):
                     summary, decisions = await self._apply(plan, view, fresh)
                     break
-            logger.info("a server changed while the warm plan was solved; solving again")
+            logger.info("a server failed or shrank while the warm plan was solved; solving again")
         else:
             async with ex.locks.plan:
                 view = await self.store.view()
@@ -191,12 +191,16 @@ class WarmPlanner:
 
 
 def servers_unchanged(solved_on: RecordsView, now: RecordsView) -> bool:
-    """Whether every server is as it was when the plan was solved (state and capacity)."""
-    for server_id in solved_on.servers.keys() | now.servers.keys():
-        before, after = solved_on.servers.get(server_id), now.servers.get(server_id)
-        if before is after:
+    """Whether every server the plan could use is as it was (still up, same capacity).
+
+    A server that joined or came back since is merely room the plan does not use yet (the
+    re-plan its arrival requested will); one that failed or shrank makes the plan wrong.
+    """
+    for server_id, before in solved_on.servers.items():
+        after = now.servers.get(server_id)
+        if before is after or before.state is not ServerState.UP:
             continue
-        if before is None or after is None or before.state is not after.state or \
+        if after is None or after.state is not ServerState.UP or \
                 before.capacity != after.capacity:
             return False
     return True

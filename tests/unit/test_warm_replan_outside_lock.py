@@ -116,3 +116,18 @@ def test_a_server_failing_during_the_solve_makes_it_solve_again() -> None:
         assert all(s != "s4" for a in ("c1", "c2") for s in warm_of(ctl, a))
 
     run(body)
+
+
+def test_a_server_joining_during_the_solve_does_not_make_it_solve_again() -> None:
+    async def body() -> None:
+        ctl = cluster()
+        started, release, solves = gate_the_solve(ctl)
+        replan = asyncio.ensure_future(ctl.warm.replan())
+        await asyncio.to_thread(started.wait, TEST_LIMIT_S)
+        joined = ctl.store.server("s4").model_copy(update={"server_id": "s9"})
+        ctl.store.put_server_now(joined)
+        release.set()
+        summary = await replan
+        assert len(solves) == 1 and summary["loads"] == 2
+
+    run(body)
