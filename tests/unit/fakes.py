@@ -154,6 +154,7 @@ class FakeStore:
         self.on_commit: Callable[[], None] = lambda: None
         self.writes = 0
         self._view: RecordsView | None = None
+        self._parsed_records: dict[tuple[Any, str], tuple[str, Any]] = {}
         self.revision_now = 0
         """Bumped by every change of an app or server record (``revision``)."""
 
@@ -192,15 +193,21 @@ class FakeStore:
     # RecordStore
     async def view(self) -> RecordsView:
         # Read-only records like the real store's: a decision that changes one fails loudly.
+        # Like the real cache, a record unchanged since the last view is the same object.
         if self._view is None:
             self._view = RecordsView(
                 self.revision_now,
-                {k: ReadOnlyAppRecord.model_validate_json(v)
-                 for k, v in sorted(self._apps.items())},
-                {k: ReadOnlyServerRecord.model_validate_json(v)
+                {k: self._parsed(k, v, ReadOnlyAppRecord) for k, v in sorted(self._apps.items())},
+                {k: self._parsed(k, v, ReadOnlyServerRecord)
                  for k, v in sorted(self._servers.items())},
                 tuple(sorted(self._apps)))
         return self._view
+
+    def _parsed(self, key: str, raw: str, kind: Any) -> Any:
+        hit = self._parsed_records.get((kind, key))
+        if hit is None or hit[0] != raw:
+            hit = self._parsed_records[(kind, key)] = (raw, kind.model_validate_json(raw))
+        return hit[1]
 
     async def revision(self) -> int:
         return self.revision_now
