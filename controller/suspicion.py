@@ -146,6 +146,8 @@ class SuspicionTable:
         self.by_server: dict[str, ServerWatch] = {}
         self.suspects: set[int] = set()
         self.last_sweep: float | None = None
+        self._scan_from = 0.0
+        """No server can become suspect before this instant (see :meth:`sweep`)."""
         self.suspicions = 0
         self.cleared = 0
         """Suspicions cleared by a heartbeat or a probe answer (each one a declaration avoided)."""
@@ -154,6 +156,7 @@ class SuspicionTable:
         """New settings; each server's silence is recomputed at its next heartbeat."""
         self.settings = settings
         self.sigmas = phi_sigmas(settings.phi)
+        self._scan_from = 0.0
         for watch in self.by_slot.values():
             watch.suspect_after = 0.0
 
@@ -173,6 +176,7 @@ class SuspicionTable:
             watch.grace_until, watch.last_arrival = previous.grace_until, previous.last_arrival
         self.by_slot[slot] = watch
         self.by_server[server_id] = watch
+        self._scan_from = 0.0
         return watch
 
     def watch(self, server_id: str, generation: int, grace_s: float, now: float) -> None:
@@ -185,6 +189,7 @@ class SuspicionTable:
         watch.beats = 0
         watch.grace_until = now + grace_s
         self._clear(watch)
+        self._scan_from = 0.0
 
     def unwatch(self, server_id: str) -> None:
         """Disarm (declared by the controller itself, or drained)."""
@@ -220,7 +225,7 @@ class SuspicionTable:
         watch.beats += 1
         if watch.armed:
             if watch.beats > 1:
-                self._add_gap(watch, now - watch.last_arrival)
+                self.add_gap(watch, now - watch.last_arrival)
             watch.last_arrival = now
             if watch.suspect_since is not None:
                 self.cleared += 1
@@ -274,10 +279,28 @@ class SuspicionTable:
             for slot in self.suspects:
                 self.by_slot[slot].suspect_since = now
         self.last_sweep = now
+        if now >= self._scan_from:
+            self._scan(now, result)
+        for slot in list(self.suspects):
+            self._confirm(self.by_slot[slot], now, result)
+        return result
+
+    def _scan(self, now: float, result: SweepResult) -> None:
+        """Suspect every armed server silent for longer than its limit.
+
+        Also notes when the next scan can first find one: every limit is at least
+        :meth:`_least_limit`, and heartbeats only move a server's last arrival later, so no
+        server can become suspect before the oldest last arrival plus that floor. A sweep
+        every few milliseconds then scans the thousand servers only a few times per
+        heartbeat interval. (Arming, admitting or reconfiguring a server scans again.)
+        """
+        oldest = math.inf
         for watch in self.by_slot.values():
-            if (watch.armed and watch.suspect_since is None and now >= watch.grace_until
-                    and now - watch.last_arrival > (watch.suspect_after
-                                                    or self._suspect_after(watch, now))):
+            if not watch.armed or watch.suspect_since is not None:
+                continue
+            last = watch.last_arrival
+            if now >= watch.grace_until and now - last > (watch.suspect_after or
+                                                          self._suspect_after(watch, now)):
                 watch.suspect_since = now
                 self.suspects.add(watch.slot)
                 self.suspicions += 1
@@ -285,9 +308,14 @@ class SuspicionTable:
                 self._probe(watch, now, result)
                 if watch.triton is not None:
                     result.triton_probes.append(watch)
-        for slot in list(self.suspects):
-            self._confirm(self.by_slot[slot], now, result)
-        return result
+            elif last < oldest:
+                oldest = last
+        self._scan_from = oldest + self._least_limit()
+
+    def _least_limit(self) -> float:
+        """A floor under every server's suspicion limit (see :meth:`_suspect_after`)."""
+        t = self.settings.interval_s
+        return min(t + self.sigmas * MIN_STD_FRACTION * t, MAX_SUSPECT_T * t)
 
     def _confirm(self, watch: ServerWatch, now: float, result: SweepResult) -> None:
         """A suspect: probe again, keep waiting, or declare it."""
@@ -334,7 +362,8 @@ class SuspicionTable:
         watch.triton_ready = None
         self.suspects.discard(watch.slot)
 
-    def _add_gap(self, watch: ServerWatch, gap: float) -> None:
+    def add_gap(self, watch: ServerWatch, gap: float) -> None:
+        """Record one inter-arrival gap in the server's window (the monitor's hot path)."""
         gaps = watch.gaps
         if len(gaps) < WINDOW:
             gaps.append(gap)

@@ -191,3 +191,28 @@ def test_a_closed_liveness_stream_declares_the_current_connection_only() -> None
     assert table.stream_closed(a.slot, a.nonce, clock.now) is None  # declared once
     clock.run(1.0, beating={"b"})
     assert clock.declared == []  # not declared again by silence
+
+
+def test_sweeps_skip_the_full_scan_until_a_server_could_be_suspect_yet_miss_none() -> None:
+    servers = [f"s{i}" for i in range(50)]
+    table, clock = _table(*servers)
+    scans = 0
+    real_scan = table._scan  # noqa: SLF001 - counting the full scans
+
+    def counted(now: float, result: object) -> None:
+        nonlocal scans
+        scans += 1
+        real_scan(now, result)  # type: ignore[arg-type]
+
+    table._scan = counted  # type: ignore[method-assign]  # noqa: SLF001
+    clock.run(2.0, beating=set(servers))
+    sweeps = 2.0 / SETTINGS.sweep_s
+    assert 0 < scans < sweeps / 3, (scans, sweeps)  # most sweeps did not scan
+    # A server that goes silent is still suspected as soon as its limit passes.
+    last = table.by_server["s7"].last_arrival
+    limit = table.suspect_after("s7", clock.now)
+    assert limit is not None
+    clock.run(1.0, beating=set(servers) - {"s7"})
+    assert [d[0] for d in clock.declared] == ["s7"]
+    suspected_at = clock.declared[0][2] - SETTINGS.confirm_s
+    assert last + limit <= suspected_at <= last + limit + 2 * SETTINGS.sweep_s
