@@ -19,6 +19,7 @@ from policies.preemption import replan_preempting
 from policies.progressive import plan_progressive
 from policies.recovery_order import deferrable_preemptions, interims_shortest_first
 from policies.resources import MEMORY_MB
+from policies.warm_heuristic import with_backups
 from policies.warm_ilp import plan_warm_backups
 
 
@@ -56,7 +57,7 @@ def with_warm_plan(snapshot: ClusterSnapshot, plan: WarmPlan) -> ClusterSnapshot
     state the same way (``sim.decisions``).
     """
     kept = tuple(p for p in snapshot.placements if p.role is not Role.WARM)
-    return snapshot.with_placements(kept + plan.placements())
+    return snapshot.with_placements(with_backups(kept, plan.placements()))
 
 
 def affected_app_ids(snapshot: ClusterSnapshot) -> tuple[str, ...]:

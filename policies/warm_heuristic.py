@@ -67,9 +67,9 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
                                                    variant.accuracy))
         for u in plan.unrecoverable:
             reasons.setdefault(u.app_id, u.reason)
-        base = base.with_placements(base.placements + tuple(
+        base = base.with_placements(with_backups(base.placements, tuple(
             Placement(r.app_id, r.server_id, r.target_variant, Role.WARM)
-            for r in plan.recoveries))
+            for r in plan.recoveries)))
     assignments = tuple(a for app_id in todo for a in chosen[app_id])
     uncovered = tuple(
         UncoveredApp(app_id, wanted[app_id], len(chosen.get(app_id, ())), reasons.get(
@@ -82,6 +82,21 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
                        objective=objective, solve_s=elapsed, total_s=elapsed,
                        notes=("FailLite Algorithm 1 over K, alpha reserved per server",))
     return WarmPlan(assignments, uncovered, stats)
+
+
+def with_backups(placements: tuple[Placement, ...],
+                 backups: tuple[Placement, ...]) -> tuple[Placement, ...]:
+    """``placements`` plus the warm ``backups``, one placement per (app, server, variant).
+
+    A backup takes the place of a COLD placement of the same variant (a replica the snapshot
+    does not count, e.g. one being unloaded): the model is there, and now counts as the
+    backup. A backup of a variant already placed in another role adds nothing.
+    """
+    keys = {(p.app_id, p.server_id, p.variant): p.role for p in placements}
+    taken = {(b.app_id, b.server_id, b.variant) for b in backups
+             if keys.get((b.app_id, b.server_id, b.variant)) in (None, Role.COLD)}
+    kept = tuple(p for p in placements if (p.app_id, p.server_id, p.variant) not in taken)
+    return kept + tuple(b for b in backups if (b.app_id, b.server_id, b.variant) in taken)
 
 
 def _keep_current(base: ClusterSnapshot, snapshot: ClusterSnapshot,
@@ -118,7 +133,7 @@ def _keep_current(base: ClusterSnapshot, snapshot: ClusterSnapshot,
         mine.append(WarmAssignment(app.app_id, server.server_id, variant.name,
                                    variant.accuracy))
         kept.append(placement)
-    return base.with_placements(base.placements + tuple(kept)) if kept else base
+    return base.with_placements(with_backups(base.placements, tuple(kept))) if kept else base
 
 
 def _derived(snapshot: ClusterSnapshot, alpha: float) -> ClusterSnapshot:

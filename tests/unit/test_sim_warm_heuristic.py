@@ -6,6 +6,7 @@ import pytest
 
 from model_repo.profiles import load_families
 from policies.config import WarmPlanConfig
+from policies.failover import with_warm_plan
 from policies.model import Role
 from policies.warm_check import warm_plan_violations
 from policies.warm_ilp import plan_warm_backups, uses_heuristic
@@ -104,3 +105,15 @@ def test_heuristic_keeps_current_backups_that_still_obey_the_rules() -> None:
     fresh = plan_warm_backups(loaded, config.model_copy(update={"keep_current_bonus": 0.0}))
     assert {a.app_id for a in fresh.assignments} == {"k1", "k2"}
     assert warm_plan_violations(loaded, again, config) == []
+
+
+def test_a_backup_where_a_cold_replica_of_its_variant_is_listed_replaces_it() -> None:
+    """Issue: a COLD replica of the chosen variant on the chosen server raised DuplicateIdError."""
+    snap = small_cluster()
+    cold = snap.with_placements(snap.placements + (placement("k1", "D", "fam-l", Role.COLD),))
+    config = WarmPlanConfig(method="heuristic", alpha=0.1)
+    plan = plan_warm_backups(cold, config)
+    assert ("D", "fam-l") in {(a.server_id, a.variant) for a in plan.for_app("k1")}
+    after = with_warm_plan(cold, plan)
+    roles = [p.role for p in after.placements if (p.app_id, p.server_id) == ("k1", "D")]
+    assert roles == [Role.WARM]
