@@ -269,7 +269,10 @@ class Failovers:
                     await self.declarations.update(failure.declaration.seq, apps_moved=sorted(
                         failure.switched | failure.recovered))
             await self.executor.act(cold)
-            await self.replan_warm()
+            try:
+                await self.replan_warm()
+            except Exception:  # noqa: BLE001 - the recoveries are done; the planner retries
+                logger.exception("warm re-plan after the failover of %s failed", _names(batch))
             for failure in batch.values():
                 if failure.intent is not None:
                     await self.store.done_intent(failure.intent)

@@ -29,6 +29,8 @@ from policies.policy import FailoverPolicy
 logger = logging.getLogger(__name__)
 
 WARM_REPLAN_DEBOUNCE_S = 0.05
+RETRY_MAX_S = 60.0
+"""Longest wait before a failed re-plan is tried again (doubling from 2 s)."""
 OPTIMISTIC_SOLVES = 3
 """Solves outside the planning lock before one is made under it."""
 URGENT_HOLD_MAX_S = 10.0
@@ -70,6 +72,7 @@ class WarmPlanner:
         await waiter
 
     async def _loop(self) -> None:
+        failures = 0
         while self._pending:
             await asyncio.sleep(WARM_REPLAN_DEBOUNCE_S)
             with contextlib.suppress(TimeoutError):
@@ -78,12 +81,18 @@ class WarmPlanner:
             waiters, self._waiters = self._waiters, []
             try:
                 await self.replan()
-            except Exception as exc:  # noqa: BLE001 - told to the waiters; requests go on
-                logger.exception("warm re-plan failed")
+            except Exception as exc:  # noqa: BLE001 - told to the waiters; tried again
+                failures += 1
+                retry_s = min(RETRY_MAX_S, 2.0 ** failures)
+                logger.exception("warm re-plan failed (%d in a row); trying again in %.0f s",
+                                 failures, retry_s)
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_exception(exc)
+                await asyncio.sleep(retry_s)
+                self._pending = True  # the apps it was for are still uncovered
                 continue
+            failures = 0
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
