@@ -248,9 +248,12 @@ class Failovers:
 
         def plan() -> tuple[FailoverPlan, dict[str, str]]:
             snapshot = build_snapshot(self.families, view.servers, view.apps)
+            built[0] = self.clock.monotonic()
             primaries = {a: p.server_id for a, p in snapshot.primary_by_app.items()
-                         if p.role is Role.PRIMARY}
+                         if p.server_id in failed}
             return policy.plan_failover(snapshot, failed), primaries
+
+        built = [asked]
 
         if len(view.apps) * len(view.servers) <= INLINE_PLAN_WORK:
             result = plan()
@@ -258,6 +261,9 @@ class Failovers:
             result = await asyncio.to_thread(plan)
         planned_s = self.clock.monotonic() - asked
         self.metrics.failover_plan.observe(planned_s)
+        logger.info("failover of %s: snapshot %.1f ms, then plan %.1f ms",
+                    _names(dict.fromkeys(failed)), (built[0] - asked) * 1000,
+                    (asked + planned_s - built[0]) * 1000)
         return result[0], result[1], planned_s * 1000
 
     async def _finish(self, batch: dict[str, Failure], cold: Decision,
@@ -302,7 +308,7 @@ def _tied_candidates(apps: Mapping[str, AppRecord], server_id: str, live: set[st
     return servers
 
 
-def _names(batch: Mapping[str, Failure]) -> str:
+def _names(batch: Mapping[str, Any]) -> str:
     """The servers of a round, for the log (one token)."""
     names = sorted(batch)
     return "+".join(names[:3]) + (f"+{len(names) - 3}more" if len(names) > 3 else "")
