@@ -88,6 +88,10 @@ class Failovers:
         """When each declared server was last heard from (for its declaration)."""
         self._waiting: dict[str, Failure] = {}
         self._rounds: asyncio.Task[Any] | None = None
+        self._switching = 0
+        self._no_switching = asyncio.Event()
+        """Set while no switch is in progress: a round waits for it (see _run_rounds)."""
+        self._no_switching.set()
 
     # --- 1. the switch -----------------------------------------------------------------------
 
@@ -100,21 +104,28 @@ class Failovers:
         as a cancelled declaration).
         """
         ex = self.executor
-        app_ids = await self.store.apps_on(server_id)
-        while True:
-            async with ex.locks.apps(app_ids):
-                now_on = await self.store.apps_on(server_id)
-                if set(now_on) <= set(app_ids):
-                    return await self._switch_locked(server_id, reason, detected_at, resuming,
-                                                     now_on)
-            # An app got a replica there while we waited: take its lock too, in id order.
-            app_ids = sorted(set(app_ids) | set(now_on))
+        self._switching += 1
+        self._no_switching.clear()
+        try:
+            app_ids = await self.store.apps_on(server_id)
+            while True:
+                async with ex.locks.apps(app_ids):
+                    now_on = await self.store.apps_on(server_id)
+                    if set(now_on) <= set(app_ids):
+                        return await self._switch_locked(server_id, reason, detected_at,
+                                                         resuming, now_on)
+                # An app got a replica there while we waited: take its lock too, in id order.
+                app_ids = sorted(set(app_ids) | set(now_on))
+        finally:
+            self._switching -= 1
+            if not self._switching:
+                self._no_switching.set()
 
     async def _switch_locked(self, server_id: str, reason: str, detected_at: float,
                              resuming: bool, app_ids: list[str]) -> Failure | None:
         locked_at = self.clock.time()
-        view = await self.store.view()
-        server = view.servers.get(server_id)
+        all_servers = await self.store.server_records()  # read-only; no view of the apps
+        server = all_servers.get(server_id)
         if server is None or (server.state is ServerState.FAILED) is not resuming:
             return None
         if self.watch.watching(server_id):
@@ -125,12 +136,12 @@ class Failovers:
                 await self._declared(server, reason, detected_at, app_ids, cancelled=True)
             return None
         apps = {a: r for a in app_ids if (r := await self.store.get_app(a)) is not None}
-        live = {s for s, r in view.servers.items()
+        live = {s for s, r in all_servers.items()
                 if r.state is ServerState.UP and s != server_id}
-        free = await self._free_memory(_tied_candidates(apps, server_id, live), view)
+        free = await self._free_memory(_tied_candidates(apps, server_id, live), all_servers)
         switches = choose_warm_switches(apps, server_id, live, self.families,
                                         lambda s: free.get(s, 0.0))
-        servers: dict[str, ServerRecord] = dict(view.servers)
+        servers: dict[str, ServerRecord] = dict(all_servers)
         servers[server_id] = ServerRecord.model_validate(server.model_dump())
         failed = decide_server_failed(apps, servers, server_id, reason, detected_at,
                                       self.agents.connected(server_id), switches,
@@ -143,12 +154,13 @@ class Failovers:
         return Failure(server_id, reason, detected_at, intent, declaration,
                        frozenset(s.app_id for s in switches))
 
-    async def _free_memory(self, server_ids: set[str], view: RecordsView) -> dict[str, float]:
+    async def _free_memory(self, server_ids: set[str],
+                           servers: Mapping[str, ServerRecord]) -> dict[str, float]:
         free = {}
         for server_id in server_ids:
             records = [r for a in await self.store.apps_on(server_id)
-                       if (r := view.apps.get(a)) is not None]
-            free[server_id] = free_memory_mb(view.servers[server_id], records, self.families)
+                       if (r := await self.store.app_record(a)) is not None]
+            free[server_id] = free_memory_mb(servers[server_id], records, self.families)
         return free
 
     def _announced(self, server_id: str, switched: int, detected_at: float,
@@ -184,6 +196,10 @@ class Failovers:
 
     async def _run_rounds(self) -> None:
         while self._waiting:
+            # Switches first: a site's servers are declared within milliseconds of each
+            # other, and a round planning meanwhile (a thread holding the GIL half the time)
+            # would slow every switch still to come; waiting also puts them all in one round.
+            await self._no_switching.wait()
             async with self.executor.locks.plan:
                 batch, self._waiting = self._waiting, {}
                 try:

@@ -85,6 +85,7 @@ class RecordCache:
         self._servers: dict[str, ReadOnlyServerRecord] = {}
         self._ids: list[str] = []
         self._view: RecordsView | None = None
+        self._servers_view: Mapping[str, ReadOnlyServerRecord] | None = None
         self._on_server: dict[str, set[str]] = {}
         """Server -> the apps with a replica there or served from there (see apps_on)."""
         self._indexed_at: dict[str, frozenset[str]] = {}
@@ -102,6 +103,7 @@ class RecordCache:
         self._servers.clear()
         self._ids = sorted(self._apps_json)
         self._view = None
+        self._servers_view = None
         self._on_server.clear()
         self._indexed_at.clear()
         self._unindexed = set(self._ids)
@@ -117,6 +119,7 @@ class RecordCache:
         self._servers.clear()
         self._ids = []
         self._view = None
+        self._servers_view = None
         self._on_server.clear()
         self._indexed_at.clear()
         self._unindexed.clear()
@@ -148,6 +151,7 @@ class RecordCache:
         for server_id, raw in servers:
             self._servers_json[server_id] = raw
             self._servers.pop(server_id, None)
+            self._servers_view = None
         for app_id in deleted_apps:
             if self._apps_json.pop(app_id, None) is not None:
                 del self._ids[bisect.bisect_left(self._ids, app_id)]
@@ -184,12 +188,21 @@ class RecordCache:
         if self._view is None:
             ids = tuple(self._ids)
             apps = {app_id: self.app(app_id) for app_id in ids}
-            servers = {s: self.server(s) for s in sorted(self._servers_json)}
             self._view = RecordsView(self.revision, MappingProxyType(apps),  # type: ignore[arg-type]
-                                     MappingProxyType(servers),  # type: ignore[arg-type]
-                                     ids)
+                                     self.servers_view(), ids)
             self._reindex()  # every record is parsed now: keeping the index costs little
         return self._view
+
+    def servers_view(self) -> Mapping[str, ReadOnlyServerRecord]:
+        """Every server's read-only record, in id order, rebuilt only after a server write.
+
+        Cheaper than :meth:`view` when only servers matter: a view also lists every app, and
+        is rebuilt after every write of any record.
+        """
+        if self._servers_view is None:
+            self._servers_view = MappingProxyType(
+                {s: self.server(s) for s in sorted(self._servers_json)})  # type: ignore[misc]
+        return self._servers_view
 
     def apps_on(self, server_id: str) -> list[str]:
         """The apps with a replica on ``server_id`` or served from it, sorted.

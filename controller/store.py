@@ -215,6 +215,14 @@ class Store:
         """Every app record by id (private copies)."""
         return (await self._loaded()).copy_apps()
 
+    async def app_record(self, app_id: str) -> AppRecord | None:
+        """One app's shared read-only record (no copy: for a caller that only looks)."""
+        return (await self._loaded()).app(app_id)
+
+    async def server_records(self) -> Mapping[str, ServerRecord]:
+        """Every server's shared read-only record (no view of the apps is built)."""
+        return (await self._loaded()).servers_view()
+
     async def apps_on(self, server_id: str) -> list[str]:
         """The ids of the apps with a replica on the server or served from it, sorted."""
         return (await self._loaded()).apps_on(server_id)
@@ -244,7 +252,7 @@ class Store:
         cost more than the rest of it.
         """
         cache = await self._loaded()
-        return cache.copy_app(app_id), cache.view().servers
+        return cache.copy_app(app_id), cache.servers_view()
 
     async def apps_and_servers(self) -> tuple[dict[str, AppRecord], dict[str, ServerRecord]]:
         """Every app and server record (private copies), at one revision."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +224,12 @@ class FakeStore:
     async def get_app(self, app_id: str) -> AppRecord | None:
         raw = self._apps.get(app_id)
         return AppRecord.model_validate_json(raw) if raw else None
+
+    async def app_record(self, app_id: str) -> AppRecord | None:
+        return (await self.view()).apps.get(app_id)
+
+    async def server_records(self) -> Mapping[str, ServerRecord]:
+        return (await self.view()).servers
 
     async def apps_on(self, server_id: str) -> list[str]:
         found = []
