@@ -203,7 +203,8 @@ class Application:
     ``critical`` puts the app in K (it must get a warm backup). ``warm_replicas`` overrides
     the configured number R of warm backups for this app. Backups never go to
     ``excluded_servers`` or ``excluded_sites``; when ``allowed_backup_sites`` is set they go
-    only to those sites (FailLite §3.4's exclusion list).
+    only to those sites (FailLite §3.4's exclusion list). Pins and ``allow_larger_backups``
+    (a backup or failover variant may be above the primary): ``policies/replica_rules.py``.
     """
 
     app_id: str
@@ -218,6 +219,7 @@ class Application:
     excluded_sites: frozenset[str] = frozenset()
     allowed_backup_sites: frozenset[str] | None = None
     warm_replicas: int | None = None
+    allow_larger_backups: bool = False
 
     def __post_init__(self) -> None:
         _require_id(self.app_id, "app id")

@@ -4,6 +4,8 @@
 variant to the demand ratio δ = C / D, place it memory worst-fit falling back to smaller
 variants, then ``upgrade_model`` with what is left. A recovery loads the *interim* (the
 family's smallest variant meeting the SLO on the chosen server) first, then the *target*.
+Every variant used obeys ``policies/replica_rules.py``: never above the primary variant
+(unless the app allows it), and only in the app's pinned site.
 
 Where we do better than the paper, on purpose:
 
@@ -12,9 +14,14 @@ Where we do better than the paper, on purpose:
   ``Σ max(interim, target) + max over upgrading apps of min(interim, target) <= free``, i.e.
   ``Σ targets + max interim`` when the interim needs no more than its target (always true for
   memory). The second term is the server's *reserve*; placement and upgrades both keep it.
+* **Larger variants as a last resort.** When no variant from the matched one down meets the
+  SLO on a server with room, the larger ones up to the primary (or beyond, if the app allows
+  it) are tried, smallest first: an app is never given up while a variant it may use fits.
 * **Upgrade pass.** Candidates (app, larger variant with strictly higher accuracy meeting the
   SLO on the app's server, not above its primary) go best accuracy gain per extra MB first,
   and the pass repeats until nothing improves (see ``_upgrade_pass`` for why that is cheap).
+  An upgrade to a variant needing less of a resource can make room for an app given up
+  earlier: those are then tried again, and the pass runs again for them.
 * **Speed.** Demands are float tuples (memory first) precomputed once per app. Servers sit in
   lists sorted by free memory, most first, per *latency class* (type, speed), so an SLO is
   checked per class, not per server, and per (class, site) for apps whose exclusion list
@@ -40,6 +47,7 @@ from policies.actions import ProgressivePlan, ProgressiveRecovery, Unrecoverable
 from policies.config import ProgressiveConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import Application, ClusterSnapshot, Family, Server, Variant
+from policies.replica_rules import pinned_site, scoped, within_choice
 from policies.resources import COMPUTE, MEMORY_MB
 
 EPSILON = 1e-9
@@ -80,9 +88,9 @@ class _App:
     dem: list[Vec]          # demand per variant (size order) at the app's max rate
     mem: list[float]
     acc: list[float]
-    top: int                # index of the primary variant: never go above it
-    ok: list[list[bool]]    # per latency class, per variant: meets the SLO
-    interim: list[int]      # per latency class: smallest variant meeting the SLO, or -1
+    top: int                # index of the primary variant (δ is relative to it)
+    ok: list[list[bool]]    # per latency class, per variant: allowed and meets the SLO
+    interim: list[int]      # per latency class: smallest variant that is ok, or -1
     restricted: bool        # has an exclusion list
     excluded: frozenset[str]  # servers it may not use (its sites are left out of its pools)
     match: int = 0
@@ -121,6 +129,12 @@ class _Cluster:
             insort(order, new)
         self.entry[k] = new
 
+    def resort(self) -> None:
+        """Move every server whose free memory changed unnoticed (upgrades) to its place."""
+        for k, entry in enumerate(self.entry):
+            if entry != (-self.head(k), k):
+                self.touch(k)
+
     def pools(self, c: int, app: Application) -> list[list[Entry]]:
         """Lists to search in class ``c``: one per allowed site if the app lists sites."""
         # Else an app allowed in one site of ten walks the other nine once its site is full.
@@ -157,7 +171,15 @@ def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
 
     lost = [info for info in infos if not _place(cluster, info)]
     if config.upgrade:
-        _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
+        freed = _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
+        while lost and freed:
+            # Capacity is otherwise only consumed: a retry can succeed only after a shrink.
+            cluster.resort()
+            still = [info for info in lost if not _place(cluster, info)]
+            if len(still) == len(lost):
+                break
+            lost = still
+            freed = _upgrade_pass(cluster, [info for info in infos if info.server >= 0])
     return _result(snapshot, cluster, infos, lost, delta, names)
 
 
@@ -172,7 +194,8 @@ def _resolve_apps(snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> list[App
     unknown = [a for a in unique if a not in snapshot.app_by_id]
     if unknown:
         raise UnknownReferenceError(f"progressive failover for unknown apps {sorted(unknown)}")
-    return [snapshot.app_by_id[a] for a in unique]
+    # A pin becomes an allowed site: the site pools and the reasons then honour it.
+    return [scoped(snapshot, snapshot.app_by_id[a]) for a in unique]
 
 
 def _resource_names(snapshot: ClusterSnapshot, apps: Sequence[Application]) -> list[str]:
@@ -212,8 +235,8 @@ class _Catalog:
     names: list[str]
     classes: list[Server]
     tables: dict[str, _FamilyTable] = field(default_factory=dict)
-    slos: dict[tuple[str, float | None, int], tuple[list[list[bool]], list[int]]] = field(
-        default_factory=dict)  # (family, SLO, top) -> per class: meets the SLO?, interim
+    slos: dict[tuple[str, float | None, int, bool], tuple[list[list[bool]], list[int]]] = field(
+        default_factory=dict)  # (family, SLO, top, larger allowed) -> per class: ok?, interim
 
     def table(self, family: str) -> _FamilyTable:
         table = self.tables.get(family)
@@ -230,20 +253,28 @@ class _Catalog:
     def app(self, app: Application) -> _App:
         table, compute, slo = self.table(app.family), self.names.index(COMPUTE), app.latency_slo_ms
         top = table.best if app.primary_variant is None else table.index[app.primary_variant]
-        if (app.family, slo, top) not in self.slos:
-            ok = [[slo is None or ms <= slo for ms in row] for row in table.latency]
-            interim = [row.index(True) if True in row[:top + 1] else -1 for row in ok]
-            self.slos[(app.family, slo, top)] = (ok, interim)
+        key = (app.family, slo, top, app.allow_larger_backups)
+        if key not in self.slos:
+            allowed = self.allowed(app.family, top, app.allow_larger_backups)
+            ok = [[fine and (slo is None or ms <= slo)
+                   for ms, fine in zip(row, allowed, strict=True)] for row in table.latency]
+            interim = [row.index(True) if True in row else -1 for row in ok]
+            self.slos[key] = (ok, interim)
         dem: list[Vec] = []
         for base, per_rps in zip(table.base, table.compute_per_rps, strict=True):
             vector = list(base)
             vector[compute] += per_rps * app.max_rate_rps  # as Variant.demand computes it
             dem.append(tuple(vector))
-        ok, interim = self.slos[(app.family, slo, top)]
+        ok, interim = self.slos[key]
         restricted = bool(app.excluded_servers or app.excluded_sites
                           or app.allowed_backup_sites is not None)
         return _App(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
                     interim=interim, restricted=restricted, excluded=app.excluded_servers)
+
+    def allowed(self, family: str, top: int, larger: bool) -> list[bool]:
+        """Per variant: may a replica use it (``replica_rules.within_choice``)?"""
+        variants = self.snapshot.families[family].variants
+        return [larger or within_choice(variants[top], v) for v in variants]
 
 
 def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
@@ -315,8 +346,11 @@ def _best_in(cluster: _Cluster, order: list[Entry], info: _App, base: Vec,
 
 
 def _place(cluster: _Cluster, info: _App) -> bool:
-    """Matched variant down to the smallest; the first feasible (variant, server) wins."""
-    for j in range(info.match, -1, -1):
+    """Matched variant down to the smallest, then the larger ones up: the first fit wins.
+
+    ``ok`` leaves out the variants the app may not use (``replica_rules``).
+    """
+    for j in (*range(info.match, -1, -1), *range(info.match + 1, len(info.mem))):
         best: Entry | None = None
         for c in range(len(cluster.orders)):
             if not info.ok[c][j]:
@@ -348,20 +382,22 @@ def _commit(cluster: _Cluster, k: int, info: _App, j: int) -> None:
 # --- upgrade_model ----------------------------------------------------------------------------
 
 
-def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> None:
+def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> bool:
     """Greedy by accuracy gain per extra MB, repeated until nothing improves.
 
     A failed candidate can only succeed later if another app on its server came to need *less*
     of some resource (a larger variant with a smaller compute share, say); capacity is otherwise
     only consumed. So a new round revisits just those servers: usually there are none.
+    Returns whether any server came to need less of a resource (apps given up may fit now).
     """
     by_pos = {info.pos: info for info in placed}
     todo: Sequence[_App] = placed
+    freed = False
     while todo:
         candidates = []
         for info in todo:
             c, cur = cluster.klass[info.server], info.variant
-            for v in range(cur + 1, info.top + 1):
+            for v in range(cur + 1, len(info.acc)):
                 gain = info.acc[v] - info.acc[cur]
                 if gain > 0 and info.ok[c][v]:
                     extra = info.mem[v] - info.mem[cur]
@@ -373,7 +409,9 @@ def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> None:
             info = by_pos[pos]
             if info.acc[v] > info.acc[info.variant]:
                 _try_upgrade(cluster, info, v, shrunk)
+        freed = freed or bool(shrunk)
         todo = [info for info in placed if info.server in shrunk]
+    return freed
 
 
 def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> None:
@@ -418,52 +456,82 @@ def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
 
 
 class _Why:
-    """Reasons an operator can act on, for the apps that failed: O(S) once, not per app."""
+    """Reasons an operator can act on, for the apps that failed.
+
+    Each statement is about the servers the app may use, per latency class (a server type
+    and speed: the variants meeting the SLO differ between them): what its smallest usable
+    variant there needs against the most that is left on one of those servers. O(S) once per
+    exclusion list, not per app.
+    """
 
     def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster,
                  names: Sequence[str]) -> None:
         self.snapshot, self.cluster, self.names = snapshot, cluster, names
-        self.most = [-math.inf] * len(cluster.orders)  # most free memory per latency class
+        self.members: list[list[int]] = [[] for _ in cluster.orders]
         for k, c in enumerate(cluster.klass):
-            self.most[c] = max(self.most[c], cluster.head(k))
-        self.allowed: dict[object, set[int]] = {}  # exclusion list -> classes it leaves
+            self.members[c].append(k)
+        self.lefts: dict[object, list[list[float] | None]] = {}
 
     def __call__(self, info: _App) -> str:
-        app, cluster = info.app, self.cluster
-        classes: set[int] = set(range(len(cluster.orders)))
-        if info.restricted:
-            key = (app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
-            if key not in self.allowed:
-                self.allowed[key] = {cluster.klass[k] for k, s in enumerate(cluster.servers)
-                                     if app.may_back_up_on(s)}
-            classes = self.allowed[key]
-        if not classes:
-            return ("its exclusion list rules out every live server" if cluster.servers
-                    else "no live server is available")
-        eligible = [c for c in classes if info.interim[c] >= 0]
-        if not eligible:
-            return (f"no variant up to its primary meets its latency SLO of "
-                    f"{app.latency_slo_ms:g} ms on any live server it may use")
-        smallest = min(info.interim[c] for c in eligible)
-        name = self.snapshot.families[app.family].variants[smallest].name
-        return (f"no live server it may use has room for even variant {name!r} "
-                f"({info.mem[smallest]:g} MB GPU memory, plus the transient reserve); the most "
-                f"free memory left on a server fast enough is "
-                f"{max(self.most[c] for c in eligible):g} MB{self._short(info, smallest)}")
+        app = info.app
+        lefts = self._lefts(info)
+        usable = [c for c, left in enumerate(lefts) if left is not None]
+        if not usable:
+            return self._nowhere(app)
+        groups: dict[int, list[float]] = {}  # interim variant -> most left per resource
+        for c in usable:
+            j, left = info.interim[c], lefts[c]
+            if j >= 0 and left is not None:
+                groups[j] = list(map(max, groups[j], left)) if j in groups else left
+        if not groups:
+            top = self.snapshot.families[app.family].variants[info.top].name
+            scope = "of its family" if app.allow_larger_backups else f"up to its primary {top!r}"
+            return (f"no variant {scope} meets its latency SLO of {app.latency_slo_ms:g} ms on "
+                    f"any live server it may use")
+        what = ("a variant meeting its latency SLO there" if app.latency_slo_ms is not None
+                else "even the smallest variant it may use")
+        return (f"no live server it may use has room for {what} (plus the transient reserve): "
+                + "; ".join(self._short(info, j, groups[j]) for j in sorted(groups)))
 
-    def _short(self, info: _App, variant: int) -> str:
-        """The other resources the variant needs more of than any eligible server has left."""
-        cluster, need = self.cluster, info.dem[variant]
-        servers = [k for k, c in enumerate(cluster.klass) if info.interim[c] >= 0]
-        parts = []
-        for r, name in enumerate(self.names):
-            if name == MEMORY_MB or not servers:
-                continue
-            left = max(cluster.free[k][r] - cluster.used[k][r] - cluster.reserve[k][r]
-                       for k in servers)
-            if need[r] > left + EPSILON:
-                parts.append(f"{name} {need[r]:g} needed, at most {left:g} left")
-        if not parts:
-            # Each resource is left somewhere, but never all of them on one server.
-            return "; no single server has the memory and the other resources at once"
-        return "; " + ", ".join(parts)
+    def _lefts(self, info: _App) -> list[list[float] | None]:
+        """Per latency class: the most left per resource on a server the app may use there."""
+        app, cluster = info.app, self.cluster
+        key = ((app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
+               if info.restricted else None)
+        found = self.lefts.get(key)
+        if found is None:
+            found = []
+            for members in self.members:
+                left: list[float] | None = None
+                for k in members:
+                    if info.restricted and not app.may_back_up_on(cluster.servers[k]):
+                        continue
+                    room = [f - u - r for f, u, r in zip(cluster.free[k], cluster.used[k],
+                                                          cluster.reserve[k], strict=True)]
+                    left = room if left is None else list(map(max, left, room))
+                found.append(left)
+            self.lefts[key] = found
+        return found
+
+    def _nowhere(self, app: Application) -> str:
+        if not self.cluster.servers:
+            return "no live server is available"
+        site = pinned_site(self.snapshot, app)
+        if site is not None:
+            return (f"it is pinned to site {site!r}, where no live server may hold it (none is "
+                    f"live, or its exclusion list rules them out)")
+        return "its exclusion list rules out every live server"
+
+    def _short(self, info: _App, variant: int, left: Sequence[float]) -> str:
+        """What ``variant`` needs that no server left: memory, else the other resources."""
+        name = repr(self.snapshot.families[info.app.family].variants[variant].name)
+        need = info.dem[variant]
+        if need[0] > left[0] + EPSILON:
+            return f"{name} needs {need[0]:g} MB GPU memory where at most {left[0]:g} MB is left"
+        parts = [f"{resource} {need[r]:g} where at most {left[r]:g} is left"
+                 for r, resource in enumerate(self.names)
+                 if resource != MEMORY_MB and need[r] > left[r] + EPSILON]
+        if parts:
+            return f"{name} needs " + ", ".join(parts)
+        # Each resource is left somewhere, but never all of them on one server.
+        return f"{name} fits no single server: none has its memory and other resources at once"

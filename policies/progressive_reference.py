@@ -1,11 +1,13 @@
 """A direct, slow reference implementation of FailLite Algorithm 1, for tests and the bench.
 
 Same semantics as ``policies.progressive.plan_progressive`` (ordering, tie-breaks, transient
-reserve, upgrade pass) written the obvious way: every placement attempt scans *all* live
-servers in id order (only skipping the feasibility test of a server whose free memory cannot
-beat the best one found so far), the upgrade pass re-runs full rounds until nothing changes and
-recomputes each server's load from scratch; no heaps, no latency classes, no caches. It shares
-no code with the fast implementation, so agreement between the two is evidence.
+reserve, larger variants as a last resort, upgrade pass, apps given up tried again after it)
+written the obvious way: every placement attempt scans *all* live servers in id order (only
+skipping the feasibility test of a server whose free memory cannot beat the best one found so
+far), the upgrade pass re-runs full rounds until nothing changes and recomputes each server's
+load from scratch, and apps given up are tried again after every upgrade pass; no heaps, no
+latency classes, no caches. It shares no planning code with the fast implementation (only the
+rules of ``policies/replica_rules.py``), so agreement between the two is evidence.
 
 The tests (``tests/unit/test_progressive*.py``) and ``bench/heuristic_scale.py`` both compare
 the fast implementation against it, so it lives here rather than under ``tests/``. It is never
@@ -26,6 +28,7 @@ from policies.actions import ProgressivePlan, ProgressiveRecovery, Unrecoverable
 from policies.config import ProgressiveConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import Application, ClusterSnapshot, Server, Variant
+from policies.replica_rules import may_use_variant, scoped
 from policies.resources import MEMORY_MB
 
 EPS = 1e-9
@@ -98,26 +101,38 @@ def reference_plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str]
     # Lines 7-12: worst-fit placement, matched variant down to the smallest.
     state = {s.server_id: ServerState(s, free[s.server_id]) for s in live}
     placed: list[tuple[Slot, str]] = []
-    lost: list[Application] = []
+    lost: list[tuple[int, Application]] = []
     for pos, app in enumerate(apps):
         where = place_one(snapshot, app, pos, matched[app.app_id], list(state.values()))
         if where is None:
-            lost.append(app)
+            lost.append((pos, app))
         else:
             placed.append(where)
 
-    # Lines 13-14: upgrade_model, best gain per MB first, until nothing improves.
+    # Lines 13-14: upgrade_model, best gain per MB first, until nothing improves; then the
+    # apps given up again, and so on while that recovers any.
     if config.upgrade:
-        while upgrade_round(snapshot, placed, state):
-            pass
+        while True:
+            while upgrade_round(snapshot, placed, state):
+                pass
+            retried = []
+            for pos, app in lost:
+                where = place_one(snapshot, app, pos, matched[app.app_id], list(state.values()))
+                if where is None:
+                    retried.append((pos, app))
+                else:
+                    placed.append(where)
+            if len(retried) == len(lost):
+                break
+            lost = retried
 
     recoveries = tuple(ProgressiveRecovery(slot.app.app_id, server_id,
                                            slot.variants[slot.interim].name,
                                            slot.variants[slot.target].name)
-                       for slot, server_id in placed)
+                       for slot, server_id in sorted(placed, key=lambda p: p[0].pos))
     return ProgressivePlan(recoveries=recoveries,
                            unrecoverable=tuple(Unrecoverable(a.app_id, "no feasible placement")
-                                               for a in lost),
+                                               for _, a in lost),
                            demand_ratio=delta)
 
 
@@ -128,7 +143,7 @@ def resolve(snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> list[Applicati
     for app_id in ids:
         if app_id not in snapshot.app_by_id:
             raise UnknownReferenceError(app_id)
-    return [snapshot.app_by_id[a] for a in ids]
+    return [scoped(snapshot, snapshot.app_by_id[a]) for a in ids]
 
 
 def demand_ratio(snapshot: ClusterSnapshot, apps: Sequence[Application],
@@ -180,7 +195,10 @@ def place_one(snapshot: ClusterSnapshot, app: Application, pos: int, top_and_mat
     variants = snapshot.families[app.family].variants
     demands = [dict(v.demand(app.max_rate_rps)) for v in variants]
     top, match = top_and_match
-    for j in range(match, -1, -1):
+    usable = [may_use_variant(snapshot, app, v) for v in variants]
+    for j in [*range(match, -1, -1), *range(match + 1, len(variants))]:
+        if not usable[j]:
+            continue
         best: ServerState | None = None
         best_slot: Slot | None = None
         best_head = 0.0
@@ -191,7 +209,8 @@ def place_one(snapshot: ClusterSnapshot, app: Application, pos: int, top_and_mat
             server = state.server
             if not app.may_back_up_on(server) or not meets_slo(app, variants[j], server):
                 continue
-            interim = next(i for i in range(j + 1) if meets_slo(app, variants[i], server))
+            interim = next(i for i in range(j + 1)
+                           if usable[i] and meets_slo(app, variants[i], server))
             slot = Slot(app, pos, variants, demands, top, interim, j)
             steady, transient = steady_and_transient(slot, j)
             if fits(state.free, state.used, state.reserve, steady, transient):
@@ -208,10 +227,11 @@ def upgrade_round(snapshot: ClusterSnapshot, placed: Sequence[tuple[Slot, str]],
     for slot, server_id in placed:
         server = snapshot.server_by_id[server_id]
         cur = slot.variants[slot.target]
-        for v in range(slot.target + 1, slot.top + 1):
+        for v in range(slot.target + 1, len(slot.variants)):
             variant = slot.variants[v]
             gain = variant.accuracy - cur.accuracy
-            if gain > 0 and meets_slo(slot.app, variant, server):
+            if (gain > 0 and may_use_variant(snapshot, slot.app, variant)
+                    and meets_slo(slot.app, variant, server)):
                 extra = variant.memory_mb - cur.memory_mb
                 ratio = gain / extra if extra > 0 else float("inf")
                 candidates.append(((-ratio, -gain, slot.pos, v), slot, server_id))

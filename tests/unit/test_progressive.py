@@ -205,9 +205,9 @@ def test_upgrade_that_shrinks_a_transient_recomputes_the_reserve() -> None:
     assert_matches_reference(snap, ["q", "c", "z"], plan)
 
 
-def assert_matches_reference(snap: ClusterSnapshot, ids: list[str],
-                             plan: ProgressivePlan) -> None:
-    ref = reference_plan_progressive(snap, ids)
+def assert_matches_reference(snap: ClusterSnapshot, ids: list[str], plan: ProgressivePlan,
+                             config: ProgressiveConfig | None = None) -> None:
+    ref = reference_plan_progressive(snap, ids, config or ProgressiveConfig())
     assert plan.recoveries == ref.recoveries
     assert [u.app_id for u in plan.unrecoverable] == [u.app_id for u in ref.unrecoverable]
 
@@ -314,3 +314,73 @@ def test_nothing_to_recover() -> None:
     snap = snapshot([make_server("A", 1000)], apps("x"))
     assert plan_progressive(snap, []) == ProgressivePlan(recoveries=(), unrecoverable=(),
                                                           demand_ratio=0.0)
+
+
+# --- variants above the matched one, and apps given up too early (issue 21) ---------------
+
+# s and m are slow: only l meets a 10 ms SLO. "a", "b" and "c" have no SLO.
+FAST_LARGE = make_family("fam", [("s", 100, 0.6), ("m", 400, 0.8), ("l", 1000, 1.0)],
+                         latency_ms=[50.0, 50.0, 5.0])
+
+
+def test_a_larger_variant_is_tried_when_none_up_to_the_matched_one_meets_the_slo() -> None:
+    """Bug (b): δ = 3000 / 4000 matches m; s and m miss x's SLO but l fits and meets it."""
+    snap = snapshot([make_server("A", 3000)],
+                    [*apps("a", "b", "c"), make_app("x", "fam", latency_slo_ms=10.0)],
+                    [FAST_LARGE])
+    plan = plan_progressive(snap, ["a", "b", "c", "x"], NO_UPGRADE)
+    assert plan.demand_ratio == pytest.approx(0.75)
+    assert plan.unrecoverable == ()
+    assert recoveries(plan)["x"] == ("A", "l", "l")
+    assert_matches_reference(snap, ["a", "b", "c", "x"], plan, NO_UPGRADE)
+
+
+def test_the_larger_variant_tried_is_never_above_the_primary() -> None:
+    # x's primary is m: l is faster and fits, but it is above the user's choice.
+    snap = snapshot([make_server("A", 3000)],
+                    [*apps("a", "b", "c"),
+                     make_app("x", "fam", latency_slo_ms=10.0, primary_variant="m")],
+                    [FAST_LARGE])
+    plan = plan_progressive(snap, ["a", "b", "c", "x"], NO_UPGRADE)
+    assert [u.app_id for u in plan.unrecoverable] == ["x"]
+    assert "latency SLO" in plan.unrecoverable[0].reason
+    allowed = snapshot([make_server("A", 3000)],
+                       [*apps("a", "b", "c"),
+                        make_app("x", "fam", latency_slo_ms=10.0, primary_variant="m",
+                                 allow_larger_backups=True)],
+                       [FAST_LARGE])
+    plan = plan_progressive(allowed, ["a", "b", "c", "x"], NO_UPGRADE)
+    assert recoveries(plan)["x"] == ("A", "l", "l")
+    assert_matches_reference(allowed, ["a", "b", "c", "x"], plan, NO_UPGRADE)
+
+
+def test_the_unrecoverable_reason_does_not_contradict_itself() -> None:
+    """Bug (b)'s reason: it named the smallest interim of one server type and the free memory
+    of another, claiming no room for 100 MB beside a server with 300 MB free."""
+    fam = make_family("fam", [("s", 100, 0.6), ("m", 400, 1.0)],
+                      latency_ms=[{"reference": 2.0, "gpu-b": 20.0},
+                                  {"reference": 4.0, "gpu-b": 4.0}])
+    servers = [make_server("F", 50), make_server("B", 300, server_type="gpu-b")]
+    snap = snapshot(servers, [make_app("x", "fam", latency_slo_ms=5.0)], [fam])
+    [lost] = plan_progressive(snap, ["x"]).unrecoverable
+    assert lost.reason == (
+        "no live server it may use has room for a variant meeting its latency SLO there "
+        "(plus the transient reserve): 's' needs 100 MB GPU memory where at most 50 MB is "
+        "left; 'm' needs 400 MB GPU memory where at most 300 MB is left")
+
+
+def test_apps_left_over_are_retried_once_the_upgrade_pass_frees_compute() -> None:
+    """Bug (c): an upgrade to a variant needing less compute makes room for an app given up."""
+    fam = make_family("fam", [("s", 100, 0.6), ("m", 400, 0.8), ("l", 1000, 1.0)],
+                      compute_per_rps=[0.5, 2.0, 0.5])
+    greedy = make_family("g", [("g", 100, 1.0)], compute_per_rps=2.0)
+    huge = make_family("huge", [("h", 2000, 1.0)])
+    snap = snapshot([make_server("A", 1500, compute=30)],
+                    [make_app("a", "fam", max_rate_rps=10.0), make_app("b", "g", max_rate_rps=10.0),
+                     make_app("z", "huge")], [fam, greedy, huge])
+    # δ = 1500 / 3100 matches m for a (20 % compute + 5 % reserve for s); b's 20 % does not fit
+    # beside it. a -> l needs only 5 %: then b fits (5 + 20 + 5 reserve = 30 %).
+    plan = plan_progressive(snap, ["a", "b", "z"])
+    assert recoveries(plan) == {"a": ("A", "s", "l"), "b": ("A", "g", "g")}
+    assert [u.app_id for u in plan.unrecoverable] == ["z"]
+    assert_matches_reference(snap, ["a", "b", "z"], plan)

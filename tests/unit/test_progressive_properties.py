@@ -3,16 +3,15 @@
 What is checked, for every generated cluster and configuration:
 
 * each requested app appears exactly once, recovered or unrecoverable;
-* recoveries use live servers only, respect the SLO and the exclusion list, never go above
-  the primary variant, and use as interim the smallest variant meeting the SLO there;
+* recoveries use live servers only, respect the SLO and the exclusion list, never use a
+  variant larger or more accurate than the primary unless the app allows it, and use as
+  interim the smallest variant the app may use that meets the SLO there;
 * no server is over-committed on any resource, neither in the steady state nor at any moment
   of the load/upgrade sequence (worst case over the order of the upgrades on a server), and
   the orchestrator's own action order (``FailoverPlan.actions``) stays within capacity;
-* an app is unrecoverable only if, with what the plan finally uses, *no* variant the
-  heuristic may try for it (matched variant down to the smallest) fits on *any* live server
-  it may use within its SLO. Placements only consume capacity, so this is exact without the
-  upgrade pass; upgrades only consume capacity when demand grows with variant size, so with
-  upgrades it is checked for such (monotone) families;
+* an app is unrecoverable only if, with what the plan finally uses, *no* variant it may use
+  fits on *any* live server it may use within its SLO (apps given up are tried again after
+  an upgrade pass that freed capacity, so this holds with upgrades too);
 * the upgrade pass reaches a fixpoint: no recovered app could still move to a more accurate
   variant on its server;
 * the fast implementation returns exactly what the direct reference implementation
@@ -33,8 +32,9 @@ from hypothesis import strategies as st
 from policies.actions import FailoverPlan, LoadVariant, ProgressivePlan, UnloadVariant
 from policies.config import ProgressiveConfig
 from policies.model import Application, ClusterSnapshot, Family, Server, Variant
-from policies.progressive import match_variant, plan_progressive
+from policies.progressive import plan_progressive
 from policies.progressive_reference import reference_plan_progressive
+from policies.replica_rules import may_use_variant
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 from tests.unit.builders import make_family, make_server, make_snapshot
 
@@ -48,7 +48,6 @@ class Case:
     snapshot: ClusterSnapshot
     app_ids: tuple[str, ...]
     config: ProgressiveConfig
-    monotone: bool  # every family's demand grows with variant size
 
 
 @st.composite
@@ -71,7 +70,7 @@ def families(draw: st.DrawFn, index: int, monotone: bool) -> Family:
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    monotone = draw(st.booleans())
+    monotone = draw(st.booleans())  # every family's demand grows with variant size
     fams = [draw(families(i, monotone)) for i in range(draw(st.integers(1, 3)))]
     servers = [make_server(f"S{k}", float(draw(st.integers(0, 1500))),
                            site=draw(st.sampled_from(SITES)),
@@ -93,6 +92,7 @@ def cases(draw: st.DrawFn) -> Case:
             max_rate_rps=float(draw(st.integers(1, 10))),
             latency_slo_ms=draw(st.none() | st.integers(2, 60).map(float)),
             primary_variant=draw(st.none() | st.sampled_from([v.name for v in family.variants])),
+            allow_larger_backups=draw(st.booleans()),
             excluded_servers=frozenset(draw(st.lists(st.sampled_from(server_ids), max_size=2))),
             excluded_sites=frozenset(draw(st.lists(st.sampled_from(SITES), max_size=1))),
             allowed_backup_sites=draw(st.none() | st.frozensets(st.sampled_from(SITES),
@@ -102,7 +102,7 @@ def cases(draw: st.DrawFn) -> Case:
     ids = draw(st.lists(st.sampled_from([a.app_id for a in apps]), min_size=1, max_size=10))
     config = ProgressiveConfig(upgrade=draw(st.booleans()),
                                order=draw(st.sampled_from(["priority", "input"])))
-    return Case(snapshot, tuple(ids), config, monotone)
+    return Case(snapshot, tuple(ids), config)
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -176,13 +176,12 @@ def test_every_app_once_on_a_live_allowed_fast_enough_server(case: Case) -> None
         assert app.may_back_up_on(server)
         family = snapshot.families[app.family]
         interim, target = family.index(r.interim_variant), family.index(r.target_variant)
-        assert interim <= target <= family.index(snapshot.primary_variant(app).name)
+        assert interim <= target
+        assert may_use_variant(snapshot, app, family.variants[target])
         assert meets_slo(app, family.variants[target], server)
-        first_ok = min(j for j, v in enumerate(family.variants) if meets_slo(app, v, server))
+        first_ok = min(j for j, v in enumerate(family.variants)
+                       if may_use_variant(snapshot, app, v) and meets_slo(app, v, server))
         assert interim == first_ok
-        if not case.config.upgrade:
-            matched = match_variant(family, snapshot.primary_variant(app), plan.demand_ratio)
-            assert target <= family.index(matched.name)
 
 
 @SETTINGS
@@ -214,25 +213,22 @@ def test_no_server_is_ever_over_committed(case: Case) -> None:
 
 @SETTINGS
 @given(cases())
-def test_unrecoverable_only_when_nothing_it_may_try_fits_anywhere(case: Case) -> None:
-    if case.config.upgrade and not case.monotone:
-        return  # a non-monotone upgrade may free capacity after the app was given up
+def test_unrecoverable_only_when_nothing_it_may_use_fits_anywhere(case: Case) -> None:
     snapshot = case.snapshot
     plan = plan_progressive(snapshot, case.app_ids, case.config)
     for lost in plan.unrecoverable:
         app = snapshot.app_by_id[lost.app_id]
         family = snapshot.families[app.family]
-        matched = family.index(match_variant(family, snapshot.primary_variant(app),
-                                             plan.demand_ratio).name)
+        usable = [may_use_variant(snapshot, app, v) for v in family.variants]
         for server_id in snapshot.free:
             server = snapshot.server_by_id[server_id]
             if not app.may_back_up_on(server):
                 continue
-            for j in range(matched + 1):
-                if not meets_slo(app, family.variants[j], server):
+            for j in range(len(family.variants)):
+                if not usable[j] or not meets_slo(app, family.variants[j], server):
                     continue
-                interim = next(i for i in range(j + 1) if meets_slo(app, family.variants[i],
-                                                                     server))
+                interim = next(i for i in range(j + 1)
+                               if usable[i] and meets_slo(app, family.variants[i], server))
                 pair = (demand(snapshot, app.app_id, family.variants[interim].name),
                         demand(snapshot, app.app_id, family.variants[j].name))
                 assert not fits_with(case, plan, server_id, extra=pair), (lost, server_id, j)
@@ -249,9 +245,9 @@ def test_upgrade_pass_leaves_no_feasible_upgrade(case: Case) -> None:
         app, server = snapshot.app_by_id[r.app_id], snapshot.server_by_id[r.server_id]
         family = snapshot.families[app.family]
         current = family.variant(r.target_variant)
-        top = family.index(snapshot.primary_variant(app).name)
-        for variant in family.variants[family.index(current.name) + 1:top + 1]:
-            if variant.accuracy > current.accuracy and meets_slo(app, variant, server):
+        for variant in family.variants[family.index(current.name) + 1:]:
+            if (variant.accuracy > current.accuracy and may_use_variant(snapshot, app, variant)
+                    and meets_slo(app, variant, server)):
                 assert not fits_with(case, plan, r.server_id,
                                      replace=(r.app_id, variant.name)), (r, variant.name)
 
