@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from controller.decide.decision import LOADED_FOR_THE_CHANGE, Decision, Recovery
@@ -248,10 +248,20 @@ class Executor:
         """
         if not urgent:
             return await self._load(app_id, server_id, variant, urgent)
+        with self.urgent_work():
+            return await self._load(app_id, server_id, variant, urgent)
+
+    @contextlib.contextmanager
+    def urgent_work(self) -> Iterator[None]:
+        """Marks work that ends an outage (an urgent load, a failover being decided).
+
+        A warm re-plan waits while any is under way (``no_urgent_loads``): its solve would
+        take the CPU from it, and its loads the agents' disks.
+        """
         self._urgent_loads += 1
         self.no_urgent_loads.clear()
         try:
-            return await self._load(app_id, server_id, variant, urgent)
+            yield
         finally:
             self._urgent_loads -= 1
             if self._urgent_loads == 0:

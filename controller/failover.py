@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class Failure:
     declaration: Declaration | None
     switched: frozenset[str]
     """Apps switched to a warm backup."""
+    urgent: contextlib.AbstractContextManager[None] | None = None
+    """The executor's urgent-work mark, released once the cold round is committed."""
     recovered: set[str] = field(default_factory=set)
     """Apps the cold round recovers or gives up (the declaration's moved apps)."""
     done: asyncio.Future[None] = field(
@@ -106,20 +109,28 @@ class Failovers:
         ex = self.executor
         self._switching += 1
         self._no_switching.clear()
+        urgent = ex.urgent_work()
+        urgent.__enter__()  # held until the failure's cold round is committed (see recover)
+        failure: Failure | None = None
         try:
             app_ids = await self.store.apps_on(server_id)
             while True:
                 async with ex.locks.apps(app_ids):
                     now_on = await self.store.apps_on(server_id)
                     if set(now_on) <= set(app_ids):
-                        return await self._switch_locked(server_id, reason, detected_at,
-                                                         resuming, now_on)
+                        failure = await self._switch_locked(server_id, reason, detected_at,
+                                                            resuming, now_on)
+                        if failure is not None:
+                            failure.urgent = urgent
+                        return failure
                 # An app got a replica there while we waited: take its lock too, in id order.
                 app_ids = sorted(set(app_ids) | set(now_on))
         finally:
             self._switching -= 1
             if not self._switching:
                 self._no_switching.set()
+            if failure is None:
+                urgent.__exit__(None, None, None)
 
     async def _switch_locked(self, server_id: str, reason: str, detected_at: float,
                              resuming: bool, app_ids: list[str]) -> Failure | None:
@@ -205,12 +216,14 @@ class Failovers:
                 try:
                     cold, plan = await self._round(batch)
                 except BaseException as exc:
+                    _release_urgent(batch)
                     for failure in batch.values():
                         if not failure.done.done():
                             failure.done.set_exception(exc)
                     if not isinstance(exc, Exception):
                         raise
                     continue
+            _release_urgent(batch)  # the round's own urgent loads take over from here
             self.executor.spawn(self._finish(batch, cold, plan),
                                 f"cold recoveries of {_names(batch)}")
 
@@ -306,6 +319,13 @@ class Failovers:
         for failure in batch.values():
             if not failure.done.done():
                 failure.done.set_result(None)
+
+
+def _release_urgent(batch: Mapping[str, Failure]) -> None:
+    for failure in batch.values():
+        if failure.urgent is not None:
+            failure.urgent.__exit__(None, None, None)
+            failure.urgent = None
 
 
 def _tied_candidates(apps: Mapping[str, AppRecord], server_id: str, live: set[str]) -> set[str]:
