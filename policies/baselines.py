@@ -4,6 +4,7 @@ They ignore the accuracy/resource trade-off: every backup, warm or cold, is the 
 full-size model (``snapshot.primary_variant(app)``), so a recovered app loses no accuracy
 but fewer apps can be recovered. Placement is memory worst-fit everywhere: the server with
 the most free memory on which the whole demand vector fits, ties to the smaller server id.
+Pins and site independence follow ``policies/replica_rules.py``, as for Understudy.
 """
 
 from __future__ import annotations
@@ -26,15 +27,22 @@ from policies.config import WarmPlanConfig
 from policies.failover import resolve_failed_servers, split_affected
 from policies.model import Application, ClusterSnapshot, Server, Variant
 from policies.primary import worst_fit
+from policies.replica_rules import (
+    may_hold_replica,
+    pinned_site,
+    resolve_site_independent,
+    spreads_sites,
+)
 from policies.resources import MEMORY_MB, Resources, total
 from policies.warm_candidates import warm_capacity
 
 # --- shared greedy pieces ------------------------------------------------------------------
 
 
-def _may_host(app: Application, variant: Variant, server: Server) -> bool:
-    """The user's exclusion list and the latency SLO allow a backup of ``app`` on ``server``."""
-    return app.may_back_up_on(server) and app.meets_slo(variant, server)
+def _may_host(snapshot: ClusterSnapshot, app: Application, variant: Variant,
+              server: Server) -> bool:
+    """The pin, the exclusion list and the latency SLO allow a backup of ``app`` there."""
+    return may_hold_replica(snapshot, app, server) and app.meets_slo(variant, server)
 
 
 def _full_demand(snapshot: ClusterSnapshot, app: Application) -> Resources:
@@ -52,15 +60,16 @@ def _warm_candidates(snapshot: ClusterSnapshot, app: Application, variant: Varia
     """Live servers allowed to hold one more warm backup of ``app``.
 
     Never the primary's server, nor a server already holding one of ``taken``; with
-    ``site_independent`` never the primary's site nor a site already used by ``taken``.
+    ``site_independent`` (resolved) never the primary's site nor a site already used by
+    ``taken``, unless the app is pinned.
     """
     banned_servers = {primary_server} | {s.server_id for s in taken}
     banned_sites: set[str] = set()
-    if site_independent:
+    if spreads_sites(app, site_independent):
         banned_sites = {snapshot.site_of(primary_server)} | {s.site_id for s in taken}
     return [s for s in snapshot.live_servers()
             if s.server_id not in banned_servers and s.site_id not in banned_sites
-            and _may_host(app, variant, s)]
+            and _may_host(snapshot, app, variant, s)]
 
 
 def _greedy_warm(snapshot: ClusterSnapshot, apps: Sequence[Application],
@@ -71,6 +80,7 @@ def _greedy_warm(snapshot: ClusterSnapshot, apps: Sequence[Application],
     the backups together use at most that share of the total free capacity, per resource.
     """
     free = warm_capacity(snapshot)
+    site_independent = resolve_site_independent(snapshot, config.site_independent)
     budget = None if budget_share is None else total(free.values()).scaled(budget_share)
     assignments: list[WarmAssignment] = []
     uncovered: list[UncoveredApp] = []
@@ -89,11 +99,11 @@ def _greedy_warm(snapshot: ClusterSnapshot, apps: Sequence[Application],
         reason = ""
         while len(taken) < wanted:
             candidates = _warm_candidates(snapshot, app, variant, primary.server_id, taken,
-                                          config.site_independent)
+                                          site_independent)
             server = worst_fit(candidates, demand, free)
             if not candidates:
                 reason = ("no further live server passes primary/site independence, the latency "
-                          "SLO and the exclusion list")
+                          "SLO, the pin and the exclusion list")
             elif budget is not None and not demand.fits_within(budget):
                 reason = f"the warm budget left, (1 - alpha) of free capacity, is {budget}"
             elif server is None:
@@ -133,11 +143,12 @@ def _cold_full_size(after: ClusterSnapshot, app_ids: Sequence[str], seed: int,
     for app in order:
         variant = after.primary_variant(app)
         demand = variant.demand(app.max_rate_rps)
-        allowed = [s for s in live if _may_host(app, variant, s)]
+        allowed = [s for s in live if _may_host(after, app, variant, s)]
         server = worst_fit(allowed, demand, free)
         if server is None:
+            where = "in its pinned site " if pinned_site(after, app) is not None else ""
             why = (f"no live server has room for full-size {variant.name!r}" if allowed else
-                   "no live server meets the latency SLO and the exclusion list")
+                   f"no live server {where}meets the latency SLO and the exclusion list")
             unrecoverable.append(Unrecoverable(app.app_id, why))
             continue
         free[server.server_id] = free[server.server_id] - demand

@@ -19,9 +19,11 @@ class WarmPlanConfig(_Frozen):
     alpha: float = Field(0.1, ge=0.0, le=1.0,
                          description="share of total free capacity kept for cold failover")
     replicas: int = Field(1, ge=0, le=16, description="warm backups per app in K (R)")
-    site_independent: bool = Field(
-        False, description="a backup never shares a site with its primary; an app's backups "
-                           "use distinct sites")
+    site_independent: bool | None = Field(
+        None, description="a backup never shares a site with its primary; an app's backups "
+                          "use distinct sites (waived for a pinned app). None: on when two "
+                          "or more sites have a live server "
+                          "(policies/replica_rules.py resolve_site_independent)")
     solver: SolverName = "highs"
     time_limit_s: float = Field(30.0, gt=0.0)
     mip_rel_gap: float = Field(1e-4, ge=0.0, le=1.0)

@@ -18,6 +18,7 @@ from policies.model import ClusterSnapshot, Placement, Role
 from policies.preemption import replan_preempting
 from policies.progressive import plan_progressive
 from policies.recovery_order import deferrable_preemptions, interims_shortest_first
+from policies.replica_rules import may_hold_replica, may_use_variant
 from policies.resources import MEMORY_MB
 from policies.warm_heuristic import with_backups
 from policies.warm_ilp import plan_warm_backups
@@ -72,14 +73,19 @@ def split_affected(snapshot: ClusterSnapshot, failed_servers: Iterable[str]) -> 
     An app is affected when its primary is on a failed server (one that just failed, or one
     the snapshot already knew as failed). An affected app with a warm backup on a live
     server switches to the best one: highest accuracy, then most free memory left on its
-    server, then smallest server id. The other affected apps are returned as cold.
+    server, then smallest server id. The other affected apps are returned as cold. A backup
+    the replica rules no longer allow (outside the app's pinned site, or above its primary
+    variant: loaded before the rule or the app's spec changed) is not switched to.
     """
     failed = resolve_failed_servers(snapshot, failed_servers)
     after = snapshot.with_failed(failed)
     live_warm: dict[str, list[Placement]] = {}
     for placement in after.placements:
         if placement.role is Role.WARM and placement.server_id in after.free:
-            live_warm.setdefault(placement.app_id, []).append(placement)
+            app = after.app_by_id[placement.app_id]
+            if (may_hold_replica(after, app, after.server_by_id[placement.server_id])
+                    and may_use_variant(after, app, after.variant_of(placement))):
+                live_warm.setdefault(placement.app_id, []).append(placement)
     switches: list[WarmSwitch] = []
     cold: list[str] = []
     for app_id in affected_app_ids(after):

@@ -3,7 +3,8 @@
 Every rule here only removes columns that no feasible or no optimal solution of FailLite's
 eq. (1)-(7) can use, so pruning never changes the optimum:
 
-* eq. (4) primary independence (and site independence, §3.4) and the user's exclusion list;
+* eq. (4) primary independence (and site independence, §3.4), the user's exclusion list and
+  pins, and variants above the primary (``policies/replica_rules.py``): rules, not pruning;
 * eq. (6) latency SLO, checked per server (latency depends on the server's type and speed);
 * eq. (2)/(3): a variant larger than a server's free capacity, or than the whole warm budget,
   can never be placed there;
@@ -21,6 +22,7 @@ from functools import cached_property
 from typing import TypeVar
 
 from policies.model import Application, ClusterSnapshot, Role, Server, Variant, latency_for
+from policies.replica_rules import allowed_variants, pinned_site, scoped, spreads_sites
 from policies.resources import COMPUTE, MEMORY_MB, Resources
 
 _EPS = 1e-9
@@ -50,7 +52,8 @@ class WarmProblem:
     capacity: tuple[tuple[float, ...], ...]
     budget: tuple[float, ...]
     columns: tuple[Column, ...]
-    site_independent: bool
+    spread_sites: tuple[bool, ...]
+    """Per app: its backups avoid its primary's site and use distinct sites."""
     unplaceable: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -103,6 +106,7 @@ def build_warm_problem(snapshot: ClusterSnapshot, *, alpha: float, replicas: int
     """Prune FailLite's app x variant x server space down to the columns worth a variable.
 
     ``variant_filter`` restricts every app to the named variants (used to express baselines).
+    ``site_independent`` is the resolved setting (``replica_rules.resolve_site_independent``).
     """
     free = warm_capacity(snapshot)
     servers = tuple(s for s in snapshot.servers if s.server_id in free)
@@ -115,6 +119,7 @@ def build_warm_problem(snapshot: ClusterSnapshot, *, alpha: float, replicas: int
 
     apps: list[Application] = []
     wanted: list[int] = []
+    spread: list[bool] = []
     columns: list[Column] = []
     unplaceable: dict[str, str] = {}
     for app in snapshot.apps:
@@ -128,34 +133,37 @@ def build_warm_problem(snapshot: ClusterSnapshot, *, alpha: float, replicas: int
             unplaceable[app.app_id] = "the app has no live primary to back up"
             continue
         index = len(apps)
-        allowed = _allowed_servers(snapshot, app, primary.server_id, servers, site_independent)
+        spreads = spreads_sites(app, site_independent)
+        allowed = _allowed_servers(snapshot, app, primary.server_id, servers, spreads)
         variants = _undominated_variants(snapshot, app, speed_groups, variant_filter)
         app_columns = _columns_for(app, index, variants, allowed, servers, capacity, budget,
                                    resources, current, keep_current_bonus)
         apps.append(app)
         wanted.append(want)
+        spread.append(spreads)
         columns.extend(app_columns)
         if len({c.server for c in app_columns}) < want:
             unplaceable[app.app_id] = _why_short(snapshot, app, allowed, variants, app_columns,
                                                  want)
     return WarmProblem(tuple(apps), tuple(wanted), servers, resources, capacity, budget,
-                       tuple(columns), site_independent, unplaceable)
+                       tuple(columns), tuple(spread), unplaceable)
 
 
 def _allowed_servers(snapshot: ClusterSnapshot, app: Application, primary_server: str,
-                     servers: Sequence[Server], site_independent: bool) -> list[int]:
+                     servers: Sequence[Server], spreads: bool) -> list[int]:
     primary_site = snapshot.site_of(primary_server)
+    scope = scoped(snapshot, app)  # the exclusion list with the pin folded in
     return [k for k, s in enumerate(servers)
             if s.server_id != primary_server
-            and not (site_independent and s.site_id == primary_site)
-            and app.may_back_up_on(s)]
+            and not (spreads and s.site_id == primary_site)
+            and scope.may_back_up_on(s)]
 
 
 def _undominated_variants(snapshot: ClusterSnapshot, app: Application,
                           speed_groups: Sequence[tuple[str, float]],
                           variant_filter: frozenset[str] | None) -> list[Variant]:
-    family = snapshot.family_of(app)
-    variants = [v for v in family.variants if variant_filter is None or v.name in variant_filter]
+    variants = [v for v in allowed_variants(snapshot, app)
+                if variant_filter is None or v.name in variant_filter]
     profiles = []
     for v in variants:
         demand = v.demand(app.max_rate_rps)
@@ -213,12 +221,15 @@ def _columns_for(app: Application, index: int, variants: Sequence[Variant],
 def _why_short(snapshot: ClusterSnapshot, app: Application, allowed: Sequence[int],
                variants: Sequence[Variant], columns: Sequence[Column], want: int) -> str:
     if not allowed:
+        site = pinned_site(snapshot, app)
+        if site is not None:
+            return f"pinned to site {site!r}: no other live server there may hold a backup"
         return "no live server is allowed for a backup (primary/site independence or " \
                "exclusion list)"
     if len(allowed) < want:
         return f"only {len(allowed)} servers are allowed for {want} backups"
     if not variants:
-        return "no variant of the family passes the variant filter"
+        return "no variant the app may use passes the variant filter"
     if not columns:
         smallest = min(variants, key=lambda v: v.memory_mb)
         return (f"no allowed server has free capacity (within the latency SLO) even for the "

@@ -8,8 +8,9 @@ For clusters where the warm-backup ILP does not fit a time budget, the paper's s
 * each server keeps a share α of its free capacity for cold failover (FailLite Fig. 3 draws
   the reserve per server; the ILP's eq. 3 reserves α of the total instead, which is looser);
 * each app in K is barred from its primary's server (eq. 4), and from its primary's site with
-  ``site_independent`` (§3.4), on top of its own exclusion list; the latency SLO is checked
-  by Algorithm 1 per server as usual;
+  ``site_independent`` (§3.4, unless the app is pinned), on top of its own exclusion list;
+  the latency SLO, pins and "never above the primary variant" are checked by Algorithm 1
+  as usual (``policies/replica_rules.py``);
 * for R > 1 backups the heuristic runs R rounds; each round also bars the servers (and sites)
   of the backups already chosen;
 * with ``keep_current_bonus`` (the default) a current backup that still obeys every rule
@@ -31,6 +32,12 @@ from policies.actions import SolveStats, UncoveredApp, WarmAssignment, WarmPlan
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.model import Application, ClusterSnapshot, Placement, Role
 from policies.progressive import plan_progressive
+from policies.replica_rules import (
+    may_hold_replica,
+    may_use_variant,
+    resolve_site_independent,
+    spreads_sites,
+)
 from policies.resources import Resources
 
 _CONFIG = ProgressiveConfig(upgrade=True, order="priority")
@@ -40,6 +47,7 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
                         clock: Callable[[], float] = time.perf_counter) -> WarmPlan:
     """Warm backups for K chosen by Algorithm 1 within (1 - α) of each server's free room."""
     started = clock()
+    site_independent = resolve_site_independent(snapshot, config.site_independent)
     base = _derived(snapshot, config.alpha)
     wanted = {a.app_id: a.backups_wanted(config.replicas) for a in snapshot.apps if a.critical}
     reasons: dict[str, str] = {}
@@ -54,12 +62,12 @@ def plan_warm_heuristic(snapshot: ClusterSnapshot, config: WarmPlanConfig, *,
             todo.append(app_id)
     chosen: dict[str, list[WarmAssignment]] = {a: [] for a in todo}
     if config.keep_current_bonus > 0:
-        base = _keep_current(base, snapshot, chosen, wanted, config.site_independent)
+        base = _keep_current(base, snapshot, chosen, wanted, site_independent)
     for _ in range(max(wanted.values(), default=0)):
         round_apps = [a for a in todo if len(chosen[a]) < wanted[a]]
         if not round_apps:
             break
-        state = _barred(base, snapshot, chosen, config.site_independent)
+        state = _barred(base, snapshot, chosen, site_independent)
         plan = plan_progressive(state, round_apps, _CONFIG)
         for r in plan.recoveries:
             variant = state.family_of(state.app_by_id[r.app_id]).variant(r.target_variant)
@@ -120,11 +128,14 @@ def _keep_current(base: ClusterSnapshot, snapshot: ClusterSnapshot,
         primary = snapshot.primary_by_app[app.app_id].server_id
         server = snapshot.server_by_id[placement.server_id]
         taken = {primary} | {a.server_id for a in mine}
-        if server.server_id in taken or not app.may_back_up_on(server):
+        if server.server_id in taken or not may_hold_replica(snapshot, app, server):
             continue
-        if site_independent and server.site_id in {snapshot.site_of(s) for s in taken}:
+        if (spreads_sites(app, site_independent)
+                and server.site_id in {snapshot.site_of(s) for s in taken}):
             continue
         variant = snapshot.variant_of(placement)
+        if not may_use_variant(snapshot, app, variant):
+            continue
         room = free.get(server.server_id)
         demand = variant.demand(app.max_rate_rps)
         if room is None or not app.meets_slo(variant, server) or not demand.fits_within(room):
@@ -162,7 +173,7 @@ def _barred(base: ClusterSnapshot, snapshot: ClusterSnapshot,
         primary = snapshot.primary_by_app[app.app_id].server_id
         servers = {primary} | {a.server_id for a in chosen[app.app_id]}
         sites: set[str] = set()
-        if site_independent:
+        if spreads_sites(app, site_independent):
             sites = {snapshot.site_of(s) for s in servers}
         apps.append(replace(app, excluded_servers=app.excluded_servers | servers,
                             excluded_sites=app.excluded_sites | sites))

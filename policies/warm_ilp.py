@@ -7,10 +7,12 @@ Model (for the apps in K that have a live primary; x binary, u continuous slack)
          Σ_ij d^r_ij x_ijk ≤ c^r_k                  ∀k,r   (eq. 2)
          Σ_ijk d^r_ij x_ijk ≤ (1 − α) Σ_k c^r_k     ∀r     (eq. 3)
          Σ_j x_ijk ≤ 1                              ∀i,k   (R > 1: backups on distinct servers)
-         Σ_j Σ_{k ∈ site} x_ijk ≤ 1                 ∀i,site (R > 1 and site independence)
+         Σ_j Σ_{k ∈ site} x_ijk ≤ 1                 ∀i,site (R > 1, site independence, unpinned)
 
-Eq. (4) primary (or site) independence, the exclusion lists and eq. (6) the latency SLO are
-enforced by never creating the forbidden columns (``warm_candidates``).
+Eq. (4) primary (or site) independence, the exclusion lists, pins, eq. (6) the latency SLO
+and "never above the primary variant" (``policies/replica_rules.py``) are enforced by never
+creating the forbidden columns (``warm_candidates``). Site independence unset in the config
+is resolved per snapshot: on when two or more sites have a live server.
 
 **Coverage first, accuracy second.** ``P = Σ_i R_i q_i + 1`` exceeds the largest accuracy
 objective any plan can reach, so one more backup always beats any accuracy gain: the solver
@@ -44,6 +46,7 @@ from policies.actions import SolveStats, UncoveredApp, WarmAssignment, WarmPlan
 from policies.config import WarmPlanConfig
 from policies.errors import SolverFailedError
 from policies.model import ClusterSnapshot
+from policies.replica_rules import resolve_site_independent
 from policies.resources import MEMORY_MB
 from policies.solvers import SolverOptions, make_solver
 from policies.warm_candidates import WarmProblem, build_warm_problem
@@ -98,7 +101,8 @@ def plan_warm_backups(snapshot: ClusterSnapshot, config: WarmPlanConfig | None =
         config = config.model_copy(update={"method": "decomposed"})
     started = clock()
     problem = build_warm_problem(snapshot, alpha=config.alpha, replicas=config.replicas,
-                                 site_independent=config.site_independent,
+                                 site_independent=resolve_site_independent(
+                                     snapshot, config.site_independent),
                                  keep_current_bonus=config.keep_current_bonus,
                                  variant_filter=variant_filter)
     if not problem.apps:
@@ -255,7 +259,7 @@ def _add_spread_rows(model: pulp.LpProblem, problem: WarmProblem, x: dict[int, p
     for n in members:
         server = problem.servers[problem.columns[n].server]
         groups[f"one{app}_{problem.columns[n].server}"].append(n)
-        if problem.site_independent:
+        if problem.spread_sites[app]:
             groups[f"site{app}_{server.site_id}"].append(n)
     for name, group in groups.items():
         if len(group) > 1:
@@ -276,7 +280,7 @@ def _build_master(problem: WarmProblem, budget: Sequence[float]) -> _Master:
     for i, members in problem.columns_by_app.items():
         servers = {problem.columns[n].server for n in members}
         sites = {problem.servers[k].site_id for k in servers}
-        spread[i] = len(sites) if problem.site_independent else len(servers)
+        spread[i] = len(sites) if problem.spread_sites[i] else len(servers)
     z: dict[tuple[int, str], pulp.LpVariable] = {}
     for (i, name), members in groups.items():
         distinct = len({problem.columns[n].server for n in members})

@@ -45,7 +45,7 @@ class _State:
         if column.server in self.servers_of[column.app]:
             return False
         site = self.problem.servers[column.server].site_id
-        if self.problem.site_independent and site in self.sites_of[column.app]:
+        if self.problem.spread_sites[column.app] and site in self.sites_of[column.app]:
             return False
         room = self.room[column.server]
         return all(d <= room[r] + _EPS and d <= self.budget[r] + _EPS

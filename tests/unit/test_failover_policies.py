@@ -41,6 +41,12 @@ FAM = make_family("fam", [("fam-s", 100, 0.7), ("fam-m", 200, 0.85), ("fam-l", 4
 BIG = make_family("big", [("big-s", 300, 0.8), ("big-l", 600, 1.0)], latency_ms=[LATENCY] * 2)
 
 
+def same_site(**kwargs: object) -> WarmPlanConfig:
+    """Site independence off: the scenarios span two sites, where it is on by default, and
+    most cases here are about something else."""
+    return WarmPlanConfig.model_validate({"site_independent": False, **kwargs})
+
+
 def warm(app_id: str, server_id: str, variant: str) -> Placement:
     return placement(app_id, server_id, variant, Role.WARM)
 
@@ -160,7 +166,7 @@ def test_every_policy_rejects_unknown_failed_servers(policy: FailoverPolicy) -> 
 
 def test_full_size_warm_places_k_first_then_others_worst_fit() -> None:
     snapshot = k_scenario()
-    plan = FullSizeWarm().plan_warm(snapshot)
+    plan = FullSizeWarm(same_site()).plan_warm(snapshot)
     # k2 (600) first: A and C tie at 600 free -> A. k1 (400): B 400 / C 600 -> C.
     # n1 (400): not C (primary), A is full -> B.
     assert plan.assignments == (WarmAssignment("k2", "A", "big-l", 1.0),
@@ -186,7 +192,7 @@ def test_full_size_warm_site_independence_reports_uncovered_apps() -> None:
 
 
 def test_full_size_warm_failover_switches_or_gives_up() -> None:
-    policy = FullSizeWarm()
+    policy = FullSizeWarm(same_site())
     snapshot = apply_warm(k_scenario(), policy.plan_warm(k_scenario()))
     plan = policy.plan_failover(snapshot, ["A", "C"])
     # k1's backup was on C, which failed too; n1's backup on B is alive.
@@ -200,7 +206,7 @@ def test_full_size_warm_failover_switches_or_gives_up() -> None:
 
 
 def test_full_size_warm_k_backs_up_only_k_within_the_budget() -> None:
-    plan = FullSizeWarmK(WarmPlanConfig(alpha=0.1)).plan_warm(k_scenario())
+    plan = FullSizeWarmK(same_site(alpha=0.1)).plan_warm(k_scenario())
     # Budget 0.9 * 1600 = 1440 MB: room for k2 (600) on A and k1 (400) on C; n1 is not in K.
     assert [(a.app_id, a.server_id, a.variant) for a in plan.assignments] == [
         ("k2", "A", "big-l"), ("k1", "C", "fam-l")]
@@ -208,7 +214,7 @@ def test_full_size_warm_k_backs_up_only_k_within_the_budget() -> None:
 
 
 def test_full_size_warm_k_alpha_reserve_leaves_k1_uncovered() -> None:
-    plan = FullSizeWarmK(WarmPlanConfig(alpha=0.5)).plan_warm(k_scenario())
+    plan = FullSizeWarmK(same_site(alpha=0.5)).plan_warm(k_scenario())
     # Budget 0.5 * 1600 = 800 MB: k2 takes 600, the 200 left cannot hold k1's 400.
     assert [(a.app_id, a.server_id) for a in plan.assignments] == [("k2", "A")]
     assert len(plan.uncovered) == 1
@@ -216,7 +222,7 @@ def test_full_size_warm_k_alpha_reserve_leaves_k1_uncovered() -> None:
 
 
 def test_full_size_warm_k_places_r_replicas_on_distinct_servers() -> None:
-    plan = FullSizeWarmK(WarmPlanConfig(alpha=0.0, replicas=2)).plan_warm(k_scenario())
+    plan = FullSizeWarmK(same_site(alpha=0.0, replicas=2)).plan_warm(k_scenario())
     # k2: A then C (600 each); k1: B, then only C is left and it is full.
     assert [(a.app_id, a.server_id) for a in plan.assignments] == [
         ("k2", "A"), ("k2", "C"), ("k1", "B")]
@@ -225,7 +231,7 @@ def test_full_size_warm_k_places_r_replicas_on_distinct_servers() -> None:
 
 def test_full_size_warm_k_app_override_of_r() -> None:
     snapshot = k_scenario(k1={"warm_replicas": 0})
-    plan = FullSizeWarmK(WarmPlanConfig(alpha=0.0, replicas=2)).plan_warm(snapshot)
+    plan = FullSizeWarmK(same_site(alpha=0.0, replicas=2)).plan_warm(snapshot)
     assert {a.app_id for a in plan.assignments} == {"k2"} and plan.uncovered == ()
 
 
@@ -244,7 +250,7 @@ def test_full_size_warm_k_site_independent_replicas_run_out_of_sites() -> None:
 def test_full_size_warm_k_respects_slo_and_exclusion_lists(k1: dict[str, object]) -> None:
     # Unconstrained, k1 goes to C (600 free): see test_full_size_warm_k_backs_up_only_k...
     snapshot = k_scenario(k1=k1, slow_c=True)
-    plan = FullSizeWarmK(WarmPlanConfig(alpha=0.0)).plan_warm(snapshot)
+    plan = FullSizeWarmK(same_site(alpha=0.0)).plan_warm(snapshot)
     assert [(a.app_id, a.server_id) for a in plan.assignments] == [("k2", "A"), ("k1", "B")]
 
 
@@ -259,7 +265,7 @@ def test_warm_baselines_report_apps_without_a_live_primary() -> None:
 
 
 def test_full_size_warm_k_failover_switches_then_loads_critical_first() -> None:
-    policy = FullSizeWarmK(WarmPlanConfig(alpha=0.1))
+    policy = FullSizeWarmK(same_site(alpha=0.1))
     snapshot = apply_warm(k_scenario(), policy.plan_warm(k_scenario()))  # k2->A, k1->C
     only_c = policy.plan_failover(snapshot, ["C"])
     assert only_c.warm_switches == () and only_c.unrecoverable == ()

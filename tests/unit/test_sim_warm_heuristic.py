@@ -29,12 +29,17 @@ def small_cluster():
 
 def test_heuristic_backs_up_k_with_full_size_models_when_room_allows() -> None:
     snap = small_cluster()
-    plan = plan_warm_backups(snap, WarmPlanConfig(method="heuristic", alpha=0.1))
+    config = WarmPlanConfig(method="heuristic", alpha=0.1, site_independent=False)
+    plan = plan_warm_backups(snap, config)
     assert plan.stats.method == "heuristic" and plan.uncovered == ()
     where = {a.app_id: (a.server_id, a.variant) for a in plan.assignments}
     # Free after alpha: A 540, B 540, C 540, D 900. k1 takes D (most free); D keeps 900 - 400
     # - 100 (interim reserve) = 400, so k2 takes A, the first of the 540s it may use.
     assert where == {"k1": ("D", "fam-l"), "k2": ("A", "fam-l")}
+    assert warm_plan_violations(snap, plan, config) == []
+    # Unset, site independence is on (three sites): k2 may not use A, in its primary's site.
+    plan = plan_warm_backups(snap, WarmPlanConfig(method="heuristic", alpha=0.1))
+    assert plan.uncovered == () and plan.for_app("k2")[0].server_id == "C"
     assert warm_plan_violations(snap, plan, WarmPlanConfig(alpha=0.1)) == []
 
 

@@ -107,7 +107,11 @@ def test_site_independence_and_several_replicas(method):
     assert sorted(a.server_id for a in plan.assignments) == ["s2", "s3"]
     assert [(u.app_id, u.wanted, u.placed) for u in plan.uncovered] == [("a", 3, 2)]
     assert warm_plan_violations(snap, plan, config) == []
-    plan = plan_warm_backups(snap, WarmPlanConfig(replicas=3, method=method))
+    # Unset, it is on: three sites have live servers.
+    auto = plan_warm_backups(snap, WarmPlanConfig(replicas=3, method=method))
+    assert auto.assignments == plan.assignments and auto.uncovered == plan.uncovered
+    plan = plan_warm_backups(snap, WarmPlanConfig(replicas=3, method=method,
+                                                  site_independent=False))
     assert sorted(a.server_id for a in plan.assignments) == ["s1", "s2", "s3"]
 
 
