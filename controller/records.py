@@ -44,6 +44,9 @@ class AppSpec(BaseModel):
     excluded_servers: list[str] = Field(default_factory=list, max_length=1000)
     excluded_sites: list[str] = Field(default_factory=list, max_length=1000)
     warm_replicas: int | None = Field(None, ge=1, le=4)
+    allow_larger_backups: bool = Field(
+        False, description="let warm backups and failover replicas use a variant larger or "
+                           "more accurate than the primary variant (default: never above it)")
 
     @field_validator("app_id")
     @classmethod

@@ -37,7 +37,8 @@ def application(record: AppRecord) -> Application:
         max_rate_rps=spec.max_rate_rps, latency_slo_ms=spec.latency_slo_ms,
         primary_variant=spec.variant, pinned_server=spec.pinned_server,
         pinned_site=spec.pinned_site, excluded_servers=frozenset(spec.excluded_servers),
-        excluded_sites=frozenset(spec.excluded_sites), warm_replicas=spec.warm_replicas)
+        excluded_sites=frozenset(spec.excluded_sites), warm_replicas=spec.warm_replicas,
+        allow_larger_backups=spec.allow_larger_backups)
 
 
 def _fits_somewhere(record: AppRecord, families: Mapping[str, Family],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from controller.records import AppRecord, AppSpec
+from controller.snapshot import application
 from model_repo.profiles import load_families
 from policies.actions import SolveStats, WarmAssignment, WarmPlan
 from policies.baselines import FullSizeCold, FullSizeWarmK
@@ -189,3 +191,10 @@ def test_baselines_follow_the_default_and_the_pins() -> None:
     assert [a.server_id for a in plan.assignments] in (["C"], ["D"])
     pinned = FullSizeWarmK().plan_warm(three_sites(pinned_site="x"))
     assert [a.server_id for a in pinned.assignments] == ["B"]
+
+
+def test_the_registration_flag_reaches_the_policy_view() -> None:
+    spec = AppSpec(app_id="r", family="regnet_y", variant="regnet_y_400mf")
+    assert application(AppRecord(spec=spec)).allow_larger_backups is False
+    spec = spec.model_copy(update={"allow_larger_backups": True})
+    assert application(AppRecord(spec=spec)).allow_larger_backups is True
