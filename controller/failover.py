@@ -26,7 +26,7 @@ from controller.decide.decision import Decision
 from controller.decide.failover import (
     choose_warm_switches,
     decide_cold_batch,
-    decide_server_failed,
+    decide_servers_failed,
 )
 from controller.declarations import Declaration, DeclarationLog
 from controller.executor import Executor
@@ -35,7 +35,7 @@ from controller.metrics import Metrics
 from controller.record_cache import RecordsView
 from controller.records import AppRecord, ServerRecord, ServerState
 from controller.snapshot import build_snapshot, free_memory_mb
-from policies.actions import FailoverPlan
+from policies.actions import FailoverPlan, WarmSwitch
 from policies.model import Family, Role
 from policies.policy import FailoverPolicy
 
@@ -48,6 +48,15 @@ switching the other failed servers and answering the API."""
 
 STALE_PLAN_RETRIES = 3
 """Rounds planned again when a server the plan loads onto failed while it was made."""
+
+
+@dataclass(frozen=True)
+class _SwitchRequest:
+    server_id: str
+    reason: str
+    detected_at: float
+    resuming: bool
+    done: asyncio.Future[Failure | None]
 
 
 @dataclass
@@ -91,6 +100,8 @@ class Failovers:
         """When each declared server was last heard from (for its declaration)."""
         self._waiting: dict[str, Failure] = {}
         self._rounds: asyncio.Task[Any] | None = None
+        self._to_switch: list[_SwitchRequest] = []
+        self._switcher: asyncio.Task[Any] | None = None
         self._switching = 0
         self._no_switching = asyncio.Event()
         """Set while no switch is in progress: a round waits for it (see _run_rounds)."""
@@ -102,6 +113,9 @@ class Failovers:
                      resuming: bool) -> Failure | None:
         """Mark the server failed and switch its apps with a live warm backup.
 
+        Servers declared together (a site: the monitor reports them in one burst) switch
+        together: one set of locks, one decision, one write, one push of events.
+
         None when there is nothing to do: the server is unknown, or not in the state
         expected (``resuming``: already failed), or heard from again (a false alarm, logged
         as a cancelled declaration).
@@ -110,21 +124,18 @@ class Failovers:
         self._switching += 1
         self._no_switching.clear()
         urgent = ex.urgent_work()
-        urgent.__enter__()  # held until the failure's cold round is committed (see recover)
+        urgent.__enter__()  # held until the failure's cold round is committed
+        request = _SwitchRequest(server_id, reason, detected_at, resuming,
+                                 asyncio.get_running_loop().create_future())
+        self._to_switch.append(request)
+        if self._switcher is None or self._switcher.done():
+            self._switcher = ex.spawn(self._switch_queued(), "warm switches")
         failure: Failure | None = None
         try:
-            app_ids = await self.store.apps_on(server_id)
-            while True:
-                async with ex.locks.apps(app_ids):
-                    now_on = await self.store.apps_on(server_id)
-                    if set(now_on) <= set(app_ids):
-                        failure = await self._switch_locked(server_id, reason, detected_at,
-                                                            resuming, now_on)
-                        if failure is not None:
-                            failure.urgent = urgent
-                        return failure
-                # An app got a replica there while we waited: take its lock too, in id order.
-                app_ids = sorted(set(app_ids) | set(now_on))
+            failure = await request.done
+            if failure is not None:
+                failure.urgent = urgent
+            return failure
         finally:
             self._switching -= 1
             if not self._switching:
@@ -132,38 +143,100 @@ class Failovers:
             if failure is None:
                 urgent.__exit__(None, None, None)
 
-    async def _switch_locked(self, server_id: str, reason: str, detected_at: float,
-                             resuming: bool, app_ids: list[str]) -> Failure | None:
+    async def _switch_queued(self) -> None:
+        while self._to_switch:
+            await asyncio.sleep(0)  # the rest of a burst of declarations is queued meanwhile
+            queued, self._to_switch = self._to_switch, []
+            first: dict[str, _SwitchRequest] = {}
+            for request in queued:
+                if request.server_id in first:
+                    request.done.set_result(None)  # declared twice: one failover
+                else:
+                    first[request.server_id] = request
+            for resuming in (False, True):
+                group = [r for r in first.values() if r.resuming is resuming]
+                if not group:
+                    continue
+                try:
+                    failures = await self._switch_together(group)
+                except BaseException as exc:
+                    for request in group:
+                        if not request.done.done():
+                            request.done.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for request in group:
+                    if not request.done.done():
+                        request.done.set_result(failures.get(request.server_id))
+
+    async def _switch_together(self, requests: list[_SwitchRequest]) -> dict[str, Failure]:
+        """The switches of ``requests``' servers under the locks of every app on them."""
+        on: dict[str, list[str]] = {r.server_id: await self.store.apps_on(r.server_id)
+                                    for r in requests}
+        app_ids = sorted({a for ids in on.values() for a in ids})
+        while True:
+            async with self.executor.locks.apps(app_ids):
+                on = {s: await self.store.apps_on(s) for s in on}
+                now_on = {a for ids in on.values() for a in ids}
+                if now_on <= set(app_ids):
+                    return await self._switch_locked(requests, on)
+            # An app got a replica there while we waited: take its lock too, in id order.
+            app_ids = sorted(set(app_ids) | now_on)
+
+    async def _switch_locked(self, requests: list[_SwitchRequest],
+                             on: dict[str, list[str]]) -> dict[str, Failure]:
         locked_at = self.clock.time()
         all_servers = await self.store.server_records()  # read-only; no view of the apps
-        server = all_servers.get(server_id)
-        if server is None or (server.state is ServerState.FAILED) is not resuming:
-            return None
-        if self.watch.watching(server_id):
-            # Heard from again while this task waited for the locks: not failed.
-            logger.warning("server %s is alive again; failover cancelled", server_id)
-            self.watch.false_alarm(server_id)
-            if not resuming:
-                await self._declared(server, reason, detected_at, app_ids, cancelled=True)
-            return None
-        apps = {a: r for a in app_ids if (r := await self.store.get_app(a)) is not None}
-        live = {s for s, r in all_servers.items()
-                if r.state is ServerState.UP and s != server_id}
-        free = await self._free_memory(_tied_candidates(apps, server_id, live), all_servers)
-        switches = choose_warm_switches(apps, server_id, live, self.families,
-                                        lambda s: free.get(s, 0.0))
+        failing: list[_SwitchRequest] = []
+        for request in requests:
+            server = all_servers.get(request.server_id)
+            if server is None or (server.state is ServerState.FAILED) is not request.resuming:
+                continue
+            if self.watch.watching(request.server_id):
+                # Heard from again while this task waited for the locks: not failed.
+                logger.warning("server %s is alive again; failover cancelled", request.server_id)
+                self.watch.false_alarm(request.server_id)
+                if not request.resuming:
+                    await self._declared(server, request.reason, request.detected_at,
+                                         on[request.server_id], cancelled=True)
+                continue
+            failing.append(request)
+        if not failing:
+            return {}
+        down = {r.server_id for r in failing}
+        live = {s for s, r in all_servers.items() if r.state is ServerState.UP and s not in down}
+        switches: dict[str, tuple[WarmSwitch, ...]] = {}
+        for request in failing:
+            # Decided on the shared read-only records; only the apps that switch are copied.
+            looked = {a: r for a in on[request.server_id]
+                      if (r := await self.store.app_record(a)) is not None}
+            free = await self._free_memory(_tied_candidates(looked, request.server_id, live),
+                                           all_servers)
+            switches[request.server_id] = choose_warm_switches(
+                looked, request.server_id, live, self.families, lambda s, f=free: f.get(s, 0.0))
+        apps = {w.app_id: r for chosen in switches.values() for w in chosen
+                if (r := await self.store.get_app(w.app_id)) is not None}
         servers: dict[str, ServerRecord] = dict(all_servers)
-        servers[server_id] = ServerRecord.model_validate(server.model_dump())
-        failed = decide_server_failed(apps, servers, server_id, reason, detected_at,
-                                      self.agents.connected(server_id), switches,
-                                      self.clock.time())
+        for server_id in down:
+            servers[server_id] = ServerRecord.model_validate(all_servers[server_id].model_dump())
+        failed = decide_servers_failed(
+            apps, servers, [(r.server_id, r.reason, r.detected_at) for r in failing],
+            {s: self.agents.connected(s) for s in down}, switches, self.clock.time())
         intent = await self.executor.commit(failed)
-        self._announced(server_id, len(failed.apps), detected_at, locked_at)
-        # Logged once the warm switches are out (they must not wait for it).
-        declaration = None if resuming else await self._declared(
-            server, reason, detected_at, app_ids)
-        return Failure(server_id, reason, detected_at, intent, declaration,
-                       frozenset(s.app_id for s in switches))
+        failures = {}
+        for request in failing:
+            server_id = request.server_id
+            moved = frozenset(w.app_id for w in switches[server_id] if w.app_id in apps)
+            self._announced(server_id, len(moved), request.detected_at, locked_at)
+        for request in failing:  # logged once the warm switches are out
+            server_id = request.server_id
+            declaration = None if request.resuming else await self._declared(
+                all_servers[server_id], request.reason, request.detected_at, on[server_id])
+            failures[server_id] = Failure(
+                server_id, request.reason, request.detected_at, intent, declaration,
+                frozenset(w.app_id for w in switches[server_id] if w.app_id in apps))
+        return failures
 
     async def _free_memory(self, server_ids: set[str],
                            servers: Mapping[str, ServerRecord]) -> dict[str, float]:

@@ -190,9 +190,12 @@ class ServerLifecycle:
         for intent_id, intent in (await self.store.intents()).items():
             logger.info("resuming after restart: unfinished %s (%s)", intent.get("kind"),
                         intent)
-            if intent.get("kind") == FAILOVER and intent.get("server_id"):
-                resumed.append(self.executor.spawn(
-                    self.resume_failover(intent["server_id"]),
-                    f"resumed failover of {intent['server_id']}"))
+            if intent.get("kind") == FAILOVER:
+                # A failover of servers declared together names them all (server_ids).
+                for server_id in intent.get("server_ids") or [intent.get("server_id")]:
+                    if server_id:
+                        resumed.append(self.executor.spawn(
+                            self.resume_failover(server_id),
+                            f"resumed failover of {server_id}"))
             await self.store.done_intent(intent_id)
         return resumed

@@ -62,6 +62,31 @@ def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, Se
                     notes=(f"failover of {server_id}: {len(switched)} warm switches",))
 
 
+def decide_servers_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, ServerRecord],
+                          failed: list[tuple[str, str, float]], connected: Mapping[str, bool],
+                          switches: Mapping[str, tuple[WarmSwitch, ...]],
+                          now: float) -> Decision:
+    """:func:`decide_server_failed` for servers declared together, as one decision.
+
+    ``failed``: (server, reason, detection time) of each. One intent names them all.
+    """
+    parts = [decide_server_failed(apps, servers, server_id, reason, detected_at,
+                                  connected.get(server_id, False),
+                                  tuple(w for w in switches.get(server_id, ()) if w.app_id in apps),
+                                  now)
+             for server_id, reason, detected_at in failed]
+    changed = {record.app_id: record for part in parts for record in part.apps}
+    server_ids = [server_id for server_id, _, _ in failed]
+    return Decision(
+        apps=tuple(changed[a] for a in sorted(changed)),
+        servers=tuple(server for part in parts for server in part.servers),
+        events=tuple(event for part in parts for event in part.events),
+        intent={"kind": FAILOVER, "server_id": server_ids[0], "server_ids": server_ids,
+                "reason": failed[0][1]},
+        recoveries={a: r for part in parts for a, r in part.recoveries.items()},
+        notes=tuple(note for part in parts for note in part.notes))
+
+
 def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Collection[str],
                          families: Mapping[str, Family],
                          free_memory_mb: Callable[[str], float]) -> tuple[WarmSwitch, ...]:

@@ -242,3 +242,26 @@ def test_failover_rounds_share_one_warm_replan() -> None:
         return replans
 
     assert run(body) == 1
+
+
+def test_servers_declared_in_one_burst_switch_in_one_decision() -> None:
+    async def body() -> Controller:
+        ctl = new_cluster(two_server_apps())
+        for server_id in ("s1", "s2"):
+            ctl.agents.disconnect(server_id)
+        now = ctl.clock.time()
+        # The detector reports a site's declarations one after the other, synchronously.
+        ctl.lifecycle.on_failure("s1", "site down", now, now - 0.1)
+        ctl.lifecycle.on_failure("s2", "site down", now, now - 0.1)
+        await ctl.agents.timeline.until(
+            lambda: {("warm_switch", "c1"), ("warm_switch", "c2")} <= set(ctl.sink.kinds()))
+        await ctl.executor.idle()
+        return ctl
+
+    ctl = run(body)
+    failovers = [i for i in ctl.store.intents_written if i.get("kind") == "failover"]
+    assert [i["server_ids"] for i in failovers] == [["s1", "s2"]]
+    assert {ctl.store.server(s).state for s in ("s1", "s2")} == {ServerState.FAILED}
+    # c1's backup is on s3, not on the other failing server: both switched there
+    assert ctl.store.app("c1").serving == ("s3", SMALL)
+    assert ctl.store.app("c2").serving == ("s3", SMALL)
