@@ -333,6 +333,14 @@ def inject(ctl: ControllerProcess, sims: SimAgentProcesses, victims: list[str], 
     return injected
 
 
+def _stamp(line: str) -> float | None:
+    """The epoch time of a controller log line (None for a line without one)."""
+    try:
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
 def logged_declarations(log: str, until: float) -> list[dict[str, Any]]:
     """The declarations the controller logged (the detector's instant, ms resolution).
 
@@ -488,10 +496,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one line
     say(f"warm switches received: {len(warm)}; detection -> client p50 "
         f"{percentile(notify, 50)} ms, p99 {percentile(notify, 99)} ms; injection -> client "
         f"p50 {percentile(from_injection, 50)} ms, p99 {percentile(from_injection, 99)} ms")
-    waits = [float(wait) for _, wait in ANNOUNCED.findall(log)]
+    within = "\n".join(line for line in log.splitlines()
+                       if (at := _stamp(line)) is not None and at <= collected_at)
+    waits = [float(wait) for _, wait in ANNOUNCED.findall(within)]
     say(f"warm switches' wait for their apps' locks: "
         f"p50 {percentile(waits, 50)} ms, max {max(waits, default=None)} ms")
-    planned = [float(ms) for _, ms in PLANNED.findall(log)]
+    planned = [float(ms) for _, ms in PLANNED.findall(within)]
     say(f"failover plans: n={len(planned)} p50 {percentile(planned, 50)} ms, "
         f"p99 {percentile(planned, 99)} ms, max {max(planned, default=None)} ms")
     return {"agents": agents, "false_declarations": len(false),
