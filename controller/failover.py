@@ -206,6 +206,7 @@ class Failovers:
             return {}
         down = {r.server_id for r in failing}
         live = {s for s, r in all_servers.items() if r.state is ServerState.UP and s not in down}
+        site_of = {s: r.site_id for s, r in all_servers.items()}
         switches: dict[str, tuple[WarmSwitch, ...]] = {}
         for request in failing:
             # Decided on the shared read-only records; only the apps that switch are copied.
@@ -214,7 +215,8 @@ class Failovers:
             free = await self._free_memory(_tied_candidates(looked, request.server_id, live),
                                            all_servers)
             switches[request.server_id] = choose_warm_switches(
-                looked, request.server_id, live, self.families, lambda s, f=free: f.get(s, 0.0))
+                looked, request.server_id, live, self.families, lambda s, f=free: f.get(s, 0.0),
+                site_of)
         apps = {w.app_id: r for chosen in switches.values() for w in chosen
                 if (r := await self.store.get_app(w.app_id)) is not None}
         servers: dict[str, ServerRecord] = dict(all_servers)

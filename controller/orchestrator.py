@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 def policy_for(config: RuntimeConfig) -> UnderstudyPolicy | FullSizeWarmK:
     """The failover policy a runtime configuration names."""
+    site_independent = None if config.site_independent == "auto" else config.site_independent
     warm = WarmPlanConfig(alpha=config.alpha, replicas=config.warm_replicas,
-                          site_independent=config.site_independent, solver=config.solver,
+                          site_independent=site_independent, solver=config.solver,
                           time_limit_s=config.time_limit_s, mip_rel_gap=config.mip_rel_gap,
                           method=config.warm_method)
     if config.policy == "full-size-warm-k":

@@ -165,7 +165,9 @@ class RuntimeConfig(BaseModel):
         "auto", description="how the warm plan is solved: 'auto' solves the ILP (decomposed) "
                             "up to a size and uses FailLite's heuristic above it, so that a "
                             "re-plan of thousands of critical apps takes seconds, not minutes")
-    site_independent: bool = False
+    site_independent: bool | Literal["auto"] = Field(
+        "auto", description="warm backups in another site than the primary (and than each "
+                            "other); 'auto': on when two or more sites have a live server")
     warm_replicas: int = Field(1, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] = "understudy"
     failback: bool = True
@@ -187,7 +189,7 @@ class ConfigPatch(BaseModel):
     time_limit_s: float | None = Field(None, gt=0, le=3600)
     mip_rel_gap: float | None = Field(None, ge=0, lt=1)
     warm_method: Literal["auto", "decomposed", "full", "heuristic"] | None = None
-    site_independent: bool | None = None
+    site_independent: bool | Literal["auto"] | None = None
     warm_replicas: int | None = Field(None, ge=1, le=4)
     policy: Literal["understudy", "full-size-warm-k"] | None = None
     failback: bool | None = None

@@ -26,6 +26,7 @@ from controller.records import (
 )
 from policies.actions import FailoverPlan, WarmSwitch
 from policies.model import Family, Role
+from policies.replica_rules import within_choice
 from understudy.wire.protocol import ModelState
 
 FAILOVER = "failover"
@@ -89,14 +90,19 @@ def decide_servers_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, S
 
 def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Collection[str],
                          families: Mapping[str, Family],
-                         free_memory_mb: Callable[[str], float]) -> tuple[WarmSwitch, ...]:
+                         free_memory_mb: Callable[[str], float],
+                         site_of: Mapping[str, str] | None = None) -> tuple[WarmSwitch, ...]:
     """The warm switches of the apps served from ``server_id``, from their records alone.
 
     The rule of ``policies.failover.split_affected``, without a snapshot of the whole cluster:
     an app served from the server switches to its best warm backup (loaded or loading) on a
     ``live`` server, the most accurate, then the one whose server has the most free memory
-    (``free_memory_mb`` is asked only to break such ties), then the smallest server id.
+    (``free_memory_mb`` is asked only to break such ties), then the smallest server id. A
+    backup the replica rules no longer allow (``policies.replica_rules``: outside the app's
+    pinned site or its exclusion lists, above its primary variant) is not switched to;
+    ``site_of`` (every server's site) is needed for the site rules.
     """
+    sites = site_of or {}
     switches = []
     for app_id in sorted(apps):
         record = apps[app_id]
@@ -105,19 +111,38 @@ def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Co
         family = families.get(record.spec.family)
         if family is None:
             continue
-        accuracy = {v.name: v.accuracy for v in family.variants}
+        allowed = _allowed_variants(record, family)
         candidates = [r for r in record.replicas
                       if r.role is Role.WARM and r.state in (ModelState.LOADING, ModelState.READY)
                       and r.server_id in live and r.server_id != server_id
-                      and r.variant in accuracy]
+                      and r.variant in allowed and _may_hold(record, r.server_id, sites)]
         if not candidates:
             continue
-        best = max(accuracy[r.variant] for r in candidates)
-        top = [r for r in candidates if accuracy[r.variant] == best]
+        best = max(allowed[r.variant] for r in candidates)
+        top = [r for r in candidates if allowed[r.variant] == best]
         chosen = top[0] if len(top) == 1 else min(
             top, key=lambda r: (-free_memory_mb(r.server_id), r.server_id))
         switches.append(WarmSwitch(app_id, chosen.server_id, chosen.variant))
     return tuple(switches)
+
+
+def _allowed_variants(record: AppRecord, family: Family) -> dict[str, float]:
+    """The variants a backup of the app may be, with their accuracy (the replica rules)."""
+    spec = record.spec
+    primary = next((v for v in family.variants if v.name == spec.variant),
+                   family.most_accurate)
+    return {v.name: v.accuracy for v in family.variants
+            if spec.allow_larger_backups or within_choice(primary, v)}
+
+
+def _may_hold(record: AppRecord, server_id: str, site_of: Mapping[str, str]) -> bool:
+    """The app's pin and exclusion lists allow a replica on the server."""
+    spec = record.spec
+    site = site_of.get(server_id)
+    pinned = spec.pinned_site or (site_of.get(spec.pinned_server)
+                                  if spec.pinned_server is not None else None)
+    return (server_id not in spec.excluded_servers and site not in spec.excluded_sites
+            and (pinned is None or site == pinned))
 
 
 def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: str,

@@ -265,3 +265,18 @@ def test_servers_declared_in_one_burst_switch_in_one_decision() -> None:
     # c1's backup is on s3, not on the other failing server: both switched there
     assert ctl.store.app("c1").serving == ("s3", SMALL)
     assert ctl.store.app("c2").serving == ("s3", SMALL)
+
+
+def test_choose_warm_switches_skips_backups_the_replica_rules_no_longer_allow() -> None:
+    sites = {"s1": "site-a", "s2": "site-a", "s3": "site-b"}
+    above = app_record("above", [replica("s1", MEDIUM), replica("s2", LARGE, Role.WARM)],
+                       serving=("s1", MEDIUM), variant=MEDIUM)
+    allowed = app_record("allowed", [replica("s1", MEDIUM), replica("s2", LARGE, Role.WARM)],
+                         serving=("s1", MEDIUM), variant=MEDIUM, allow_larger_backups=True)
+    pinned = app_record("pinned", [replica("s1", LARGE), replica("s3", SMALL, Role.WARM)],
+                        serving=("s1", LARGE), pinned_site="site-a")
+    excluded = app_record("excluded", [replica("s1", LARGE), replica("s2", SMALL, Role.WARM)],
+                          serving=("s1", LARGE), excluded_servers=["s2"])
+    apps = {a.app_id: a for a in (above, allowed, pinned, excluded)}
+    switches = choose_warm_switches(apps, "s1", {"s2", "s3"}, families(), lambda _: 0.0, sites)
+    assert switches == (WarmSwitch("allowed", "s2", LARGE),)
