@@ -238,31 +238,32 @@ declarations and 0 apps moved by them, crash detection p99 ≤ 30 ms, silent det
         "The control plane at 1,000 servers and 10,000 apps",
         "python bench/control_plane_scale.py", """\
 A real controller (`understudy controller`: its embedded Redis, its heartbeat monitor process)
-against `--agents` simulated servers (default 1000, in `--processes` 4 processes of
-`understudy testbed sim-agents`: the real protocol over real sockets, UDP heartbeats every
-T = 20 ms from one sender per process, loads that take the profiled load time, no Triton;
-[testbed.md](testbed.md#simulated-agents-control-plane-scale)) and `--apps` generated apps
-(default 10000, half critical, headroom 20 %, all families), everything on one machine.
-*Idle CPU*: the controller's process tree (main process, monitor, Redis; `/proc/<pid>/stat`,
-% of one core) for `--idle-s` before any agent connects and with no app. *Connect storm*: the
-agents, started and held back, are all told to connect at once; seconds until every one beats
-on its channel and every server is up and connected in `GET /v1/servers`. *Registration*: the
-apps by `POST /v1/apps/batch` of 1,000 (apps/s over the calls), then the wait until every app
-serves and the warm plan is loaded. *Steady window* (`--minutes`, default 5; `--quick`: 1): the
-tree's CPU (`controller_cpu_pct.heartbeats`), the monitor's CPU per heartbeat received
-(`heartbeat_cpu_us`, from `understudy_monitor_cpu_seconds` and `understudy_monitor_heartbeats`
-on `/metrics`; the whole tree's CPU per heartbeat is printed beside it). *Listing*:
-`GET /v1/apps` of every app (`limit=10000`, following the cursor), p50 of 20 (one default page
-is printed too). *Failures*: `--failures` single servers (default 10; crash and silence in
-turn, on servers serving warm-covered apps, each after the previous one's warm re-plan), then a
-whole site (`--site-kind`, default silence) while a `/v1/events/ws` subscriber stands in for
-the clients: `warm_notify_p99_ms` is receipt of each `warm_switch` − its `failure_at` (the
-declaration); `failover_plan_p50_ms` comes from the controller's "planned in" log lines;
-detection (declaration − injection) is printed per kind, with how long failovers waited for the
-planning lock. `false_declarations` counts declarations of servers the bench did not fail (or
-before their failure), from the controller's start: those in `/v1/declarations` and those the
-controller logged whose failover had not yet taken the planning lock when the run ended.
-Targets: 1000 agents, 0 false declarations, CPU ≤ 100 % of a core, ≤ 5 µs per heartbeat,
+against `--agents` simulated servers (default 1000, in `--processes` 4 processes of `understudy
+testbed sim-agents`: the real protocol over real sockets, UDP heartbeats every T = 20 ms from one
+sender per process, loads that take the profiled load time, no Triton;
+[testbed.md](testbed.md#simulated-agents-control-plane-scale)) and `--apps` generated apps (default
+10000, half critical, headroom 20 %, all families), everything on one machine. *Idle CPU*: the
+controller's process tree (main process, monitor, Redis; `/proc/<pid>/stat`, % of one core) for
+`--idle-s` before any agent connects and with no app. *Connect storm*: the agents, started and held
+back, are all told to connect at once; seconds until every one beats on its channel and every
+server is up and connected in `GET /v1/servers`. *Registration*: the apps by `POST /v1/apps/batch`
+of 1,000 (apps/s over the calls), then the wait until every app serves and the warm plan is loaded.
+*Steady window* (`--minutes`, default 5; `--quick`: 1): the tree's CPU
+(`controller_cpu_pct.heartbeats`), the monitor's CPU per heartbeat received (`heartbeat_cpu_us`,
+from `understudy_monitor_cpu_seconds` and `understudy_monitor_heartbeats` on `/metrics`; the whole
+tree's CPU per heartbeat is printed beside it). *Listing*: `GET /v1/apps` of every app
+(`limit=10000`, following the cursor), p50 of 20 until the last body is in (the client's time to
+decode the JSON and one default page are printed too). *Failures*: `--failures` single servers
+(default 10; crash and silence in turn, on servers serving warm-covered apps, each after the
+previous one's warm re-plan), then a whole site (`--site-kind`, default silence) while a
+`/v1/events/ws` subscriber stands in for the clients: `warm_notify_p99_ms` is receipt of each
+`warm_switch` − its `failure_at` (the declaration); `failover_plan_p50_ms` comes from the
+controller's "planned in" log lines (the snapshot and the plan of one cold round; a site's servers
+share one or two rounds); detection (declaration − injection) is printed per kind, with how long
+the warm switches waited for their apps' locks. `false_declarations` counts declarations of servers
+the bench did not fail (or before their failure), from the controller's start: those in
+`/v1/declarations` and those the controller logged whose warm switches were not yet out when the
+run ended. Targets: 1000 agents, 0 false declarations, CPU ≤ 100 % of a core, ≤ 5 µs per heartbeat,
 connect storm ≤ 10 s, ≥ 200 apps/s, failover plan p50 ≤ 200 ms, warm notify p99 ≤ 100 ms.""",
         (("agents", "agents connected"), ("false_declarations", "false declarations"),
          ("controller_cpu_pct.heartbeats", "controller CPU, steady window (% of a core)"),
