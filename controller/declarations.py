@@ -69,6 +69,19 @@ class DeclarationLog:
             await pipe.execute()
         return stored
 
+    async def add_many(self, declarations: list[Declaration]) -> list[Declaration]:
+        """Store several new declarations (a site's) in two round trips, numbered in order."""
+        if not declarations:
+            return []
+        last = int(await self.redis.incrby(self.seq_key, len(declarations)))
+        stored = [d.model_copy(update={"seq": last - len(declarations) + 1 + i})
+                  for i, d in enumerate(declarations)]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key, mapping={str(d.seq): d.model_dump_json() for d in stored})
+            pipe.hset(self.last_key, mapping={d.server_id: str(d.seq) for d in stored})
+            await pipe.execute()
+        return stored
+
     async def update(self, seq: int, **fields: Any) -> None:
         """Set some fields of a stored declaration, keeping every other field as stored.
 

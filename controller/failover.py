@@ -46,6 +46,9 @@ INLINE_PLAN_WORK = 2_000
 about a millisecond; a larger one (its snapshot too) goes to a thread so that the loop keeps
 switching the other failed servers and answering the API."""
 
+SWITCH_GATHER_S = 0.002
+"""How long the first declaration of a burst waits for the others, to switch them together."""
+
 STALE_PLAN_RETRIES = 3
 """Rounds planned again when a server the plan loads onto failed while it was made."""
 
@@ -145,7 +148,9 @@ class Failovers:
 
     async def _switch_queued(self) -> None:
         while self._to_switch:
-            await asyncio.sleep(0)  # the rest of a burst of declarations is queued meanwhile
+            # The rest of a burst of declarations (a site's) is queued meanwhile: the
+            # monitor's reports can reach this loop in more than one read.
+            await asyncio.sleep(SWITCH_GATHER_S)
             queued, self._to_switch = self._to_switch, []
             first: dict[str, _SwitchRequest] = {}
             for request in queued:
@@ -226,19 +231,18 @@ class Failovers:
             apps, servers, [(r.server_id, r.reason, r.detected_at) for r in failing],
             {s: self.agents.connected(s) for s in down}, switches, self.clock.time())
         intent = await self.executor.commit(failed)
-        failures = {}
+        moved = {r.server_id: frozenset(w.app_id for w in switches[r.server_id]
+                                        if w.app_id in apps) for r in failing}
         for request in failing:
-            server_id = request.server_id
-            moved = frozenset(w.app_id for w in switches[server_id] if w.app_id in apps)
-            self._announced(server_id, len(moved), request.detected_at, locked_at)
-        for request in failing:  # logged once the warm switches are out
-            server_id = request.server_id
-            declaration = None if request.resuming else await self._declared(
-                all_servers[server_id], request.reason, request.detected_at, on[server_id])
-            failures[server_id] = Failure(
-                server_id, request.reason, request.detected_at, intent, declaration,
-                frozenset(w.app_id for w in switches[server_id] if w.app_id in apps))
-        return failures
+            self._announced(request.server_id, len(moved[request.server_id]),
+                            request.detected_at, locked_at)
+        # Logged once the warm switches are out, all in one write.
+        declarations = await self._declared_many(
+            [(all_servers[r.server_id], r.reason, r.detected_at, on[r.server_id])
+             for r in failing if not r.resuming])
+        return {r.server_id: Failure(r.server_id, r.reason, r.detected_at, intent,
+                                     declarations.get(r.server_id), moved[r.server_id])
+                for r in failing}
 
     async def _free_memory(self, server_ids: set[str],
                            servers: Mapping[str, ServerRecord]) -> dict[str, float]:
@@ -265,11 +269,26 @@ class Failovers:
         """Log the declaration (true or false: the log keeps every one) before acting on it."""
         if self.declarations is None:
             return None
+        return await self.declarations.add(
+            self._declaration(server, reason, detected_at, affected, cancelled))
+
+    async def _declared_many(self, found: list[tuple[ServerRecord, str, float, list[str]]]
+                             ) -> dict[str, Declaration]:
+        """Log the declarations of servers declared together; by server."""
+        if self.declarations is None:
+            return {}
+        stored = await self.declarations.add_many(
+            [self._declaration(server, reason, at, affected)
+             for server, reason, at, affected in found])
+        return {d.server_id: d for d in stored}
+
+    def _declaration(self, server: ServerRecord, reason: str, detected_at: float,
+                     affected: list[str], cancelled: bool = False) -> Declaration:
         last_seen = self.last_seen.pop(server.server_id, detected_at)
-        return await self.declarations.add(Declaration(
-            server_id=server.server_id, site_id=server.site_id, reason=reason,
-            detected_at=detected_at, last_seen=last_seen, boot_id=server.boot_id,
-            apps_affected=sorted(affected), cancelled=cancelled))
+        return Declaration(server_id=server.server_id, site_id=server.site_id, reason=reason,
+                           detected_at=detected_at, last_seen=last_seen,
+                           boot_id=server.boot_id, apps_affected=sorted(affected),
+                           cancelled=cancelled)
 
     # --- 2. the cold round -------------------------------------------------------------------
 

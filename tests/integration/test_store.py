@@ -108,6 +108,14 @@ def test_declaration_log_keeps_every_writer_s_fields(redis_url: str) -> None:
             assert (await log.latest("s1")).alive_again == 20.1  # type: ignore[union-attr]
             assert [d.seq for d in await log.list(since=1)] == [2]
             assert await log.list(since=2) == []
+            # A site's declarations in one write, numbered after the others, in order.
+            site = await log.add_many([
+                Declaration(server_id=s, reason="missed heartbeats", detected_at=40.0,
+                            last_seen=39.9) for s in ("s2", "s3", "s1")])
+            assert [(d.seq, d.server_id) for d in site] == [(3, "s2"), (4, "s3"), (5, "s1")]
+            assert [d.seq for d in await log.list(since=2)] == [3, 4, 5]
+            assert (await log.latest("s1")).seq == 5  # type: ignore[union-attr]
+            assert await log.add_many([]) == []
         finally:
             await store.close()
 
