@@ -1,9 +1,11 @@
 """Which replica serves an app: the state machine every finished load and switch goes through.
 
 An app's progress depends only on its replicas' stored states: a ready UPGRADE (or a new
-PRIMARY) replica takes over from whatever serves; a ready INTERIM serves an app that has nothing
-serving. A controller restarted mid-failover therefore resumes by re-issuing the loads still
-marked LOADING and deciding again.
+PRIMARY) replica takes over from whatever serves, unless it ranks below it (not the app's home
+and less accurate: it is retired instead); a ready INTERIM serves an app that has nothing
+serving, and one whose load completes after a target took over is retired. A controller
+restarted mid-failover therefore resumes by re-issuing the loads still marked LOADING and
+deciding again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: 
             if (server := servers.get(r.server_id)) is not None
             and server.state is not ServerState.FAILED}
     kind, current, retired = next_serving(record, live)
+    if loaded is not None:
+        late = _late_interim(record, current, loaded[:2])
+        if late is not None:
+            retired.append(late)
     for old in retired:
         old.state = ModelState.UNLOADING
     loading = any(r.state is ModelState.LOADING for r in record.replicas)
@@ -70,11 +76,19 @@ def next_serving(record: AppRecord, live: set[str]
     if current is not None and (current.server_id not in live
                                 or current.state is not ModelState.READY):
         current = None
-    upgrade = next((r for r in ready if r.role in (Role.UPGRADE, Role.PRIMARY)
-                    and r.key != (current.key if current else None)), None)
+    upgrades = [r for r in ready if r.role in (Role.UPGRADE, Role.PRIMARY)
+                and r.key != (current.key if current else None)]
+    upgrade = max(upgrades, key=lambda r: _rank(record, r), default=None)
     interim = next((r for r in ready if r.role is Role.INTERIM), None)
     retired: list[Replica] = []
     kind = ""
+    if upgrade is not None and upgrade.role is Role.UPGRADE and current is not None \
+            and current.role is not Role.INTERIM \
+            and _rank(record, upgrade) < _rank(record, current):
+        # An upgrade that would leave the app worse off (a smaller model than what serves,
+        # not its home): never promoted; retired.
+        retired.append(upgrade)
+        upgrade = None
     if upgrade is not None and (current is None or current.role is not Role.PRIMARY
                                 or upgrade.role is Role.UPGRADE):
         if current is not None and current.role is not Role.WARM:
@@ -89,6 +103,22 @@ def next_serving(record: AppRecord, live: set[str]
         record.serving, current = interim.key, interim
         kind = "interim_serving"
     return kind, current, retired
+
+
+def _rank(record: AppRecord, replica: Replica) -> tuple[bool, float]:
+    """Which of two replicas the app would rather serve from: its home, then accuracy."""
+    return (record.home == replica.key, replica.accuracy)
+
+
+def _late_interim(record: AppRecord, current: Replica | None,
+                  loaded: tuple[str, str]) -> Replica | None:
+    """The interim just loaded when something other than an interim serves: not needed."""
+    replica = record.replica(*loaded)
+    if replica is None or replica.role is not Role.INTERIM or current is None \
+            or current is replica or current.role is Role.INTERIM \
+            or replica.state is not ModelState.READY:
+        return None
+    return replica
 
 
 def drop_replica(record: AppRecord, server_id: str, variant: str, reason: str) -> None:

@@ -137,6 +137,12 @@ SERVING_TABLE = [
     ("a warm backup alone never serves",
      [r("s2", SMALL, W)], None, ("s1", LARGE), {"s2"},
      "", None, [], AppStatus.UNAVAILABLE),
+    ("an upgrade smaller than the primary serving, not home: retired, never promoted",
+     [r("s2", LARGE, P), r("s3", SMALL, U)], ("s2", LARGE), ("s1", LARGE), {"s2", "s3"},
+     "", ("s2", LARGE), [("s3", SMALL)], AppStatus.SERVING),
+    ("of two ready upgrades the more accurate serves",
+     [r("s2", SMALL, IN), r("s3", MEDIUM, U), r("s4", LARGE, U)], ("s2", SMALL), ("s1", LARGE),
+     {"s2", "s3", "s4"}, "upgraded", ("s4", LARGE), [("s2", SMALL)], AppStatus.SERVING),
 ]
 
 
@@ -186,6 +192,15 @@ def test_a_finished_load_is_marked_ready_and_its_event_carries_the_load_time() -
     assert event.endpoint == {"http": "http://s2:8000", "grpc": "s2:8001"}
     assert event.model_name == "a__" + SMALL
     assert record.status is AppStatus.DEGRADED
+
+
+def test_an_interim_whose_load_ends_after_the_target_took_over_is_retired() -> None:
+    record = app([r("s2", LARGE, P), r("s3", SMALL, IN, LOADING)], ("s2", LARGE))
+    decision = decide_advance(record, servers("s1"), NOW, None, loaded=("s3", SMALL, 0.1))
+    assert decision is not None and decision.events == ()
+    assert record.serving == ("s2", LARGE)
+    assert record.replica("s3", SMALL).state is UNLOADING
+    assert [a for s in decision.stages for a in s.actions] == [UnloadVariant("s3", "a", SMALL)]
 
 
 @pytest.mark.parametrize("state", [UNLOADING, READY, None])
