@@ -31,13 +31,15 @@ def decide_take_back(apps: Mapping[str, AppRecord], server_id: str,
     """
     result = take_back(server_id, inventory, dict(apps),
                        lambda family, variant: accuracy_of(families, family, variant))
-    changed = sorted({a for a, _ in result.adopted + result.backups})
+    changed = sorted({a for a, _ in result.adopted + result.backups + result.loading})
     adopt = tuple(PromoteReplica(a, server_id, v) for a, v in result.adopted)
     retire = tuple(UnloadVariant(s, a, v) for a, s, v in result.retired)
-    notes = ()
+    notes: tuple[str, ...] = ()
     if changed:
         notes = (f"server {server_id} returned holding models: {len(result.adopted)} serve "
                  "again without a load (" + ", ".join(f"{a}/{v}" for a, v in result.adopted)
+                 + f"), {len(result.loading)} kept loading ("
+                 + ", ".join(f"{a}/{v}" for a, v in result.loading)
                  + f"), {len(result.backups)} kept as warm backups",)
     return Decision(apps=tuple(apps[a] for a in changed),
                     servers=(revived,) if revived is not None else (),

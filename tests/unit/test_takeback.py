@@ -87,14 +87,17 @@ def test_a_better_replica_on_its_way_is_not_preempted() -> None:
     assert target.state is ModelState.LOADING
 
 
-def test_the_best_held_model_of_an_app_is_adopted_and_only_ready_ones_count() -> None:
+def test_the_best_held_model_of_an_app_is_adopted_and_a_loading_one_is_kept_loading() -> None:
     apps = {"a": _app("a", [], serving=None), "b": _app("b", [], serving=None)}
     inventory = [_item("a", "small"), _item("a", "large"), _item("a", "medium"),
-                 _item("b", "large", ModelState.LOADING), _item("ghost", "large")]
+                 _item("b", "large", ModelState.LOADING), _item("ghost", "large"),
+                 _item("a", "small", ModelState.UNLOADING)]
     result = take_back("s1", inventory, apps, _accuracy)
     assert result.adopted == (("a", "large"),) and result.backups == ()
     assert [r.variant for r in apps["a"].replicas] == ["large"]
-    assert apps["b"].replicas == []
+    assert result.loading == (("b", "large"),)
+    assert [(r.variant, r.role, r.state) for r in apps["b"].replicas] == [
+        ("large", Role.UPGRADE, ModelState.LOADING)]
 
 
 def test_a_model_already_in_the_records_is_not_adopted_twice() -> None:
@@ -103,3 +106,57 @@ def test_a_model_already_in_the_records_is_not_adopted_twice() -> None:
     result = take_back("s1", [_item("a", "large")], apps, _accuracy)
     assert result.adopted == ()
     assert apps["a"].replicas == [home]
+
+
+# --- in-flight loads (issue 21): never an interim over a target, never a target a stray ----
+
+
+def test_a_loading_target_held_is_kept_and_the_held_interim_serves_meanwhile() -> None:
+    """The server of a recovery, declared failed mid-recovery, forgot both; both come back."""
+    apps = {"a": _app("a", [], serving=None)}
+    inventory = [_item("a", "small"), _item("a", "large", ModelState.LOADING)]
+    result = take_back("s2", inventory, apps, _accuracy)
+    assert result.adopted == (("a", "small"),)  # serves at once, as an interim
+    assert result.loading == (("a", "large"),)
+    assert sorted((r.variant, r.role, r.state) for r in apps["a"].replicas) == [
+        ("large", Role.UPGRADE, ModelState.LOADING), ("small", Role.INTERIM, ModelState.READY)]
+
+
+def test_a_held_loading_target_beats_a_new_recovery_of_equal_rank_which_is_retired() -> None:
+    interim = _replica("s3", "small", Role.INTERIM, ModelState.LOADING)
+    target = _replica("s3", "large", Role.UPGRADE, ModelState.LOADING)
+    apps = {"a": _app("a", [interim, target], serving=None, home=("s9", "large"))}
+    inventory = [_item("a", "small"), _item("a", "large", ModelState.LOADING)]
+    result = take_back("s2", inventory, apps, _accuracy)
+    assert result.loading == (("a", "large"),) and result.adopted == (("a", "small"),)
+    assert interim.state is ModelState.UNLOADING and target.state is ModelState.UNLOADING
+    assert result.retired == ()  # both still loading: unloaded when their loads complete
+
+
+def test_with_only_a_loading_target_held_what_is_on_its_way_stays_as_interims() -> None:
+    target = _replica("s3", "medium", Role.UPGRADE, ModelState.LOADING)
+    apps = {"a": _app("a", [target], serving=None)}
+    result = take_back("s1", [_item("a", "large", ModelState.LOADING)], apps, _accuracy)
+    assert result.loading == (("a", "large"),)
+    # Whichever load ends first serves; the medium one never goes over the large one.
+    assert (target.role, target.state) == (Role.INTERIM, ModelState.LOADING)
+
+
+def test_a_held_interim_serves_while_a_better_recovery_target_loads_elsewhere() -> None:
+    interim = _replica("s3", "small", Role.INTERIM, ModelState.LOADING)
+    target = _replica("s3", "large", Role.UPGRADE, ModelState.LOADING)
+    apps = {"a": _app("a", [interim, target], serving=None, home=("s9", "large"))}
+    result = take_back("s2", [_item("a", "small")], apps, _accuracy)
+    assert result.adopted == (("a", "small"),)
+    held = apps["a"].replica("s2", "small")
+    assert held is not None and held.role is Role.INTERIM  # never promoted over the target
+    assert interim.state is ModelState.UNLOADING  # the held one does its job
+    assert (target.role, target.state) == (Role.UPGRADE, ModelState.LOADING)
+
+
+def test_a_held_model_below_home_with_nothing_else_serves_as_an_interim() -> None:
+    apps = {"a": _app("a", [], serving=None)}  # home s1/large is down
+    result = take_back("s2", [_item("a", "small")], apps, _accuracy)
+    assert result.adopted == (("a", "small"),)
+    held = apps["a"].replica("s2", "small")
+    assert held is not None and held.role is Role.INTERIM
