@@ -1,10 +1,11 @@
-"""A server comes back: hello, take-back after a false alarm, reconcile, fail-back.
+"""A server comes back: hello, take-back after a false alarm, reconcile, fail-back/forward.
 
 A server returns in three ways: its agent says hello again (restarted, or reconnected after a
 failover), a server declared failed is heard from on its open connection (:meth:`revive`, a
 false alarm), or its agent restarted Triton (:meth:`on_triton_up`). Each converges the agent to
 the records (``decide.returns``) and then brings apps home when the configuration asks for
-fail-back.
+fail-back; an app it took back below its home variant while its home is down gets its
+target loaded where it serves (fail-forward).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from controller.decide.returns import decide_fail_back, decide_reconcile, decide_take_back
+from controller.decide.returns import (
+    decide_fail_back,
+    decide_fail_forward,
+    decide_reconcile,
+    decide_take_back,
+    stranded_below_home,
+)
 from controller.declarations import DeclarationLog
 from controller.errors import AgentCommandError, AgentUnavailableError
 from controller.executor import Executor
@@ -119,6 +126,8 @@ class ServerReturns:
 
     async def _after_join(self, server_id: str, failed_before: bool) -> None:
         await self.place_unplaced()  # apps that found no room before
+        if failed_before:
+            await self.fail_forward(server_id)
         if failed_before and self.failback():
             for record in (await self.store.view()).apps.values():
                 if record.home and record.home[0] == server_id and record.serving != record.home:
@@ -136,6 +145,29 @@ class ServerReturns:
                 return
             await ex.commit(decision)
         ex.spawn(ex.act(decision), f"fail-back of {app_id}")
+
+    async def fail_forward(self, server_id: str) -> None:
+        """Apps taken back below their home variant, home down: their target loads here.
+
+        The records of the apps on the server are looked at first, read-only; a snapshot is
+        built only when one of them is left below its home (``decide_fail_forward``).
+        """
+        view = await self.store.view()
+        live = {s for s, r in view.servers.items() if r.state is ServerState.UP}
+        if not any(stranded_below_home(record, server_id, live, self.families) is not None
+                   for a in await self.store.apps_on(server_id)
+                   if (record := view.apps.get(a)) is not None):
+            return
+        ex = self.executor
+        async with ex.locks.everything():
+            apps, servers = await self.store.apps_and_servers()
+            decision = decide_fail_forward(
+                {a: apps[a] for a in await self.store.apps_on(server_id) if a in apps},
+                build_snapshot(self.families, servers, apps), server_id, self.families)
+            if decision is None:
+                return
+            await ex.commit(decision)
+        ex.spawn(ex.act(decision), f"fail-forward on {server_id}")
 
     async def reconcile_server(self, server_id: str, inventory: list[InventoryItem]) -> None:
         """Converge one agent to the records: re-issue loads and unloads, remove strays."""

@@ -1,4 +1,4 @@
-"""A server comes back: take-back of what it still holds, reconcile, fail-back.
+"""A server comes back: take-back of what it still holds, reconcile, fail-back, fail-forward.
 
 Each function decides from records read by the caller under the planning lock; the executor
 writes the decision and then runs its stages.
@@ -6,7 +6,7 @@ writes the decision and then runs its stages.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from controller.decide.decision import Decision, accuracy_of
 from controller.decide.takeback import take_back
@@ -19,7 +19,11 @@ from policies.actions import (
     UnloadVariant,
 )
 from policies.model import ClusterSnapshot, Family, Role
+from policies.replica_rules import allowed_variants, may_hold_replica
 from understudy.wire.protocol import InventoryItem, ModelState
+
+_ACTIVE = (ModelState.LOADING, ModelState.READY)
+_SLACK = 1e-9
 
 
 def decide_take_back(apps: Mapping[str, AppRecord], server_id: str,
@@ -130,3 +134,79 @@ def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
                             Stage("reload", tuple(routine))),
                     notes=tuple(f"server {server_id} holds stray model {a}__{v}; unloading it"
                                 for a, v in sorted(loaded - wanted)))
+
+
+def stranded_below_home(record: AppRecord, server_id: str, live: Collection[str],
+                        families: Mapping[str, Family]) -> Replica | None:
+    """The app's best replica, when it is on ``server_id`` and below the home variant.
+
+    "Best": the most accurate replica that serves or is loading or ready to (warm backups
+    aside) on a ``live`` server. None when the app's home server is live (fail-back brings it
+    home), when the best is elsewhere, or when it is as accurate as the home variant.
+    """
+    if record.home is None or record.home[0] in live:
+        return None
+    active = [r for r in record.replicas if r.role is not Role.WARM and r.state in _ACTIVE
+              and r.server_id in live]
+    serving = record.serving_replica()
+    if serving is not None and serving.state is ModelState.READY and serving not in active:
+        active.append(serving)
+    best = max(active, key=lambda r: r.accuracy, default=None)
+    if best is None or best.server_id != server_id:
+        return None
+    home_accuracy = accuracy_of(families, record.spec.family, record.home[1])
+    return best if best.accuracy < home_accuracy - _SLACK else None
+
+
+def decide_fail_forward(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
+                        server_id: str, families: Mapping[str, Family]) -> Decision | None:
+    """Apps taken back below their home variant, their home down: a target loads there.
+
+    A server declared failed while it recovered an app loses the app's target from the
+    records (``forget_replicas_on``); taken back, it may hold only the interim, and nothing
+    would ever load the target. For each app of ``apps`` whose best replica is on the server
+    and below its home variant (:func:`stranded_below_home`), the most accurate variant the
+    replica rules allow (never above the app's choice, pins honoured) that is more accurate
+    than that replica, no more than the home variant, meets the app's SLO there and fits the
+    server's free room loads as its target (``UPGRADE``); the serving state machine switches
+    to it and retires the smaller one. A smaller replica still loading becomes an interim
+    (it serves only while nothing else does). None when no app gets a target.
+    """
+    server = snapshot.server_by_id.get(server_id)
+    if server is None or server_id not in snapshot.free:
+        return None
+    live = set(snapshot.free)
+    free = snapshot.free[server_id]
+    changed: list[AppRecord] = []
+    loads: list[LoadVariant] = []
+    notes: list[str] = []
+    for app_id in sorted(apps):
+        record = apps[app_id]
+        app = snapshot.app_by_id.get(app_id)
+        best = stranded_below_home(record, server_id, live, families)
+        if app is None or best is None or record.home is None or \
+                not may_hold_replica(snapshot, app, server):
+            continue
+        ceiling = accuracy_of(families, record.spec.family, record.home[1]) + _SLACK
+        choices = [v for v in allowed_variants(snapshot, app)
+                   if best.accuracy + _SLACK < v.accuracy <= ceiling
+                   and record.replica(server_id, v.name) is None and app.meets_slo(v, server)
+                   and v.demand(app.max_rate_rps).fits_within(free)]
+        if not choices:
+            continue
+        target = max(choices, key=lambda v: (v.accuracy, v.memory_mb))
+        free = free - target.demand(app.max_rate_rps)
+        for replica in record.replicas:
+            if replica.state is ModelState.LOADING and replica.accuracy < target.accuracy \
+                    and replica.role in (Role.PRIMARY, Role.UPGRADE):
+                replica.role = Role.INTERIM
+        record.put_replica(Replica(server_id=server_id, variant=target.name, role=Role.UPGRADE,
+                                   accuracy=target.accuracy))
+        changed.append(record)
+        loads.append(LoadVariant(server_id, app_id, target.name, Role.UPGRADE))
+        notes.append(f"{app_id}: left on {best.variant} on {server_id}, its home "
+                     f"{record.home[0]} down; loading {target.name} there")
+    if not changed:
+        return None
+    return Decision(apps=tuple(changed), stages=(Stage("fail-forward", tuple(loads)),),
+                    notes=tuple(notes))

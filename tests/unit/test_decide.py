@@ -21,7 +21,12 @@ from controller.decide.failover import (
     decide_server_failed,
     forget_replicas_on,
 )
-from controller.decide.returns import decide_fail_back, decide_reconcile, decide_take_back
+from controller.decide.returns import (
+    decide_fail_back,
+    decide_fail_forward,
+    decide_reconcile,
+    decide_take_back,
+)
 from controller.decide.serving import decide_advance, next_serving
 from controller.orchestrator import policy_for
 from controller.records import (
@@ -501,6 +506,57 @@ def test_decide_take_back_of_a_server_that_holds_nothing_changes_nothing() -> No
     decision = decide_take_back(apps, "s1", [], FAMILIES)
     assert decision.apps == () and decision.servers == () and decision.notes == ()
     assert [s.actions for s in decision.stages] == [(), ()]
+
+
+# --- fail-forward ----------------------------------------------------------------------------
+
+
+def forward(apps: dict[str, AppRecord], memory_mb: float = 1000.0, down: tuple[str, ...] = ("s1",)
+            ) -> Any:
+    snapshot = build_snapshot(FAMILIES, servers(*down, memory_mb=memory_mb), apps)
+    return decide_fail_forward(apps, snapshot, "s2", FAMILIES)
+
+
+def test_fail_forward_loads_the_home_variant_where_an_app_was_left_on_its_interim() -> None:
+    apps = {"a": app([r("s2", SMALL, IN)], ("s2", SMALL))}  # home s1/large is down
+    decision = forward(apps)
+    assert decision is not None
+    assert [a for s in decision.stages for a in s.actions] == [
+        LoadVariant("s2", "a", LARGE, U)]
+    added = apps["a"].replica("s2", LARGE)
+    assert added is not None and (added.role, added.state) == (U, LOADING)
+    assert decision.apps == (apps["a"],)
+
+
+def test_fail_forward_takes_the_best_variant_that_fits_and_demotes_a_smaller_loading_one(
+        ) -> None:
+    apps = {"a": app([r("s2", SMALL, U, LOADING)], None)}
+    decision = forward(apps, memory_mb=450.0)  # 350 MB free beside the small one
+    assert decision is not None
+    assert [a for s in decision.stages for a in s.actions] == [
+        LoadVariant("s2", "a", MEDIUM, U)]
+    assert apps["a"].replica("s2", SMALL).role is IN  # never over the medium one
+
+
+@pytest.mark.parametrize("case", ["home up", "on its home variant", "better elsewhere",
+                                  "pinned elsewhere", "no room"])
+def test_no_fail_forward(case: str) -> None:
+    replicas, spec, memory, down = [r("s2", SMALL, IN)], {}, 1000.0, ("s1",)
+    if case == "home up":
+        down = ()
+    elif case == "on its home variant":
+        replicas = [r("s2", LARGE, IN)]
+    elif case == "better elsewhere":
+        replicas.append(r("s3", LARGE, U, LOADING))
+    elif case == "pinned elsewhere":
+        spec = {"pinned_site": "site-b"}
+    else:
+        memory = 450.0
+    apps = {"a": app(replicas, ("s2", replicas[0].variant), **spec)}
+    if case == "no room":  # 150 MB free: not even the medium variant fits
+        apps["b"] = app([r("s2", MEDIUM, W), r("s3", LARGE)], ("s3", LARGE), ("s3", LARGE),
+                        app_id="b")
+    assert forward(apps, memory, down) is None
 
 
 # --- properties ----------------------------------------------------------------------------
