@@ -184,12 +184,14 @@ variant serves, also given minus the interim variant's quiet load time (measured
 a fresh Triton once the testbeds are down) and minus that very load's own time as the agent
 timed it (what detection, planning and notification add); *upgrade done*, injected failure →
 client told the target serves; *MTTR*, detection → client notification (the paper's definition);
-recovery rate and accuracy reduction over the affected apps. Every failure declaration of each
-run is counted too, true or false (`deploy/declarations.py`: false when its server was not
-killed by the bench, or had been revived), with the apps the false ones moved: the figures above
-cover only the injected failures. Targets: warm notify p50 ≤ 60 ms and p99 ≤ 100 ms, interim
-first serving ≤ 60 ms over the quiet load time, 100 % recovery, MTTR at least 2× below the
-baseline's, accuracy reduction ≤ 1 %, no false declaration.""",
+recovery rate counted from the records (the apps served from the killed server just before the
+kill, and of those the ones serving elsewhere when the bench stops waiting, whether or not an
+event named the failure) and accuracy reduction over the affected apps. Every failure
+declaration of each run is counted too, true or false (`deploy/declarations.py`: false when its
+server was not killed by the bench, or had been revived), with the apps the false ones moved:
+the figures above cover only the injected failures. Targets: warm notify p50 ≤ 60 ms and p99 ≤
+100 ms, interim first serving ≤ 60 ms over the quiet load time, 100 % recovery, MTTR at least 2×
+below the baseline's, accuracy reduction ≤ 1 %, no false declaration.""",
         (("warm_notify_p50_ms", "warm notify p50 (ms)"),
          ("warm_notify_p99_ms", "warm notify p99 (ms)"),
          ("detection_p50_ms", "detection p50 (ms)"),

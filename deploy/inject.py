@@ -4,8 +4,9 @@ Three kinds (``deploy.declarations``): ``kill`` (SIGKILL of a server's process g
 Triton, runtime), ``site`` (the same for every server of a site at one instant) and ``stop``
 (SIGSTOP of a server's process group, SIGCONT later: the server is silent, not dead). Every
 injection is a record in the testbed's ``failures`` list: ``servers``, ``at`` (wall time, taken
-just before the signal), ``kind``, ``site``, and ``revived`` (server -> wall time its revival
-completed: the controller sees it up and connected again). Reports judge every failure
+just before the signal), ``kind``, ``site``, ``revived`` (server -> wall time its revival
+completed: the controller sees it up and connected again) and ``serving_before`` (the apps
+served from the servers just before, from ``GET /v1/apps``). Reports judge every failure
 declaration of the controller (:func:`fetch_declarations`) against these records.
 """
 
@@ -36,11 +37,12 @@ def kill(bed: Testbed, servers: list[str], site: str = "") -> float:
 def pause(bed: Testbed, server_id: str) -> float:
     """SIGSTOP one server's process group; returns (and records) the instant."""
     pgid = _group(bed, server_id)
+    before = bed.serving_before([server_id])
     at = time.time()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGSTOP)
     bed.state.failures.append({"servers": [server_id], "at": at, "kind": STOP, "site": "",
-                               "revived": {}})
+                               "revived": {}, **before})
     bed.state.save()
     logger.info("stopped %s at %.3f", server_id, at)
     return at

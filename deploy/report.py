@@ -6,7 +6,12 @@ notification - detection (from detection to the client being told where to go, t
 definition); first response = first successful client response from the new location -
 failure injected (end to end); accuracy reduction = 1 - accuracy(final variant) /
 accuracy(variant before the failure). Recovery rate = affected apps that got a serving
-location / affected apps.
+location / affected apps, the affected apps counted from the records: every app served from a
+failed server just before the failure (the injection records them: ``serving_before``, from
+``GET /v1/apps``), whether or not an event named the failed server, plus any app an event names.
+An app no event named counts as recovered when an event gave it a serving location on a server
+that did not fail; ``recovery_rate_from_events`` is the old figure (only the apps an event
+named), printed beside it when the two differ.
 
 Every failure declaration the controller made is listed too, true or false, with the apps it
 moved (``deploy.declarations`` judges each against the recorded injections), and the plot marks
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,8 @@ class AppOutcome:
     variant_after: str | None
     accuracy_before: float | None
     accuracy_after: float | None
+    named: bool = True
+    """Whether an event named the failed server (False: affected by the records only)."""
 
     @property
     def recovered(self) -> bool:
@@ -67,6 +75,41 @@ def load_requests(directory: Path) -> list[dict[str, Any]]:
     return records
 
 
+def serving_on(apps: Iterable[Mapping[str, Any]], servers: Collection[str]) -> list[str]:
+    """The apps (``GET /v1/apps`` bodies) served from one of ``servers``, sorted."""
+    return sorted(a["app_id"] for a in apps
+                  if (a.get("serving") or {}).get("server_id") in servers)
+
+
+def serving_elsewhere(app_ids: Iterable[str], apps: Iterable[Mapping[str, Any]],
+                      servers: Collection[str]) -> list[str]:
+    """Of ``app_ids``, those serving again (``GET /v1/apps``) from a server not in ``servers``."""
+    by_id = {a["app_id"]: a for a in apps}
+    again = []
+    for app_id in app_ids:
+        app = by_id.get(app_id)
+        serving = (app or {}).get("serving") or {}
+        if app is not None and serving.get("server_id") not in (None, *servers) and \
+                app.get("status") in ("serving", "degraded"):
+            again.append(app_id)
+    return sorted(again)
+
+
+def recovery_from_records(failures: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    """(apps served from a failed server just before it failed, those serving again elsewhere).
+
+    Summed over the failures that recorded both (``serving_before``: :func:`serving_on` before
+    the injection; ``recovered``: :func:`serving_elsewhere` once the run stopped waiting).
+    """
+    affected = recovered = 0
+    for failure in failures:
+        if "serving_before" in failure and "recovered" in failure:
+            before = set(failure["serving_before"])
+            affected += len(before)
+            recovered += len(before & set(failure["recovered"]))
+    return affected, recovered
+
+
 def _before(events: list[dict[str, Any]], app_id: str, at: float) -> dict[str, Any] | None:
     earlier = [e for e in events if e["app_id"] == app_id and e["time"] < at
                and e["kind"] in SERVING_KINDS]
@@ -82,10 +125,14 @@ def analyse(failures: list[dict[str, Any]], events: list[dict[str, Any]],
         until = failures[index + 1]["at"] if index + 1 < len(failures) else float("inf")
         servers = set(failure["servers"])
         window = [e for e in events if at <= e["time"] < until]
-        affected = sorted({e["app_id"] for e in window if e.get("failed_server") in servers})
+        named = {e["app_id"] for e in window if e.get("failed_server") in servers}
+        affected = sorted(named | set(failure.get("serving_before", ())))
         for app_id in affected:
             mine = [e for e in window if e["app_id"] == app_id]
             caused = [e for e in mine if e.get("failed_server") in servers]
+            if app_id not in named:  # no event named the failure: a place elsewhere counts
+                caused = [e for e in mine if e["kind"] in SERVING_KINDS
+                          and e.get("server_id") not in servers]
             detected = min((e["failure_at"] for e in caused if e.get("failure_at")), default=None)
             serving = [e for e in caused if e["kind"] in SERVING_KINDS]
             first = serving[0] if serving else None
@@ -107,7 +154,8 @@ def analyse(failures: list[dict[str, Any]], events: list[dict[str, Any]],
                 variant_before=before["variant"] if before else None,
                 variant_after=final["variant"] if final else None,
                 accuracy_before=before["accuracy"] if before else None,
-                accuracy_after=final["accuracy"] if final else None))
+                accuracy_after=final["accuracy"] if final else None,
+                named=app_id in named))
     return outcomes
 
 
@@ -133,10 +181,14 @@ def summary(outcomes: list[AppOutcome]) -> dict[str, Any]:
     mttr = [o.mttr_ms for o in outcomes if o.mttr_ms is not None]
     reductions = [o.accuracy_reduction_pct for o in outcomes
                   if o.accuracy_reduction_pct is not None]
+    named = [o for o in outcomes if o.named]
     return {
         "failures": len({o.failure for o in outcomes}),
         "affected": len(outcomes),
         "recovery_rate": (sum(o.recovered for o in outcomes) / len(outcomes)) if outcomes
+        else None,
+        "affected_named_by_events": len(named),
+        "recovery_rate_from_events": (sum(o.recovered for o in named) / len(named)) if named
         else None,
         "warm_notify_p50_ms": pct(warm, 50), "warm_notify_p99_ms": pct(warm, 99),
         "interim_first_serving_p50_ms": pct(interim, 50),

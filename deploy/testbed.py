@@ -352,21 +352,38 @@ class Testbed:
     # --- failures -------------------------------------------------------------------------
 
     def fail(self, server_ids: list[str]) -> float:
-        """SIGKILL the servers' process groups; returns (and records) the instant."""
+        """SIGKILL the servers' process groups; returns (and records) the instant.
+
+        The record also names the apps served from those servers just before
+        (``serving_before``): reports count the affected apps from it, not from the events.
+        """
         groups = []
         for server_id in server_ids:
             info = self.state.processes.get(f"agent-{server_id}")
             if info is None:
                 raise TestbedError(f"unknown server {server_id!r}")
             groups.append(info.pid)
+        record: dict[str, Any] = {"servers": server_ids}
+        record.update(self.serving_before(server_ids))
         at = time.time()
         for pgid in groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-        self.state.failures.append({"servers": server_ids, "at": at})
+        record["at"] = at
+        self.state.failures.append(record)
         self.state.save()
         logger.info("failed %s at %.3f", ",".join(server_ids), at)
         return at
+
+    def serving_before(self, server_ids: list[str]) -> dict[str, list[str]]:
+        """``{"serving_before": apps served from the servers}``, or {} if the list failed."""
+        from deploy.report import serving_on
+
+        try:
+            return {"serving_before": serving_on(self.apps(), server_ids)}
+        except httpx.HTTPError as exc:
+            logger.warning("apps served from %s not recorded: %s", ",".join(server_ids), exc)
+            return {}
 
     def servers_of_site(self, site_id: str) -> list[str]:
         """Server ids in a site."""

@@ -200,9 +200,13 @@ def _report(options: argparse.Namespace) -> int:
     outcomes = analyse(testbed.state.failures, events, requests)
     print_table(outcomes, sys.stdout.write)
     figures = summary(outcomes)
-    rate = figures["recovery_rate"]
+    rate, named = figures["recovery_rate"], figures["recovery_rate_from_events"]
     sys.stdout.write(f"recovery rate: {rate * 100:.1f} % of {figures['affected']} affected apps\n"
                      if rate is not None else "no failure injected yet\n")
+    if rate is not None and named != rate:
+        counted = "none" if named is None else f"{named * 100:.1f} %"
+        sys.stdout.write(f"  (counting only the {figures['affected_named_by_events']} apps an "
+                         f"event named: {counted})\n")
     injected = injections(testbed.state)
     verdicts = classify(parse(fetch_declarations(testbed.http)), injected)
     figures.update(print_declarations(verdicts, injected,
