@@ -221,8 +221,7 @@ class Failovers:
             free = await self._free_memory(_tied_candidates(looked, request.server_id, live),
                                            all_servers)
             switches[request.server_id] = choose_warm_switches(
-                looked, request.server_id, live, self.families, lambda s, f=free: f.get(s, 0.0),
-                site_of)
+                looked, request.server_id, live, self.families, _lookup(free), site_of)
         apps = {w.app_id: r for chosen in switches.values() for w in chosen
                 if (r := await self.store.get_app(w.app_id)) is not None}
         servers: dict[str, ServerRecord] = dict(all_servers)
@@ -319,13 +318,25 @@ class Failovers:
                         raise
                     continue
             _release_urgent(batch)  # the round's own urgent loads take over from here
-            self.executor.spawn(self._finish(batch, cold, plan),
-                                f"cold recoveries of {_names(batch)}")
+            if batch:
+                self.executor.spawn(self._finish(batch, cold, plan),
+                                    f"cold recoveries of {_names(batch)}")
 
     async def _round(self, batch: dict[str, Failure]) -> tuple[Decision, FailoverPlan]:
         """Plan and commit one round (hold the planning lock)."""
         for attempt in range(STALE_PLAN_RETRIES + 1):
             view = await self.store.view()
+            for server_id in [s for s in batch if (found := view.servers.get(s)) is None
+                              or found.state is not ServerState.FAILED]:
+                # Taken back (a false alarm) before its round: nothing of it to recover, and
+                # planning it as failed would drop what the take-back just re-adopted.
+                logger.info("failover of %s: taken back before its cold round", server_id)
+                gone = batch.pop(server_id)
+                _release_urgent({server_id: gone})
+                gone.done.set_result(None)
+            if not batch:
+                return Decision(), FailoverPlan(failed_servers=frozenset(), warm_switches=(),
+                                                recoveries=(), unrecoverable=())
             plan, snapshot_primaries, planned_ms = await self._plan(view, sorted(batch))
             touched = {r.app_id for r in plan.recoveries} | \
                 {u.app_id for u in plan.unrecoverable} | {p.app_id for p in plan.preempted}
@@ -417,6 +428,11 @@ class Failovers:
         for failure in batch.values():
             if not failure.done.done():
                 failure.done.set_result(None)
+
+
+def _lookup(free: Mapping[str, float]) -> Callable[[str], float]:
+    """A server's free memory from ``free`` (0 when it was not worked out)."""
+    return lambda server_id: free.get(server_id, 0.0)
 
 
 def _release_urgent(batch: Mapping[str, Failure]) -> None:

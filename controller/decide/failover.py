@@ -198,9 +198,9 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
         record.serving = None
         record.status = AppStatus.UNAVAILABLE
         record.reason = unrecoverable.reason
-        recovery = recoveries[record.app_id] = recovery_of(record.app_id)
+        given_up = recoveries[record.app_id] = recovery_of(record.app_id)
         lost.append(event_for(record, "unrecoverable", None, unrecoverable.reason, {},
-                              recovery, now))
+                              given_up, now))
         changed.add(record.app_id)
     for server_id in failures:
         changed |= forget_replicas_on(server_id, apps)

@@ -280,3 +280,21 @@ def test_choose_warm_switches_skips_backups_the_replica_rules_no_longer_allow() 
     apps = {a.app_id: a for a in (above, allowed, pinned, excluded)}
     switches = choose_warm_switches(apps, "s1", {"s2", "s3"}, families(), lambda _: 0.0, sites)
     assert switches == (WarmSwitch("allowed", "s2", LARGE),)
+
+
+def test_a_server_taken_back_before_its_cold_round_is_not_planned_as_failed() -> None:
+    async def body() -> Controller:
+        ctl = new_cluster(two_server_apps())
+        async with ctl.executor.locks.plan:  # the round waits; meanwhile s1 is taken back
+            failover = asyncio.ensure_future(
+                ctl.lifecycle.fail_server("s1", "heartbeats late", ctl.clock.time()))
+            await ctl.agents.timeline.until(lambda: ("warm_switch", "c1") in ctl.sink.kinds())
+            server = ctl.store.server("s1")
+            server.state = ServerState.UP
+            ctl.store.put_server_now(server)
+        await failover
+        return ctl
+
+    ctl = run(body)
+    assert ctl.store.app("p1").serving == ("s1", MEDIUM)  # not recovered away from s1
+    assert not [c for c in ctl.agents.commands("load") if c.app_id == "p1"]
