@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.agents import AgentHub
 from controller.artifacts import ArtifactCatalog
+from controller.collector import pace_collector
 from controller.declarations import DeclarationLog
 from controller.detector import FailureDetector
 from controller.events import EventHub
@@ -132,6 +133,8 @@ class Controller:
         self._converge = asyncio.ensure_future(self.orchestrator.converge_forever())
         self._watchdog = asyncio.ensure_future(
             self.lifecycle.watchdog(lambda: self.orchestrator.config.failback))
+        self._collector = asyncio.ensure_future(
+            pace_collector(self.executor.no_urgent_loads))
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -157,6 +160,7 @@ class Controller:
         if hasattr(self, "_converge"):
             self._converge.cancel()
             self._watchdog.cancel()
+            self._collector.cancel()
         if hasattr(self, "graphs"):
             await self.graphs.close()
         if hasattr(self, "detector"):
