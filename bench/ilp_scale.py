@@ -96,7 +96,7 @@ def main() -> None:
     snapshot = generate_cluster(families, servers=args.servers, sites=args.sites,
                                 apps=args.apps, headroom=0.2, critical_fraction=0.5,
                                 seed=args.seed)
-    config = WarmPlanConfig(alpha=0.1)
+    config = WarmPlanConfig(alpha=0.1, site_independent=False)  # the recorded setting
     print(f"instance: {args.servers} servers / {args.sites} sites, {args.apps} apps "
           f"({sum(a.critical for a in snapshot.apps)} in K), headroom 0.2, alpha 0.1, "
           f"{len(families)} families")
