@@ -50,6 +50,9 @@ switching the other failed servers and answering the API."""
 SWITCH_GATHER_S = 0.002
 """How long the first declaration of a burst waits for the others, to switch them together."""
 
+SWITCH_GATHER_MAX_S = 0.012
+"""The longest a burst that keeps growing is gathered before its switches go out."""
+
 STALE_PLAN_RETRIES = 3
 """Rounds planned again when a server the plan loads onto failed while it was made."""
 
@@ -149,9 +152,7 @@ class Failovers:
 
     async def _switch_queued(self) -> None:
         while self._to_switch:
-            # The rest of a burst of declarations (a site's) is queued meanwhile: the
-            # monitor's reports can reach this loop in more than one read.
-            await asyncio.sleep(SWITCH_GATHER_S)
+            await self._gather_burst()
             queued, self._to_switch = self._to_switch, []
             first: dict[str, _SwitchRequest] = {}
             for request in queued:
@@ -175,6 +176,18 @@ class Failovers:
                 for request in group:
                     if not request.done.done():
                         request.done.set_result(failures.get(request.server_id))
+
+    async def _gather_burst(self) -> None:
+        """Wait while declarations keep arriving (a site's), at most SWITCH_GATHER_MAX_S.
+
+        The monitor's reports can reach this loop in more than one read; a lone failure
+        waits SWITCH_GATHER_S once.
+        """
+        seen, waited = 0, 0.0
+        while len(self._to_switch) > seen and waited < SWITCH_GATHER_MAX_S:
+            seen = len(self._to_switch)
+            await asyncio.sleep(SWITCH_GATHER_S)
+            waited += SWITCH_GATHER_S
 
     async def _switch_together(self, requests: list[_SwitchRequest]) -> dict[str, Failure]:
         """The switches of ``requests``' servers under the locks of every app on them."""
