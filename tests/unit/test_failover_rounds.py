@@ -298,3 +298,22 @@ def test_a_server_taken_back_before_its_cold_round_is_not_planned_as_failed() ->
     ctl = run(body)
     assert ctl.store.app("p1").serving == ("s1", MEDIUM)  # not recovered away from s1
     assert not [c for c in ctl.agents.commands("load") if c.app_id == "p1"]
+
+
+def test_a_burst_arriving_in_several_reads_still_switches_in_one_decision() -> None:
+    async def body() -> Controller:
+        ctl = new_cluster(two_server_apps())
+        for server_id in ("s1", "s2"):
+            ctl.agents.disconnect(server_id)
+        now = ctl.clock.time()
+        ctl.lifecycle.on_failure("s1", "site down", now, now - 0.1)
+        await asyncio.sleep(0.003)  # the rest of the site's reports come in a later read
+        ctl.lifecycle.on_failure("s2", "site down", now, now - 0.1)
+        await ctl.agents.timeline.until(
+            lambda: {("warm_switch", "c1"), ("warm_switch", "c2")} <= set(ctl.sink.kinds()))
+        await ctl.executor.idle()
+        return ctl
+
+    ctl = run(body)
+    failovers = [i for i in ctl.store.intents_written if i.get("kind") == "failover"]
+    assert [i["server_ids"] for i in failovers] == [["s1", "s2"]]
