@@ -61,13 +61,7 @@ class DeclarationLog:
 
     async def add(self, declaration: Declaration) -> Declaration:
         """Store a new declaration; returns it with its sequence number."""
-        seq = int(await self.redis.incr(self.seq_key))
-        stored = declaration.model_copy(update={"seq": seq})
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.key, str(seq), stored.model_dump_json())
-            pipe.hset(self.last_key, declaration.server_id, str(seq))
-            await pipe.execute()
-        return stored
+        return (await self.add_many([declaration]))[0]
 
     async def add_many(self, declarations: list[Declaration]) -> list[Declaration]:
         """Store several new declarations (a site's) in two round trips, numbered in order."""

@@ -253,19 +253,34 @@ class Executor:
 
     @contextlib.contextmanager
     def urgent_work(self) -> Iterator[None]:
-        """Marks work that ends an outage (an urgent load, a failover being decided).
-
-        A warm re-plan waits while any is under way (``no_urgent_loads``): its solve would
-        take the CPU from it, and its loads the agents' disks.
-        """
-        self._urgent_loads += 1
-        self.no_urgent_loads.clear()
+        """Marks work that ends an outage for as long as the block runs (see hold_urgent)."""
+        release = self.hold_urgent()
         try:
             yield
         finally:
+            release()
+
+    def hold_urgent(self) -> Callable[[], None]:
+        """Mark work that ends an outage (an urgent load, a failover being decided).
+
+        A warm re-plan waits while any is under way (``no_urgent_loads``): its solve would
+        take the CPU from it, and its loads the agents' disks. Returns the release, which
+        ends the mark once however often it is called.
+        """
+        self._urgent_loads += 1
+        self.no_urgent_loads.clear()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
             self._urgent_loads -= 1
             if self._urgent_loads == 0:
                 self.no_urgent_loads.set()
+
+        return release
 
     async def _load(self, app_id: str, server_id: str, variant: str, urgent: bool) -> bool:
         started = self.clock.monotonic()

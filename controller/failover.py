@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -77,8 +76,8 @@ class Failure:
     declaration: Declaration | None
     switched: frozenset[str]
     """Apps switched to a warm backup."""
-    urgent: contextlib.AbstractContextManager[None] | None = None
-    """The executor's urgent-work mark, released once the cold round is committed."""
+    release_urgent: Callable[[], None] = lambda: None
+    """Ends the executor's urgent-work mark (once the cold round is committed)."""
     recovered: set[str] = field(default_factory=set)
     """Apps the cold round recovers or gives up (the declaration's moved apps)."""
     done: asyncio.Future[None] = field(
@@ -130,8 +129,7 @@ class Failovers:
         ex = self.executor
         self._switching += 1
         self._no_switching.clear()
-        urgent = ex.urgent_work()
-        urgent.__enter__()  # held until the failure's cold round is committed
+        release_urgent = ex.hold_urgent()  # until the failure's cold round is committed
         request = _SwitchRequest(server_id, reason, detected_at, resuming,
                                  asyncio.get_running_loop().create_future())
         self._to_switch.append(request)
@@ -141,14 +139,14 @@ class Failovers:
         try:
             failure = await request.done
             if failure is not None:
-                failure.urgent = urgent
+                failure.release_urgent = release_urgent
             return failure
         finally:
             self._switching -= 1
             if not self._switching:
                 self._no_switching.set()
             if failure is None:
-                urgent.__exit__(None, None, None)
+                release_urgent()
 
     async def _switch_queued(self) -> None:
         while self._to_switch:
@@ -217,8 +215,8 @@ class Failovers:
                 logger.warning("server %s is alive again; failover cancelled", request.server_id)
                 self.watch.false_alarm(request.server_id)
                 if not request.resuming:
-                    await self._declared(server, request.reason, request.detected_at,
-                                         on[request.server_id], cancelled=True)
+                    await self._declared([(server, request.reason, request.detected_at,
+                                           on[request.server_id])], cancelled=True)
                 continue
             failing.append(request)
         if not failing:
@@ -250,7 +248,7 @@ class Failovers:
             self._announced(request.server_id, len(moved[request.server_id]),
                             request.detected_at, locked_at)
         # Logged once the warm switches are out, all in one write.
-        declarations = await self._declared_many(
+        declarations = await self._declared(
             [(all_servers[r.server_id], r.reason, r.detected_at, on[r.server_id])
              for r in failing if not r.resuming])
         return {r.server_id: Failure(r.server_id, r.reason, r.detected_at, intent,
@@ -277,21 +275,17 @@ class Failovers:
             self.metrics.failovers.labels("warm").inc()
             self.metrics.mttr.labels("warm").observe(now - detected_at)
 
-    async def _declared(self, server: ServerRecord, reason: str, detected_at: float,
-                        affected: list[str], cancelled: bool = False) -> Declaration | None:
-        """Log the declaration (true or false: the log keeps every one) before acting on it."""
-        if self.declarations is None:
-            return None
-        return await self.declarations.add(
-            self._declaration(server, reason, detected_at, affected, cancelled))
+    async def _declared(self, found: list[tuple[ServerRecord, str, float, list[str]]],
+                        cancelled: bool = False) -> dict[str, Declaration]:
+        """Log the declarations (true or false: the log keeps every one), in one write.
 
-    async def _declared_many(self, found: list[tuple[ServerRecord, str, float, list[str]]]
-                             ) -> dict[str, Declaration]:
-        """Log the declarations of servers declared together; by server."""
+        ``found``: (server, reason, detection time, apps affected) of each; returns them by
+        server.
+        """
         if self.declarations is None:
             return {}
         stored = await self.declarations.add_many(
-            [self._declaration(server, reason, at, affected)
+            [self._declaration(server, reason, at, affected, cancelled)
              for server, reason, at, affected in found])
         return {d.server_id: d for d in stored}
 
@@ -394,28 +388,25 @@ class Failovers:
         asked = self.clock.monotonic()
         policy = self.policy()
 
-        def plan() -> tuple[FailoverPlan, dict[str, str]]:
+        def plan() -> tuple[FailoverPlan, dict[str, str], float, float]:
             cpu = time.thread_time()
             snapshot = build_snapshot(self.families, view.servers, view.apps)
-            built[0] = self.clock.monotonic()
+            built_at = self.clock.monotonic()
             primaries = {a: p.server_id for a, p in snapshot.primary_by_app.items()
                          if p.server_id in failed}
-            result = policy.plan_failover(snapshot, failed), primaries
-            built[1] = time.thread_time() - cpu
-            return result
-
-        built = [asked, 0.0]
+            made = policy.plan_failover(snapshot, failed)
+            return made, primaries, built_at, time.thread_time() - cpu
 
         if len(view.apps) * len(view.servers) <= INLINE_PLAN_WORK:
-            result = plan()
+            made, primaries, built_at, cpu_s = plan()
         else:
-            result = await asyncio.to_thread(plan)
+            made, primaries, built_at, cpu_s = await asyncio.to_thread(plan)
         planned_s = self.clock.monotonic() - asked
         self.metrics.failover_plan.observe(planned_s)
         logger.info("failover of %s: snapshot %.1f ms, then plan %.1f ms (%.1f ms of CPU)",
-                    _names(dict.fromkeys(failed)), (built[0] - asked) * 1000,
-                    (asked + planned_s - built[0]) * 1000, built[1] * 1000)
-        return result[0], result[1], planned_s * 1000
+                    _names(dict.fromkeys(failed)), (built_at - asked) * 1000,
+                    (asked + planned_s - built_at) * 1000, cpu_s * 1000)
+        return made, primaries, planned_s * 1000
 
     async def _finish(self, batch: dict[str, Failure], cold: Decision,
                       plan: FailoverPlan) -> None:
@@ -430,9 +421,9 @@ class Failovers:
                 await self.replan_warm()
             except Exception:  # noqa: BLE001 - the recoveries are done; the planner retries
                 logger.exception("warm re-plan after the failover of %s failed", _names(batch))
-            for failure in batch.values():
-                if failure.intent is not None:
-                    await self.store.done_intent(failure.intent)
+            # Servers switched together share one intent.
+            for intent in {f.intent for f in batch.values() if f.intent is not None}:
+                await self.store.done_intent(intent)
         except BaseException as exc:
             for failure in batch.values():
                 if not failure.done.done():
@@ -450,9 +441,7 @@ def _lookup(free: Mapping[str, float]) -> Callable[[str], float]:
 
 def _release_urgent(batch: Mapping[str, Failure]) -> None:
     for failure in batch.values():
-        if failure.urgent is not None:
-            failure.urgent.__exit__(None, None, None)
-            failure.urgent = None
+        failure.release_urgent()
 
 
 def _tied_candidates(apps: Mapping[str, AppRecord], server_id: str, live: set[str]) -> set[str]:

@@ -47,9 +47,7 @@ class ServerLifecycle:
         self.policy = policy
         self.metrics = metrics
         self.clock = clock
-        self.replan_warm = replan_warm
         self.returns = returns
-        self.declarations = declarations
         self.failovers = Failovers(executor, store, agents, watch, families, policy, metrics,
                                    clock, replan_warm, declarations)
         self._failing: set[str] = set()

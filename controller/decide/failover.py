@@ -2,7 +2,7 @@
 
 First :func:`decide_server_failed`: the server is marked failed and every app with a live warm
 backup is switched to it (no agent command is needed: the backup is loaded), with the intent
-that lets a restarted controller resume. Then :func:`decide_cold` applies the policy's
+that lets a restarted controller resume. Then :func:`decide_cold_batch` applies the policy's
 ``FailoverPlan`` to the records: warm backups preempted so that more apps fit, interim and
 target replicas of the apps recovered progressively, the apps no server has room for, the
 failed server's replicas forgotten; its stages are the plan's own (``FailoverPlan.stages``)
@@ -91,7 +91,7 @@ def decide_servers_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, S
 def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Collection[str],
                          families: Mapping[str, Family],
                          free_memory_mb: Callable[[str], float],
-                         site_of: Mapping[str, str] | None = None) -> tuple[WarmSwitch, ...]:
+                         site_of: Mapping[str, str]) -> tuple[WarmSwitch, ...]:
     """The warm switches of the apps served from ``server_id``, from their records alone.
 
     The rule of ``policies.failover.split_affected``, without a snapshot of the whole cluster:
@@ -102,7 +102,6 @@ def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Co
     pinned site or its exclusion lists, above its primary variant) is not switched to;
     ``site_of`` (every server's site) is needed for the site rules.
     """
-    sites = site_of or {}
     switches = []
     for app_id in sorted(apps):
         record = apps[app_id]
@@ -115,7 +114,7 @@ def choose_warm_switches(apps: Mapping[str, AppRecord], server_id: str, live: Co
         candidates = [r for r in record.replicas
                       if r.role is Role.WARM and r.state in (ModelState.LOADING, ModelState.READY)
                       and r.server_id in live and r.server_id != server_id
-                      and r.variant in allowed and _may_hold(record, r.server_id, sites)]
+                      and r.variant in allowed and _may_hold(record, r.server_id, site_of)]
         if not candidates:
             continue
         best = max(allowed[r.variant] for r in candidates)
@@ -143,12 +142,6 @@ def _may_hold(record: AppRecord, server_id: str, site_of: Mapping[str, str]) -> 
                                   if spec.pinned_server is not None else None)
     return (server_id not in spec.excluded_servers and site not in spec.excluded_sites
             and (pinned is None or site == pinned))
-
-
-def decide_cold(apps: Mapping[str, AppRecord], plan: FailoverPlan, server_id: str,
-                detected_at: float, families: Mapping[str, Family], now: float) -> Decision:
-    """The plan's cold part applied to the records; its stages are the plan's."""
-    return decide_cold_batch(apps, plan, {server_id: detected_at}, {}, families, now)
 
 
 def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,

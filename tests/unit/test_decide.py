@@ -17,7 +17,7 @@ from controller.decide.apps import decide_warm_backups
 from controller.decide.decision import Recovery
 from controller.decide.failover import (
     FAILOVER,
-    decide_cold,
+    decide_cold_batch,
     decide_server_failed,
     forget_replicas_on,
 )
@@ -286,7 +286,7 @@ def cold_plan() -> FailoverPlan:
 def test_decide_cold_applies_the_plan_to_the_records() -> None:
     apps = cold_apps()
     plan = cold_plan()
-    decision = decide_cold(apps, plan, "s1", NOW - 1.0, FAMILIES, NOW)
+    decision = decide_cold_batch(apps, plan, {"s1": NOW - 1.0}, {}, FAMILIES, NOW)
     # the plan's stages but the warm switches, which decide_server_failed applied as records
     assert decision.stages == tuple(s for s in plan.stages() if s.name != "switch")
     assert [x.app_id for x in decision.apps] == ["p1", "p2", "p3", "q"]
@@ -312,7 +312,7 @@ def test_decide_cold_with_the_real_policy_keeps_its_stages() -> None:
     records = servers()
     snapshot = build_snapshot(FAMILIES, records, apps)
     plan = policy_for(RuntimeConfig()).plan_failover(snapshot, ["s1"])
-    decision = decide_cold(apps, plan, "s1", NOW, FAMILIES, NOW)
+    decision = decide_cold_batch(apps, plan, {"s1": NOW}, {}, FAMILIES, NOW)
     # the plan's stages but the warm switches, which decide_server_failed applied as records
     assert decision.stages == tuple(s for s in plan.stages() if s.name != "switch")
     assert {x.app_id for x in plan.recoveries} == {"p1", "p2", "p3"}
@@ -337,7 +337,7 @@ def test_decide_cold_never_leaves_two_replicas_with_one_key() -> None:
     plan = FailoverPlan(failed_servers=frozenset({"s1"}), warm_switches=(),
                         recoveries=(ProgressiveRecovery("p1", "s2", SMALL, LARGE),),
                         unrecoverable=())
-    decide_cold(apps, plan, "s1", NOW, FAMILIES, NOW)
+    decide_cold_batch(apps, plan, {"s1": NOW}, {}, FAMILIES, NOW)
     assert len(keys(apps["p1"].replicas)) == len(set(keys(apps["p1"].replicas)))
     # And the interim's load, once done, makes it serve.
     decision = decide_advance(apps["p1"], servers("s1"), NOW, None, loaded=("s2", SMALL, 0.1))

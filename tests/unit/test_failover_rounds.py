@@ -15,6 +15,7 @@ from policies.model import Role
 from tests.unit.controller_harness import (
     LARGE,
     MEDIUM,
+    SITES,
     SMALL,
     Controller,
     app_record,
@@ -67,12 +68,12 @@ def test_choose_warm_switches_prefers_accuracy_then_free_memory_then_server_id()
 
     live = {"s2", "s3"} | {"s4"}
     switches = choose_warm_switches({k: v for k, v in apps.items() if k != "e"}, "s1", live,
-                                    families(), free_memory)
+                                    families(), free_memory, SITES)
     assert switches == (WarmSwitch("a", "s3", MEDIUM),   # more accurate
                         WarmSwitch("b", "s4", SMALL),    # same accuracy, more free memory
                         WarmSwitch("c", "s2", SMALL))    # full tie: smaller server id
     assert choose_warm_switches({"e": apps["e"]}, "s1", {"s2", "s3"}, families(),
-                                free_memory) == ()
+                                free_memory, SITES) == ()
 
 
 def test_choose_warm_switches_takes_a_loading_backup_but_not_one_being_unloaded() -> None:
@@ -80,7 +81,8 @@ def test_choose_warm_switches_takes_a_loading_backup_but_not_one_being_unloaded(
                                   replica("s2", SMALL, Role.WARM, ModelState.UNLOADING),
                                   replica("s3", SMALL, Role.WARM, ModelState.LOADING)],
                             serving=("s1", LARGE))}
-    assert choose_warm_switches(apps, "s1", {"s2", "s3"}, families(), lambda _: 0.0) == (
+    assert choose_warm_switches(apps, "s1", {"s2", "s3"}, families(), lambda _: 0.0,
+                                SITES) == (
         WarmSwitch("a", "s3", SMALL),)
 
 
@@ -325,3 +327,17 @@ def test_a_burst_arriving_in_several_reads_still_switches_in_one_decision(
     ctl = run(body)
     failovers = [i for i in ctl.store.intents_written if i.get("kind") == "failover"]
     assert [i["server_ids"] for i in failovers] == [["s1", "s4", "s2"]]
+
+
+def test_an_urgent_mark_is_released_once_however_often_release_is_called() -> None:
+    async def body() -> None:
+        ctl = new_cluster(two_server_apps())
+        ex = ctl.executor
+        first, second = ex.hold_urgent(), ex.hold_urgent()
+        first()
+        first()  # a second release of the same mark changes nothing
+        assert not ex.no_urgent_loads.is_set()
+        second()
+        assert ex.no_urgent_loads.is_set()
+
+    run(body)
