@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
@@ -123,6 +123,7 @@ class Executor:
         self.recoveries: dict[str, Recovery] = {}
         """Apps recovering from a failure, for the events' failure fields and MTTR."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._in_flight: Counter[tuple[str, str, str]] = Counter()
         self._urgent_loads = 0
         self.no_urgent_loads = asyncio.Event()
         """Set while no urgent load (one that ends an outage) is in flight."""
@@ -187,13 +188,32 @@ class Executor:
         if decision.serving_moved:
             self.on_serving_moved()
 
+    def in_flight(self) -> frozenset[tuple[str, str, str]]:
+        """(server, app, variant) of every action of the stages running or waiting to run.
+
+        The reconciler leaves these models alone: what it would see of them is in motion.
+        """
+        return frozenset(self._in_flight)
+
     async def run(self, stages: tuple[Stage, ...]) -> None:
         """Run stages under the one rule (``policies.actions.Stage``).
 
         An empty stage with nothing to wait for is done at once: no task, and the stages
         after it do not wait for it (a failover without preemptions starts its interims
-        without a detour through the event loop).
+        without a detour through the event loop). Their actions count as in flight
+        (:meth:`in_flight`) from the call until the stages are over.
         """
+        keys = [(a.server_id, a.app_id, a.variant) for stage in stages for a in stage.actions]
+        self._in_flight.update(keys)
+        try:
+            await self._run(stages)
+        finally:
+            self._in_flight.subtract(keys)
+            for key in keys:
+                if self._in_flight[key] <= 0:
+                    del self._in_flight[key]
+
+    async def _run(self, stages: tuple[Stage, ...]) -> None:
         started: dict[str, asyncio.Future[None]] = {}
         for stage in stages:
             waits = [started[name] for name in stage.after if name in started]

@@ -63,6 +63,9 @@ class Metrics:
                                       registry=r)
         self.apps = Gauge("understudy_apps", "Apps by status", ["status"], registry=r)
         self.servers = Gauge("understudy_servers", "Servers by state", ["state"], registry=r)
+        self.repairs = Counter("understudy_repairs_total",
+                               "Discrepancies repaired and degraded apps upgraded by the "
+                               "reconciler, by kind", ["kind"], registry=r)
         self.events = Counter("understudy_events_total", "Events published", ["kind"],
                               registry=r)
 

@@ -212,6 +212,10 @@ class ServerReturns:
         finally:
             self._reviving.discard(server_id)
 
+    def reviving(self, server_id: str) -> bool:
+        """Whether a revival of the server (its take-back) is under way."""
+        return server_id in self._reviving
+
     async def retry_failbacks(self, servers: Mapping[str, ServerRecord]) -> None:
         """Apps away from (or smaller than) their home, home server up, nothing in flight.
 

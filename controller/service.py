@@ -27,6 +27,7 @@ from controller.lifecycle import ServerLifecycle
 from controller.metrics import Metrics
 from controller.orchestrator import Orchestrator
 from controller.prefetch import InterimPrefetcher
+from controller.reconciler import Reconciler
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
 from controller.redis_server import RedisServer
 from controller.returns import ServerReturns
@@ -120,6 +121,8 @@ class Controller:
             self.executor, self.store, self.agents, self.detector, self.families,
             self.orchestrator.policy, self.metrics, clock, self.warm.replan_soon, self.returns,
             self.declarations)
+        self.reconciler = Reconciler(self.executor, self.store, self.agents, self.families,
+                                     self.metrics, busy=self.returns.reviving)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
@@ -135,6 +138,7 @@ class Controller:
             self.lifecycle.watchdog(lambda: self.orchestrator.config.failback))
         self._collector = asyncio.ensure_future(
             pace_collector(self.executor.no_urgent_loads))
+        self._reconcile = asyncio.ensure_future(self.reconciler.run_forever())
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -161,6 +165,7 @@ class Controller:
             self._converge.cancel()
             self._watchdog.cancel()
             self._collector.cancel()
+            self._reconcile.cancel()
         if hasattr(self, "graphs"):
             await self.graphs.close()
         if hasattr(self, "detector"):

@@ -292,6 +292,58 @@ def test_a_false_alarm_is_taken_back_without_reloading(testbed: Testbed) -> None
     testbed.wait_converged(180)
 
 
+def _triton(bed: Testbed, server_id: str) -> Any:
+    import tritonclient.http as httpclient
+
+    http = next(s["http"] for s in bed.servers() if s["server_id"] == server_id)
+    return httpclient.InferenceServerClient(http.removeprefix("http://"))
+
+
+def _replica_state(bed: Testbed, app_id: str, server_id: str, variant: str) -> str | None:
+    return next((r["state"] for r in _apps(bed)[app_id]["replicas"]
+                 if (r["server_id"], r["variant"]) == (server_id, variant)), None)
+
+
+def test_the_reconciler_repairs_what_no_event_told_the_controller(testbed: Testbed) -> None:
+    """Behind the agents' backs: a model loaded that no record wants, a backup unloaded."""
+    testbed.wait_converged(180)
+    apps = _apps(testbed)
+    app_id, served = next((a, v["serving"]) for a, v in sorted(apps.items()) if v["serving"])
+    server_id, variant = served["server_id"], served["variant"]
+    backup_app, backup = next(
+        (a, r) for a, v in sorted(apps.items()) for r in v["replicas"]
+        if r["role"] == "warm" and r["state"] == "ready")
+    # A stray: a copy of a served model under a name no record has, loaded into Triton.
+    repository = Path(testbed.state.run_dir) / "agents" / server_id / "repository"
+    ghost = f"ghost__{variant}"
+    source = repository / f"{app_id}__{variant}"
+    (repository / ghost / "1").mkdir(parents=True)
+    for path in source.rglob("*"):
+        if path.is_file():
+            text = path.read_bytes().replace(f'"{app_id}__{variant}"'.encode(),
+                                             f'"{ghost}"'.encode())
+            (repository / ghost / path.relative_to(source)).write_bytes(text)
+    triton = _triton(testbed, server_id)
+    triton.load_model(ghost)
+    assert triton.is_model_ready(ghost)
+    # A lost model: a warm backup unloaded from its Triton, the records still say ready.
+    lost = f"{backup_app}__{backup['variant']}"
+    backup_triton = _triton(testbed, backup["server_id"])
+    backup_triton.unload_model(lost)
+    wait_until("the lost backup to be gone", lambda: not backup_triton.is_model_ready(lost),
+               30, 0.1)
+    wait_until("the stray to be unloaded", lambda: not triton.is_model_ready(ghost), 60, 0.2)
+    wait_until("the lost backup to be loaded again", lambda: backup_triton.is_model_ready(
+        lost) and _replica_state(testbed, backup_app, backup["server_id"],
+                                 backup["variant"]) == "ready", 60, 0.2)
+    metrics = testbed.http.get("/metrics").text
+    assert 'understudy_repairs_total{kind="stray"} 1.0' in metrics
+    assert 'understudy_repairs_total{kind="missing"} 1.0' in metrics
+    # The served app was never touched.
+    assert _apps(testbed)[app_id]["serving"] == served
+    testbed.wait_converged(180)
+
+
 def test_drain_moves_every_app_off_without_losing_requests(testbed: Testbed) -> None:
     target, moved = _all_back_and_busiest(testbed)
     load = _Load(testbed, moved)
