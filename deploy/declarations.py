@@ -4,10 +4,10 @@ A report that counts only the failures it injected hides the controller's false 
 healthy server declared failed costs its apps' clients an outage and some accuracy for nothing.
 Here each declaration (``GET /v1/declarations``) is judged against the run's injections:
 
-* it is **true** when its server was failed by an injection (killed, stopped, or in a failed
-  site) at or before the declaration and not yet revived at the declaration time (the revival
-  of a server is complete when the controller sees it up and connected again; until then a
-  late declaration still belongs to the failure);
+* it is **true** when its server was failed by an injection (killed, stopped, in a failed
+  site, or its agent or its Triton killed) at or before the declaration and not yet revived
+  at the declaration time (the revival of a server is complete when the controller sees it up
+  and connected again; until then a late declaration still belongs to the failure);
 * it is **false** otherwise: a server the run never touched, or one declared again after its
   revival completed.
 
@@ -30,9 +30,17 @@ STOP = "stop"
 """SIGSTOP of one server's process group, SIGCONT a few seconds later: silent, not dead."""
 SITE = "site"
 """SIGKILL of every server of a site at one instant."""
+AGENT = "agent"
+"""SIGKILL of one server's agent process alone; what it started dies with it or is left over."""
+TRITON = "triton"
+"""SIGKILL of one server's Triton process alone; its agent restarts it."""
 KINDS = (KILL, STOP, SITE)
-CRASHES = (KILL, SITE)
-"""Injections whose detection is a crash's (a closed connection), not a silence's."""
+"""The kinds ``bench/false_alarms.py`` injects, in its rounds."""
+ALL_KINDS = (KILL, TRITON, AGENT, STOP, SITE)
+"""Every kind ``deploy.inject`` can inject (``bench/convergence.py`` takes them all)."""
+CRASHES = (KILL, SITE, AGENT, TRITON)
+"""Injections whose detection is a crash's (a closed connection, Triton's reported death), not
+a silence's."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,8 @@ def tally(verdicts: Sequence[Verdict], injections: Sequence[Injection]) -> dict[
     crash = _detections(verdicts, injections, CRASHES)
     silent = _detections(verdicts, injections, (STOP,))
     return {
-        "injections": {kind: sum(i.kind == kind for i in injections) for kind in KINDS},
+        "injections": {kind: sum(i.kind == kind for i in injections)
+                       for kind in (*KINDS, *sorted({i.kind for i in injections} - set(KINDS)))},
         "declarations": len(verdicts),
         "declarations_true": len(verdicts) - len(false),
         "false_declarations": len(false),
