@@ -169,8 +169,15 @@ class ServerLifecycle:
                   and s not in self._failing}
         if not failed:
             return
-        stuck = {r.serving[0] for r in (await self.store.view()).apps.values()
-                 if r.serving and r.serving[0] in failed}
+        # The record cache's server -> apps index: a failed server left failed (never back)
+        # would otherwise cost a scan of every app each second.
+        stuck = set()
+        for server_id in failed:
+            for app_id in await self.store.apps_on(server_id):
+                record = await self.store.app_record(app_id)
+                if record is not None and record.serving and record.serving[0] == server_id:
+                    stuck.add(server_id)
+                    break
         for server_id in sorted(stuck):
             self.executor.spawn(self.resume_failover(server_id),
                                 f"resumed failover of {server_id}")

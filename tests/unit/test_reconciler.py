@@ -277,3 +277,24 @@ def test_no_upgrade_while_the_home_is_up_or_something_is_in_flight() -> None:
         assert await reconciler.improve_degraded()
         await ctl.executor.idle()
     run(body)
+
+
+def test_a_failed_server_still_serving_an_app_has_its_failover_resumed() -> None:
+    async def body() -> None:
+        # s1 recorded failed with p still served there, no failover running (a controller
+        # that died between its declaration and the switch): the watchdog redoes it.
+        ctl, _ = cluster([app_record("p", [replica("s1", LARGE)], serving=("s1", LARGE)),
+                          app_record("q", [replica("s2", SMALL)], serving=("s2", SMALL))])
+        fail(ctl, "s1")
+        await ctl.lifecycle.watchdog_pass(failback=False)
+        await ctl.executor.idle()
+        record = ctl.store.app("p")
+        assert record.serving is not None and record.serving[0] != "s1"
+        assert record.serving_replica().state is ModelState.READY
+        assert ctl.store.app("q").serving == ("s2", SMALL)
+        # Nothing left on the failed server: the next pass resumes nothing.
+        loads = len(ctl.agents.commands("load"))
+        await ctl.lifecycle.watchdog_pass(failback=False)
+        await ctl.executor.idle()
+        assert len(ctl.agents.commands("load")) == loads
+    run(body)
