@@ -9,8 +9,9 @@ per-server capacity everywhere.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import httpx
 from deploy.topology import ServerSpec, Topology
 from model_repo.profiles import load_families
 from policies.model import ClusterSnapshot
+from policies.resources import Resources
 from sim.generator import generate_cluster
 
 logger = logging.getLogger(__name__)
@@ -73,7 +75,11 @@ class Workload:
 
 def generate_workload(topology: Topology, seed: int = DEFAULT_SEED,
                       rate_rps: tuple[float, float] = DEFAULT_RATE_RPS) -> Workload:
-    """The apps and server capacity of ``topology`` (deterministic for a given ``seed``)."""
+    """The apps and server capacity of ``topology`` (deterministic for a given ``seed``).
+
+    With no apps to size for (``topology.apps == 0``: the user registers their own), the
+    servers get this machine's real capacity (:func:`machine_capacity`), not nothing.
+    """
     families = load_families()
     cluster = generate_cluster(families, servers=len(topology.servers),
                                sites=len(topology.sites), apps=topology.apps,
@@ -86,7 +92,24 @@ def generate_workload(topology: Topology, seed: int = DEFAULT_SEED,
                    "max_rate_rps": app.max_rate_rps, "latency_slo_ms": app.latency_slo_ms,
                    "variant": cluster.primary_variant(app).name} for app in apps)
     capacity = {key: float(value) for key, value in cluster.servers[0].capacity.items()}
+    if not apps:
+        capacity = machine_capacity(len(topology.servers))
+        cluster = replace(cluster, servers=tuple(replace(server, capacity=Resources(capacity))
+                                                 for server in cluster.servers))
     return Workload(cluster=cluster, specs=specs, capacity=capacity)
+
+
+def machine_capacity(servers: int) -> dict[str, float]:
+    """What each of ``servers`` testbed servers sharing this machine really has.
+
+    An equal share of the machine's physical memory for models, and the compute of one
+    reference accelerator each (the profiles' compute unit: the testbed's servers are
+    processes on one host, none of them slower than the profiles assume).
+    """
+    if servers < 1:
+        raise ValueError("need at least one server")
+    total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return {"memory_mb": float(total_mb / servers), "compute": 100.0}
 
 
 def wait_for_servers(http: httpx.Client, count: int, timeout_s: float,
