@@ -499,6 +499,11 @@ def recovery_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     return judged
 
 
+def _below_top(spec: AppSpecObs, accuracy: dict[tuple[str, str], float]) -> bool:
+    best = max(v for (f, _), v in accuracy.items() if f == spec.family)
+    return judge.registered_accuracy(spec, accuracy) not in (None, best)
+
+
 def _print_offences(title: str, offences: Sequence[judge.Offence], origin: float) -> None:
     print(f"{title} ({len(offences)}):")
     for o in offences:
@@ -514,16 +519,20 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     injected: list[Injection] = result["injections"]
     judged_windows = judge.windows(injected, args.settle_s, result["finished"])
     episodes = judge.degraded_episodes(samples, judged_windows, specs)
-    above = judge.backups_above_primary(samples, specs, _accuracy_table())
+    accuracy = _accuracy_table()
+    above = judge.backups_above_primary(samples, specs, accuracy)
     pinned = judge.pinned_violations(samples, specs, result["site_of"])
     recovery = recovery_records(result)
     affected, recovered = recovery_from_records(recovery)
-    print(f"\n{len(samples)} samples ({result['sample_errors']} polls failed); times below in s "
-          "from the first fault's run start")
-    print("pinned and changed apps: " + ", ".join(
+    judged_s = sum(min(w.end, result["finished"]) - w.start for w in judged_windows
+                   if w.end > w.start)
+    print(f"\n{len(samples)} samples ({result['sample_errors']} polls failed), "
+          f"{sum(any(w.holds(s.at) for w in judged_windows) for s in samples)} of them in the "
+          f"judging windows ({judged_s:.0f} s); times below in s from the start of sampling")
+    print("pinned apps and apps registered below their family's best: " + ", ".join(
         f"{s.app_id} ({s.variant}" + (f", site {s.pinned_site}" if s.pinned_site else "")
         + (f", server {s.pinned_server}" if s.pinned_server else "") + ")"
-        for s in specs.values() if s.pinned_site or s.pinned_server))
+        for s in specs.values() if s.pinned_site or s.pinned_server or _below_top(s, accuracy)))
     print(f"below best more than {args.settle_s:.0f} s after the last change "
           f"({len(episodes)} stretches):")
     for e in episodes:
@@ -571,6 +580,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "recovery_rate_from_records": judge.rate(recovered, affected),
         "missing_at_end": len(result.get("missing", [])),
         "home_down_app_seconds": round(judge.degraded_seconds(episodes, home_down=True), 1),
+        "judged_seconds": round(judged_s),
         "affected_apps": affected, "recovered_apps": recovered,
         "not_converged": sum(not f.converged for f in result["faults"]),
         "false_declarations": len(false),
