@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,45 @@ class Location:
     variant: str
     accuracy: float
     seq: int = 0
+
+
+NOWHERE_KINDS = frozenset({"unrecoverable", "deleted", "unplaced"})
+"""Event kinds after which the app is served nowhere."""
+
+
+def location_of_serving(serving: Mapping[str, Any] | None, seq: int = 0) -> Location | None:
+    """The location in an app view's ``serving`` (``GET /v1/apps/{id}``); None without one."""
+    if not serving or not serving.get("endpoint"):
+        return None
+    endpoint = serving["endpoint"]
+    return Location(http=endpoint["http"], grpc=endpoint.get("grpc", ""),
+                    model_name=serving["model_name"], server_id=serving["server_id"],
+                    variant=serving["variant"], accuracy=serving["accuracy"], seq=seq)
+
+
+def location_of_event(event: Mapping[str, Any]) -> tuple[bool, Location | None]:
+    """What a placement event says of where its app is served: ``(moves, location)``.
+
+    ``moves`` is False when the event leaves the serving location as it was (a warm backup
+    became ready, or an event without an endpoint); otherwise ``location`` is the new one, None
+    when the app is served nowhere (unrecoverable, unplaced, deleted).
+    """
+    kind = event.get("kind")
+    if kind in NOWHERE_KINDS:
+        return True, None
+    endpoint = event.get("endpoint")
+    if not endpoint or kind == "backup_ready":
+        return False, None
+    return True, location_of_replica(event)
+
+
+def location_of_replica(event: Mapping[str, Any]) -> Location:
+    """The replica an event with an endpoint names (the serving one, or a ready backup)."""
+    endpoint = event["endpoint"]
+    return Location(http=endpoint["http"], grpc=endpoint.get("grpc", ""),
+                    model_name=event["model_name"], server_id=event["server_id"],
+                    variant=event["variant"], accuracy=event.get("accuracy") or 0.0,
+                    seq=event["seq"])
 
 
 @dataclass
@@ -127,14 +166,7 @@ class UnderstudyClient:
         if response.status_code == 404:
             raise ClientError(f"app {self.app_id!r} is not registered")
         response.raise_for_status()
-        serving = response.json().get("serving")
-        location = None
-        if serving and serving.get("endpoint"):
-            location = Location(http=serving["endpoint"]["http"],
-                                grpc=serving["endpoint"].get("grpc", ""),
-                                model_name=serving["model_name"], server_id=serving["server_id"],
-                                variant=serving["variant"], accuracy=serving["accuracy"],
-                                seq=self._state.last_seq)
+        location = location_of_serving(response.json().get("serving"), self._state.last_seq)
         self._set(location, None)
         return location
 
@@ -172,16 +204,8 @@ class UnderstudyClient:
         self._state.events.append(event)
         if self.on_event is not None:
             self.on_event(event)
-        endpoint = event.get("endpoint")
-        if event.get("kind") in ("unrecoverable", "deleted", "unplaced"):
-            self._set(None, event["seq"])
-        elif endpoint and event.get("kind") != "backup_ready":
-            self._set(Location(http=endpoint["http"], grpc=endpoint.get("grpc", ""),
-                               model_name=event["model_name"], server_id=event["server_id"],
-                               variant=event["variant"], accuracy=event.get("accuracy") or 0.0,
-                               seq=event["seq"]), event["seq"])
-        else:
-            self._set(self._state.location, event["seq"])
+        moves, location = location_of_event(event)
+        self._set(location if moves else self._state.location, event["seq"])
 
     def wait_for_change(self, since: Location | None, timeout_s: float) -> Location | None:
         """Block until the location differs from ``since`` (or the timeout)."""

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("understudy.cli.controller", "run the controller (FastAPI + Redis)"),
     "testbed": ("understudy.cli.testbed", "local testbed: Redis, controller, agents"),
     "graph": ("understudy.cli.graph", "stateful service graphs with NSPB replication"),
+    "gateway": ("understudy.cli.gateway", "inference gateway: KServe v2 endpoints per app"),
 }
 """Top-level command -> (module, one-line help).
 

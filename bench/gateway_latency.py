@@ -1,0 +1,219 @@
+"""Latency the inference gateway adds, against calling the same Triton model directly.
+
+Usage: ``python bench/gateway_latency.py [--requests 2000] [--warmup 200]``.
+
+One Triton (the wheel's, Python backend) serves two models of app-shaped signatures: ``image``
+(an FP32 [1,3,224,224] image in, [1,1000] logits out, as the apps' models) and ``small`` (16
+floats in and out: the gateway's fixed cost alone). An ``understudy gateway`` process routes the
+apps ``bench-image`` and ``bench-small`` to them from a routing table written in its run
+directory, with no controller reachable (the table a gateway keeps across restarts), so nothing
+but the request path is measured. One client sends the same pre-encoded request (the binary
+tensor extension, as tritonclient sends it) alternately through the gateway and directly, one
+at a time on keep-alive connections, and times each. Reported per model: the median and p99 of
+both paths and of their difference, in milliseconds; the last line is one JSON object whose
+``gateway_added_latency_p50_ms`` is the image model's median difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from agent.triton import TritonConfig, TritonServer  # noqa: E402
+from understudy.client import Location  # noqa: E402
+from understudy.wire.ports import free_ports  # noqa: E402
+
+MODEL_PY = '''
+import os, sys
+sys.path[:0] = [p for p in os.environ.get("UNDERSTUDY_PYTHONPATH", "").split(os.pathsep) if p]
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.out = 1000 if "image" in args["model_name"] else 16
+
+    def execute(self, requests):
+        replies = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            y = np.ascontiguousarray(x.reshape(x.shape[0], -1)[:, :self.out])
+            replies.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y)]))
+        return replies
+'''
+
+MODELS = {"image": [1, 3, 224, 224], "small": [1, 16]}
+
+
+def write_repository(root: Path) -> None:
+    """The two Python-backend models, named as the gateway expects (``<app>__<variant>``)."""
+    for variant, shape in MODELS.items():
+        name = f"bench-{variant}__{variant}"
+        out = 1000 if variant == "image" else 16
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(MODEL_PY)
+        dims = ", ".join(str(d) for d in [-1, *shape[1:]])
+        (root / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+            f'input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, {out} ] }} ]\n'
+            'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+
+
+def write_routes(run_dir: Path, triton: TritonServer) -> None:
+    """A gateway routing table sending each bench app to its model on this Triton."""
+    apps = {}
+    for variant in MODELS:
+        app_id = f"bench-{variant}"
+        location = Location(http=triton.config.http_url, grpc=triton.config.grpc_url,
+                            model_name=f"{app_id}__{variant}", server_id="bench",
+                            variant=variant, accuracy=1.0, seq=1)
+        apps[app_id] = {"serving": asdict(location), "backups": [], "seq": 1, "reason": ""}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "routes.json").write_text(json.dumps({"version": 1, "last_seq": 1,
+                                                      "apps": apps}))
+
+
+def encoded_request(shape: list[int]) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension infer request of random floats, and its headers."""
+    import numpy as np
+
+    data = np.random.default_rng(0).random(shape, dtype=np.float32).tobytes()
+    header = json.dumps({"inputs": [{"name": "INPUT", "shape": shape, "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(data)}}],
+                         "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}]
+                         }).encode()
+    return header + data, {"Content-Type": "application/octet-stream",
+                           "Inference-Header-Content-Length": str(len(header))}
+
+
+def start_gateway(run_dir: Path, port: int, dead_controller_port: int) -> subprocess.Popen[bytes]:
+    log = (run_dir / "gateway.log").open("ab")
+    process = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "understudy.cli.main", "--log-level", "WARNING", "gateway",
+         "--controller-url", f"http://127.0.0.1:{dead_controller_port}", "--port", str(port),
+         "--run-dir", str(run_dir)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            connection.request("GET", "/v2/health/ready")
+            if connection.getresponse().status == 200:
+                return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("the gateway did not become ready")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(gateway: int, direct: int, variant: str, requests: int, warmup: int,
+            gateway_pid: int) -> dict[str, float]:
+    """Alternate gateway and direct requests; per-path and per-pair figures (ms)."""
+    body, headers = encoded_request(MODELS[variant])
+    paths = {"gateway": (gateway, f"/v2/models/bench-{variant}/infer"),
+             "direct": (direct, f"/v2/models/bench-{variant}__{variant}/infer")}
+    connections = {k: http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                   for k, (port, _) in paths.items()}
+    times: dict[str, list[float]] = {"gateway": [], "direct": []}
+    order = list(paths)
+    cpu_before = 0.0
+    for i in range(warmup + requests):
+        if i == warmup:
+            cpu_before = cpu_s(gateway_pid)
+        random.shuffle(order)  # neither path always goes first
+        for key in order:
+            connection, path = connections[key], paths[key][1]
+            started = time.perf_counter()
+            connection.request("POST", path, body, headers)
+            response = connection.getresponse()
+            response.read()
+            elapsed = time.perf_counter() - started
+            if response.status != 200:
+                raise RuntimeError(f"{key} {variant}: HTTP {response.status}")
+            if i >= warmup:
+                times[key].append(elapsed * 1000)
+    gateway_cpu_s = cpu_s(gateway_pid) - cpu_before
+    added = [g - d for g, d in zip(times["gateway"], times["direct"], strict=True)]
+    return {"gateway_cpu_ms_per_request": gateway_cpu_s * 1000 / requests,
+            "gateway_p50_ms": statistics.median(times["gateway"]),
+            "gateway_p99_ms": _p99(times["gateway"]),
+            "direct_p50_ms": statistics.median(times["direct"]),
+            "direct_p99_ms": _p99(times["direct"]),
+            "added_p50_ms": statistics.median(times["gateway"]) - statistics.median(
+                times["direct"]),
+            "added_pair_p50_ms": statistics.median(added),
+            "added_p99_ms": _p99(times["gateway"]) - _p99(times["direct"])}
+
+
+def _p99(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(len(values) * 0.99))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="per path and model")
+    parser.add_argument("--warmup", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gateway-latency-") as scratch:
+        root = Path(scratch)
+        write_repository(root / "repository")
+        http_port, grpc_port, metrics_port, gateway_port, dead = free_ports(5)
+        triton = TritonServer(TritonConfig(
+            model_repository=root / "repository", work_dir=root / "triton",
+            http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+            use_runtime=False, model_backend="python"))
+        triton.start()
+        gateway = None
+        try:
+            for variant in MODELS:
+                triton.load(f"bench-{variant}__{variant}")
+            write_routes(root / "gateway", triton)
+            gateway = start_gateway(root / "gateway", gateway_port, dead)
+            results = {v: measure(gateway_port, http_port, v, args.requests, args.warmup,
+                                  gateway.pid) for v in MODELS}
+        finally:
+            if gateway is not None:
+                gateway.send_signal(signal.SIGTERM)
+                gateway.wait(10)
+            triton.stop()
+    for variant, figures in results.items():
+        print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+    image, small = results["image"], results["small"]
+    print(json.dumps({
+        "gateway_added_latency_p50_ms": round(image["added_p50_ms"], 3),
+        "gateway_added_latency_p99_ms": round(image["added_p99_ms"], 3),
+        "gateway_added_latency_pair_p50_ms": round(image["added_pair_p50_ms"], 3),
+        "gateway_p50_ms": round(image["gateway_p50_ms"], 3),
+        "direct_p50_ms": round(image["direct_p50_ms"], 3),
+        "small_added_latency_p50_ms": round(small["added_p50_ms"], 3),
+        "small_added_latency_p99_ms": round(small["added_p99_ms"], 3),
+        "small_direct_p50_ms": round(small["direct_p50_ms"], 3),
+        "gateway_cpu_ms_per_request": round(image["gateway_cpu_ms_per_request"], 3),
+        "small_gateway_cpu_ms_per_request": round(small["gateway_cpu_ms_per_request"], 3),
+        "requests": args.requests, "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()

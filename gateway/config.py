@@ -1,0 +1,68 @@
+"""The gateway's settings (flags, then ``UNDERSTUDY_GATEWAY_*``, then these defaults)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+APP_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+"""What the controller accepts as an app id (``controller/records.py``'s ``ID_PATTERN``, without
+``__``, which separates app and variant in Triton model names). Kept here because the gateway
+must not import the controller."""
+
+
+def valid_app_id(app_id: str) -> bool:
+    """Whether ``app_id`` could name a registered app."""
+    return APP_ID_PATTERN.match(app_id) is not None and "__" not in app_id
+
+
+class GatewayConfig(BaseModel):
+    """Start-up settings of one gateway process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    controller_url: str = Field(pattern=r"^https?://")
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=0, lt=65536)
+    """HTTP port of the KServe v2 endpoint (0: a free one)."""
+    grpc_port: int | None = Field(None, ge=0, lt=65536)
+    """gRPC port of the KServe v2 endpoint; None: no gRPC endpoint."""
+    token: str | None = None
+    """Bearer token for the controller (reads need none; kept for controllers that ask)."""
+    run_dir: Path = Path("runs/gateway")
+    """Where the routing table is persisted (``routes.json``)."""
+    hedge_ms: dict[str, float] = Field(default_factory=dict)
+    """Per app: after this many milliseconds without an answer, also ask its warm backup."""
+    default_deadline_s: float = Field(30.0, gt=0)
+    """How long a request may wait across failovers when it names no deadline."""
+    max_deadline_s: float = Field(300.0, gt=0)
+    max_body_mb: float = Field(64.0, gt=0)
+    """Largest request body accepted (413 above)."""
+    max_in_flight: int = Field(64, ge=1)
+    """Per app: requests sent to Triton at once; the others wait in the app's queue."""
+    max_waiting: int = Field(1024, ge=0)
+    """Per app: requests waiting in the queue before new ones are refused (503)."""
+    connect_timeout_s: float = Field(1.0, gt=0)
+    retry_min_s: float = Field(0.05, gt=0)
+    """After a failed attempt with no move announced, the first retry's delay (doubles)."""
+    retry_max_s: float = Field(1.0, gt=0)
+    stop_grace_s: float = Field(1.5, gt=0)
+    """On SIGTERM: how long requests in flight may finish before they are failed."""
+
+    @field_validator("hedge_ms")
+    @classmethod
+    def _hedges(cls, value: dict[str, float]) -> dict[str, float]:
+        for app_id, delay in value.items():
+            if not valid_app_id(app_id):
+                raise ValueError(f"hedge for {app_id!r}: not an app id")
+            if not math.isfinite(delay) or delay < 0:
+                raise ValueError(f"hedge for {app_id!r}: delay must be >= 0 ms")
+        return value
+
+    @property
+    def max_body_bytes(self) -> int:
+        """``max_body_mb`` in bytes."""
+        return int(self.max_body_mb * 1024 * 1024)

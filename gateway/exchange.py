@@ -1,0 +1,307 @@
+"""One request's way to an answer: attempts, resends across failovers, hedging.
+
+A request is sent to its app's serving replica. Then, until an answer or the deadline:
+
+- the app moves to another server (an event): attempts in flight to the server it left are
+  cancelled and the request goes at once to the new replica;
+- an attempt fails for a reason another replica or a later try could fix (no connection, Triton
+  says the model is unknown or not ready, 503): the request waits for the app's next move and
+  goes there, or, when none is announced (the controller may be down), tries the same replica
+  again after a back-off;
+- with hedging for the app, once the hedge delay passes without an answer, the request also goes
+  to a warm backup; the first answer wins and the other attempts are cancelled.
+
+Every request ends with an answer (Triton's reply, passed through) or a :class:`GatewayError`
+naming the reason; none is dropped in silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.board import RouteBoard
+from gateway.errors import (
+    AppDeletedError,
+    DeadlineError,
+    GatewayError,
+    StoppingError,
+    UnavailableError,
+    UnknownAppError,
+)
+from gateway.routes import AppRoute, RouteChange
+from gateway.upstream import UpstreamError, UpstreamReply
+from understudy.client import Location
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE_MARKERS = (b"unknown model", b"not ready", b"no available version", b"not found",
+                       b"unavailable")
+"""Fragments of Triton's 400 replies that mean this replica cannot serve the model now."""
+RETRYABLE_STATUSES = frozenset({404, 502, 503})
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A client's request, as the gateway forwards it (the body is never decoded)."""
+
+    app_id: str
+    deadline: float
+    """Loop time (``loop.time()``) by which the answer is due."""
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers forwarded as they are (content type, binary header length, encoding)."""
+    method: str = "POST"
+    suffix: str = "/infer"
+    """Path after ``/v2/models/<model>[/versions/<version>]``."""
+    version: str = ""
+    protocol: str = "http"
+    """Which front end it came from; picks the sender (HTTP or gRPC) for the upstream."""
+
+
+@dataclass(slots=True)
+class Answer:
+    """The reply that answered a request, and how it got there."""
+
+    reply: UpstreamReply
+    route: Location
+    attempts: int
+    resends: int
+    hedged: bool
+    hedge_won: bool
+
+
+Send = Callable[[Location, InferRequest], Awaitable[UpstreamReply]]
+"""Sends a request to one replica; raises UpstreamError when no reply comes."""
+
+
+class ExchangeEvents(Protocol):
+    """What an exchange reports as it goes (the metrics)."""
+
+    def resent(self, app_id: str, cause: str) -> None: ...
+
+    def hedged(self, app_id: str) -> None: ...
+
+
+class _NoEvents:
+    def resent(self, app_id: str, cause: str) -> None:
+        return None
+
+    def hedged(self, app_id: str) -> None:
+        return None
+
+
+def failure_of(reply: UpstreamReply) -> str | None:
+    """Why a reply calls for another try (None: it is the answer, success or a final error)."""
+    status = reply.status
+    if status < 300:
+        return None
+    if status in RETRYABLE_STATUSES:
+        return f"Triton answered {status}"
+    if status == 400 and len(reply.body) < 4096:
+        text = reply.body.lower()
+        if any(marker in text for marker in UNAVAILABLE_MARKERS):
+            return "model not available there: " + reply.body.decode("utf-8", "replace")[:200]
+    return None
+
+
+class Dispatcher:
+    """Sends requests to their apps' replicas until they are answered (see the module doc)."""
+
+    def __init__(self, board: RouteBoard, senders: Mapping[str, Send], *,
+                 retry_min_s: float = 0.05, retry_max_s: float = 1.0,
+                 hedge_s: Mapping[str, float] | None = None,
+                 events: ExchangeEvents | None = None) -> None:
+        self.board = board
+        self.senders = dict(senders)
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.hedge_s = dict(hedge_s or {})
+        self.events: ExchangeEvents = events or _NoEvents()
+        self._stopping: asyncio.Future[None] | None = None
+
+    @property
+    def stopping(self) -> asyncio.Future[None]:
+        """Resolved when the gateway stops: requests still waiting fail with a reason."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
+        return self._stopping
+
+    def stop(self) -> None:
+        """Fail every request still waiting (the gateway is stopping)."""
+        if not self.stopping.done():
+            self.stopping.set_result(None)
+
+    async def send(self, request: InferRequest) -> Answer:
+        """The answer to ``request``; GatewayError with the reason when there is none."""
+        if self.stopping.done():
+            raise StoppingError("the gateway is stopping")
+        return await _Exchange(self, request).run()
+
+
+class _Exchange:
+    """The attempts of one request."""
+
+    def __init__(self, dispatcher: Dispatcher, request: InferRequest) -> None:
+        self.d = dispatcher
+        self.request = request
+        self.send = dispatcher.senders[request.protocol]
+        self.hedge_s = dispatcher.hedge_s.get(request.app_id)
+        self.tasks: dict[asyncio.Task[UpstreamReply], tuple[Location, bool]] = {}
+        self.paced: dict[tuple[str, str], float] = {}
+        """(server, model) that failed -> when it may be tried again (no move announced)."""
+        self.failures: dict[tuple[str, str], int] = {}
+        self.attempts = 0
+        self.resends = 0
+        self.hedged = False
+        self.first_sent: float | None = None
+        self.cause = "failed"
+        self.last_reason = ""
+        self.loop = asyncio.get_running_loop()
+
+    async def run(self) -> Answer:
+        request = self.request
+        board = self.d.board
+        if not board.loaded.is_set():
+            await self._wait_loaded()
+        try:
+            while True:
+                app = board.route(request.app_id)
+                if app is None:
+                    raise (AppDeletedError(f"app {request.app_id!r} was deleted")
+                           if self.attempts else
+                           UnknownAppError(f"app {request.app_id!r} is not registered"))
+                now = self.loop.time()
+                if now >= request.deadline:
+                    raise self._expired(app)
+                self._launch(app, now)
+                changed = board.changed(request.app_id)
+                done, _ = await asyncio.wait(
+                    (*self.tasks, changed, self.d.stopping),
+                    timeout=self._wake(app, now) - now, return_when=asyncio.FIRST_COMPLETED)
+                if self.d.stopping.done():
+                    raise StoppingError("the gateway is stopping")
+                for task in [t for t in self.tasks if t in done]:
+                    answer = self._settle(task)
+                    if answer is not None:
+                        return answer
+                if changed in done:
+                    self._moved(changed.result())
+        finally:
+            for task in self.tasks:
+                task.cancel()
+
+    async def _wait_loaded(self) -> None:
+        remaining = self.request.deadline - self.loop.time()
+        try:
+            async with asyncio.timeout(max(0.0, remaining)):
+                await self.d.board.loaded.wait()
+        except TimeoutError:
+            raise UnavailableError("no routing table yet: the controller has not been "
+                                   "reached") from None
+
+    # --- attempts ------------------------------------------------------------------------
+
+    def _launch(self, app: AppRoute, now: float) -> None:
+        route = app.serving
+        if route is not None and self._should_send(route, now):
+            self._start(route, hedge=False, now=now)
+            if self.attempts > 1:
+                self.resends += 1
+                self.d.events.resent(app.app_id, self.cause)
+        if self._hedge_due(app, now):
+            running = {loc.server_id for loc, _ in self.tasks.values()}
+            backup = next((b for b in app.backups.values() if b.server_id not in running), None)
+            if backup is not None:
+                self.hedged = True
+                self._start(backup, hedge=True, now=now)
+                self.d.events.hedged(app.app_id)
+
+    def _should_send(self, route: Location, now: float) -> bool:
+        for location, hedge in self.tasks.values():
+            if not hedge or (location.server_id, location.model_name) == (
+                    route.server_id, route.model_name):
+                return False  # a primary attempt is in flight, or one already at this replica
+        retry_at = self.paced.get((route.server_id, route.model_name))
+        return retry_at is None or now >= retry_at
+
+    def _hedge_due(self, app: AppRoute, now: float) -> bool:
+        return (self.hedge_s is not None and not self.hedged and self.first_sent is not None
+                and bool(self.tasks) and bool(app.backups)
+                and now >= self.first_sent + self.hedge_s)
+
+    def _start(self, route: Location, hedge: bool, now: float) -> None:
+        task = self.loop.create_task(self.send(route, self.request))
+        self.tasks[task] = (route, hedge)
+        self.attempts += 1
+        if self.first_sent is None:
+            self.first_sent = now
+
+    def _wake(self, app: AppRoute, now: float) -> float:
+        """When to look again without news: the deadline, a retry, or the hedge."""
+        wake = self.request.deadline
+        if app.serving is not None:
+            retry_at = self.paced.get((app.serving.server_id, app.serving.model_name))
+            if retry_at is not None and retry_at > now:
+                wake = min(wake, retry_at)
+        if (self.hedge_s is not None and not self.hedged and self.first_sent is not None
+                and app.backups and self.tasks):
+            wake = min(wake, self.first_sent + self.hedge_s)
+        return max(wake, now)
+
+    def _settle(self, task: asyncio.Task[UpstreamReply]) -> Answer | None:
+        location, hedge = self.tasks.pop(task)
+        if task.cancelled():
+            return None
+        error = task.exception()
+        if error is not None:
+            if not isinstance(error, UpstreamError):
+                for other in self.tasks:
+                    other.cancel()
+                raise error
+            self._failed(location, str(error))
+            return None
+        reply = task.result()
+        reason = failure_of(reply)
+        if reason is not None:
+            self._failed(location, reason)
+            return None
+        return Answer(reply, location, self.attempts, self.resends, self.hedged, hedge)
+
+    def _failed(self, location: Location, reason: str) -> None:
+        key = (location.server_id, location.model_name)
+        count = self.failures[key] = self.failures.get(key, 0) + 1
+        delay = min(self.d.retry_min_s * 2 ** (count - 1), self.d.retry_max_s)
+        self.paced[key] = self.loop.time() + delay
+        self.last_reason = f"{location.server_id}/{location.variant}: {reason}"
+        self.cause = "failed"
+        logger.debug("%s: attempt at %s failed (%s)", self.request.app_id, location.server_id,
+                     reason)
+
+    def _moved(self, change: RouteChange) -> None:
+        if change.deleted:
+            raise AppDeletedError(f"app {self.request.app_id!r} was deleted")
+        # A replica named anew is worth a try at once, even one that failed before.
+        self.paced.clear()
+        self.failures.clear()
+        left = change.left_server
+        if left is None:
+            return
+        for task, (location, _) in list(self.tasks.items()):
+            if location.server_id == left:
+                task.cancel()
+                del self.tasks[task]
+                self.cause = "moved"
+
+    def _expired(self, app: AppRoute) -> GatewayError:
+        if self.tasks:
+            where = ", ".join(f"{loc.server_id}/{loc.variant}" for loc, _ in self.tasks.values())
+            return DeadlineError(f"{app.app_id}: no answer from {where} before the deadline "
+                                 f"({self.attempts} attempts)")
+        reason = self.last_reason or (
+            f"no serving replica{f' ({app.reason})' if app.reason else ''}")
+        return UnavailableError(f"{app.app_id}: not served before the deadline "
+                                f"({self.attempts} attempts; last: {reason})")

@@ -1,0 +1,103 @@
+"""The gateway's Prometheus metrics, per app (``GET /metrics``).
+
+Per-app label children are cached, so a request costs a few increments, not label lookups.
+Apps the routing table does not know are counted under ``app_id="unknown"`` (a client cannot
+grow the label set with made-up names).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.exchange import Answer
+
+UNKNOWN_APP = "unknown"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+
+
+class _AppChildren:
+    __slots__ = ("requests", "latency", "answered")
+
+    def __init__(self, metrics: GatewayMetrics, app_id: str) -> None:
+        self.requests = metrics.requests.labels(app_id)
+        self.latency = metrics.latency.labels(app_id)
+        self.answered: dict[tuple[str, str], Counter] = {}
+
+
+class GatewayMetrics:
+    """Counters and histograms of one gateway, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("understudy_gateway_requests", "inference requests received",
+                                ["app_id"], registry=r)
+        self.errors = Counter("understudy_gateway_errors",
+                              "requests answered with an error, by reason",
+                              ["app_id", "reason"], registry=r)
+        self.latency = Histogram("understudy_gateway_latency_seconds",
+                                 "time from a request's arrival to its answer (resends "
+                                 "included)", ["app_id"], buckets=LATENCY_BUCKETS, registry=r)
+        self.answers = Counter("understudy_gateway_answers",
+                               "answers, by the server and variant that gave them",
+                               ["app_id", "server_id", "variant"], registry=r)
+        self.resends = Counter("understudy_gateway_resends",
+                               "attempts sent again: the app moved, or an attempt failed",
+                               ["app_id", "cause"], registry=r)
+        self.hedges = Counter("understudy_gateway_hedges",
+                              "requests also sent to a warm backup, and how many it won",
+                              ["app_id", "outcome"], registry=r)
+        self.route_changes = Counter("understudy_gateway_route_changes",
+                                     "times an app's serving replica changed", ["app_id"],
+                                     registry=r)
+        self.controller_connected = Gauge("understudy_gateway_controller_connected",
+                                          "1 while the controller's event stream is open",
+                                          registry=r)
+        self.last_seq = Gauge("understudy_gateway_last_event_seq",
+                              "sequence number of the last controller event applied",
+                              registry=r)
+        self.snapshots = Counter("understudy_gateway_snapshots",
+                                 "routing table reloads from GET /v1/apps", registry=r)
+        self._apps: dict[str, _AppChildren] = {}
+
+    def _app(self, app_id: str) -> _AppChildren:
+        children = self._apps.get(app_id)
+        if children is None:
+            children = self._apps[app_id] = _AppChildren(self, app_id)
+        return children
+
+    # --- QueueObserver and ExchangeEvents ------------------------------------------------
+
+    def answered(self, app_id: str, answer: Answer, latency_s: float) -> None:
+        children = self._app(app_id)
+        children.requests.inc()
+        children.latency.observe(latency_s)
+        key = (answer.route.server_id, answer.route.variant)
+        counter = children.answered.get(key)
+        if counter is None:
+            counter = children.answered[key] = self.answers.labels(app_id, *key)
+        counter.inc()
+        if answer.hedge_won:
+            self.hedges.labels(app_id, "won").inc()
+
+    def failed(self, app_id: str, reason: str, latency_s: float) -> None:
+        children = self._app(app_id)
+        children.requests.inc()
+        children.latency.observe(latency_s)
+        self.errors.labels(app_id, reason).inc()
+
+    def rejected(self, reason: str) -> None:
+        """A request refused before it reached an app's queue (bad input, unknown app)."""
+        self.requests.labels(UNKNOWN_APP).inc()
+        self.errors.labels(UNKNOWN_APP, reason).inc()
+
+    def resent(self, app_id: str, cause: str) -> None:
+        self.resends.labels(app_id, cause).inc()
+
+    def hedged(self, app_id: str) -> None:
+        self.hedges.labels(app_id, "sent").inc()
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

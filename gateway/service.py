@@ -1,0 +1,166 @@
+"""One gateway process: the routing table, the controller follower, the front ends, a clean stop.
+
+``await Gateway(config).run()`` serves until :meth:`Gateway.stop` (SIGTERM, SIGINT). Stopping
+takes at most ``stop_grace_s`` plus a fraction of a second: the listeners close at once, the
+requests in flight get ``stop_grace_s`` to be answered, and those still waiting then get a 503
+saying the gateway is stopping; nothing is cut off without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gateway.board import RouteBoard
+from gateway.config import GatewayConfig
+from gateway.dataplane import DataPlane
+from gateway.exchange import Dispatcher, Send
+from gateway.follower import EventFollower
+from gateway.http_api import HttpFrontEnd, http_sender
+from gateway.metrics import GatewayMetrics
+from gateway.persist import TABLE_FILE, load_table, save_doc
+from gateway.queue import FifoPolicy, Queues
+from gateway.routes import RouteChange
+from gateway.upstream import HttpUpstream
+
+logger = logging.getLogger(__name__)
+
+PERSIST_INTERVAL_S = 0.5
+READ_BUFFER_BYTES = 4 * 1024 * 1024
+SERVER_SHUTDOWN_S = 0.25
+"""After the grace period: how long the HTTP server waits for the last answers to be written."""
+
+
+class Gateway:
+    """Wires the gateway's parts together and runs them."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.table_path = config.run_dir / TABLE_FILE
+        self.metrics = GatewayMetrics()
+        table = load_table(self.table_path)
+        if table is not None:
+            logger.info("routing table of an earlier run: %d apps, seq %d", len(table.apps),
+                        table.last_seq)
+        self.board = RouteBoard(table)
+        self.upstream = HttpUpstream(config.connect_timeout_s)
+        self.dispatcher = Dispatcher(
+            self.board, self._senders(), retry_min_s=config.retry_min_s,
+            retry_max_s=config.retry_max_s,
+            hedge_s={app: ms / 1000.0 for app, ms in config.hedge_ms.items()},
+            events=self.metrics)
+        self.queues = Queues(self.dispatcher.send, self._policy, self.metrics)
+        self.plane = DataPlane(config, self.board, self.dispatcher, self.queues, self.metrics)
+        self.follower = EventFollower(config.controller_url, self.board, config.token,
+                                      on_snapshot=self.metrics.snapshots.inc)
+        self.board.add_listener(self._on_change)
+        self.metrics.controller_connected.set_function(lambda: float(self.follower.connected))
+        self.metrics.last_seq.set_function(lambda: float(self.board.table.last_seq))
+        self.http_port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stop: asyncio.Event | None = None
+
+    def _senders(self) -> dict[str, Send]:
+        return {"http": http_sender(self.upstream)}
+
+    def _policy(self, app_id: str) -> FifoPolicy:
+        return FifoPolicy(self.config.max_in_flight, self.config.max_waiting)
+
+    def _on_change(self, change: RouteChange) -> None:
+        if change.deleted:
+            self.queues.forget(change.app_id)
+        if change.before is not change.after:
+            self.metrics.route_changes.labels(change.app_id).inc()
+        left = change.left_server
+        if left is not None and change.before is not None:
+            # A dead server's idle connections would each cost a failed attempt to find out.
+            self.upstream.drop(change.before.http.removeprefix("http://"))
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, and start following the controller."""
+        self._stop = asyncio.Event()
+        app = HttpFrontEnd(self.plane).app()
+        # Bodies are forwarded as they came: compressed ones stay compressed for Triton, and a
+        # read buffer the size of a typical image request avoids pausing the socket mid-body.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SERVER_SHUTDOWN_S,
+                                     auto_decompress=False, read_bufsize=READ_BUFFER_BYTES)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or ()
+        self.http_port = sockets[0].getsockname()[1] if sockets else self.config.port
+        self._tasks = [asyncio.create_task(self.follower.run(), name="gateway-follower"),
+                       asyncio.create_task(self._persist_loop(), name="gateway-persist")]
+        logger.info("gateway listening on http://%s:%s (controller %s)", self.config.host,
+                    self.http_port, self.config.controller_url)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop (safe from a signal handler)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`, then shut down."""
+        await self.start()
+        if self._stop is not None:
+            await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Close the listeners, let requests in flight finish (bounded), fail the rest."""
+        started = time.monotonic()
+        self.plane.closing = True
+        runner = self._runner
+        if runner is not None:
+            for site in list(runner.sites):
+                await site.stop()  # no new connections from here on
+        self.follower.stop()
+        try:
+            async with asyncio.timeout(self.config.stop_grace_s):
+                await self.plane.idle.wait()
+        except TimeoutError:
+            logger.warning("stopping with %d requests unanswered: they get a 503",
+                           self.plane.in_flight)
+        self.dispatcher.stop()
+        if runner is not None:
+            await runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._persist()
+        await self.upstream.close()
+        logger.info("gateway stopped in %.2f s", time.monotonic() - started)
+
+    # --- persistence ---------------------------------------------------------------------
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PERSIST_INTERVAL_S)
+            if self.board.dirty:
+                self.board.dirty = False
+                doc = self.board.table.to_doc()
+                try:
+                    await asyncio.to_thread(save_doc, doc, self.table_path)
+                except OSError as exc:
+                    logger.warning("routing table not persisted: %s", exc)
+                    self.board.dirty = True
+
+    def _persist(self) -> None:
+        if not self.board.dirty:
+            return
+        try:
+            save_doc(self.board.table.to_doc(), self.table_path)
+            self.board.dirty = False
+        except OSError as exc:
+            logger.warning("routing table not persisted: %s", exc)

@@ -1,0 +1,96 @@
+"""``understudy gateway``: the inference gateway (KServe v2 endpoints per app) in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from pydantic import ValidationError
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "UNDERSTUDY_TOKEN"
+ENV_PREFIX = "UNDERSTUDY_GATEWAY_"
+"""Every gateway setting may come from ``UNDERSTUDY_GATEWAY_<FIELD>`` (JSON for ``hedge_ms``;
+see ``understudy.wire.settings`` for the precedence)."""
+
+
+def parse_hedge(text: str) -> tuple[str, float]:
+    """``APP=MS`` -> ``(app, ms)``."""
+    app_id, sep, value = text.partition("=")
+    if not sep or not app_id.strip():
+        raise argparse.ArgumentTypeError(f"hedge {text!r} is not APP=MS")
+    try:
+        delay = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"hedge delay {value!r} is not a number") from exc
+    return app_id.strip(), delay
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``gateway`` options to its command parser."""
+    parser.add_argument("--controller-url", default=None,
+                        help="controller base URL, e.g. http://127.0.0.1:8000 (required)")
+    parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="HTTP port of the KServe v2 endpoint (default 8100; 0: any free)")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="gRPC port of the KServe v2 endpoint (default: none)")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help=f"file holding the controller's bearer token (default ${TOKEN_ENV})")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="where the routing table is kept across restarts "
+                             "(default runs/gateway)")
+    parser.add_argument("--hedge-ms", type=parse_hedge, action="append", default=None,
+                        metavar="APP=MS",
+                        help="after MS ms without an answer, also send APP's request to its "
+                             "warm backup (repeatable)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="how long a request may wait across failovers when it names no "
+                             "deadline (default 30)")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="per app: requests sent to Triton at once (default 64)")
+
+
+def _token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+def run(options: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    from gateway.config import GatewayConfig
+    from gateway.service import Gateway
+    from understudy.wire.settings import resolve
+
+    try:
+        token = _token(options.token_file)
+    except OSError as exc:
+        logger.error("cannot read the token file: %s", exc)
+        return 2
+    try:
+        config = resolve(GatewayConfig, {
+            "controller_url": options.controller_url, "host": options.host,
+            "port": options.port, "grpc_port": options.grpc_port, "token": token,
+            "run_dir": options.run_dir,
+            "hedge_ms": dict(options.hedge_ms) if options.hedge_ms else None,
+            "default_deadline_s": options.deadline_s,
+            "max_in_flight": options.max_in_flight},
+            ENV_PREFIX, env_names={"token": TOKEN_ENV})
+    except ValidationError as exc:
+        logger.error("invalid gateway settings: %s", exc)
+        return 2
+    gateway = Gateway(config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, gateway.stop)
+        await gateway.run()
+
+    asyncio.run(main())
+    return 0
