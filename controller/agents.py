@@ -10,6 +10,12 @@ A connect storm (a thousand agents after a controller restart or a network parti
 admitted :data:`HELLO_CONCURRENCY` hellos at a time; an agent that waits longer than
 :data:`ADMISSION_WAIT_S` is told to come back later (close code 1013) and retries after a
 jittered back-off.
+
+Every frame is validated before anything acts on it (``understudy.wire.protocol``: bounded ids,
+finite numbers, bounded lists and frame size). A frame that breaks the rules closes its
+connection with a reason (close code 1009 for a frame too large, 1008 otherwise), so nothing it
+says reaches Redis; only a frame of a type this controller does not know is skipped (a newer
+agent's message).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from model_repo.artifacts import Manifest
 from understudy.wire.protocol import (
     CommandResult,
     Configure,
+    FrameTooLargeError,
     Hello,
     InventoryCommand,
     InventoryItem,
@@ -35,6 +42,7 @@ from understudy.wire.protocol import (
     ReplicaExited,
     TritonDown,
     TritonUp,
+    UnknownMessageError,
     UnloadCommand,
     encode,
     parse_agent_message,
@@ -47,6 +55,11 @@ HELLO_CONCURRENCY = 32
 """Hellos handled at once (each one reads and writes Redis and may re-plan)."""
 ADMISSION_WAIT_S = 15.0
 TRY_AGAIN_LATER = 1013
+POLICY_VIOLATION = 1008
+"""Close code for a frame that breaks the protocol (RFC 6455)."""
+MESSAGE_TOO_BIG = 1009
+MAX_CLOSE_REASON_BYTES = 123
+"""The most a websocket close frame's reason may hold (RFC 6455, 5.5)."""
 
 
 class AgentHub:
@@ -61,7 +74,8 @@ class AgentHub:
         self.on_triton_up = on_triton_up
         self.on_revived = on_revived
         self._sockets: dict[str, Any] = {}
-        self._pending: dict[str, asyncio.Future[CommandResult]] = {}
+        self._pending: dict[str, tuple[str, asyncio.Future[CommandResult]]] = {}
+        """Command id -> (the server it was sent to, the future of its result)."""
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._admission = asyncio.Semaphore(HELLO_CONCURRENCY)
@@ -76,15 +90,8 @@ class AgentHub:
 
     async def serve(self, websocket: Any) -> None:
         """Handle one agent connection until it closes (FastAPI websocket)."""
-        try:
-            raw = await asyncio.wait_for(websocket.receive_text(), HELLO_TIMEOUT_S)
-            hello = parse_agent_message(raw)
-        except (TimeoutError, ProtocolError) as exc:
-            logger.warning("agent connection without a valid hello: %s", exc)
-            await websocket.close(code=4400, reason="expected a hello frame")
-            return
-        if not isinstance(hello, Hello):
-            await websocket.close(code=4400, reason="expected a hello frame")
+        hello = await self._hello(websocket)
+        if hello is None:
             return
         try:
             await asyncio.wait_for(self._admission.acquire(), ADMISSION_WAIT_S)
@@ -115,6 +122,29 @@ class AgentHub:
                 del self._sockets[server_id]
                 self.detector.connection_closed(server_id)
 
+    async def _hello(self, websocket: Any) -> Hello | None:
+        """The connection's valid hello, or None once the connection is closed with a reason."""
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            raw = await asyncio.wait_for(_receive_frame(websocket), HELLO_TIMEOUT_S)
+            hello = parse_agent_message(raw)
+        except TimeoutError:
+            await _refuse(websocket, POLICY_VIOLATION,
+                          f"expected a hello frame within {HELLO_TIMEOUT_S:g} s")
+            return None
+        except WebSocketDisconnect:
+            return None
+        except ProtocolError as exc:
+            logger.warning("agent connection refused: %s", exc)
+            await _refuse(websocket, _close_code(exc), f"bad hello: {exc}")
+            return None
+        if not isinstance(hello, Hello):
+            await _refuse(websocket, POLICY_VIOLATION,
+                          f"expected a hello frame, got {hello.type!r}")
+            return None
+        return hello
+
     def _on_alive(self, server_id: str) -> None:
         """A declared server's heartbeats say it is alive again: it returns.
 
@@ -124,12 +154,12 @@ class AgentHub:
             self.detector.watch(server_id)
             self._spawn(self.on_revived(server_id))
 
-    async def _receive(self, server_id: str, websocket: Any) -> None:  # noqa: C901 - a branch per frame type
+    async def _receive(self, server_id: str, websocket: Any) -> None:
         from starlette.websockets import WebSocketDisconnect
 
         while True:
             try:
-                raw = await websocket.receive_text()
+                raw = await _receive_frame(websocket)
             except WebSocketDisconnect as exc:
                 logger.info("agent %s disconnected (code %s)", server_id, exc.code)
                 return
@@ -138,19 +168,49 @@ class AgentHub:
                 return
             try:
                 message = parse_agent_message(raw)
-            except ProtocolError as exc:
-                logger.warning("bad frame from %s: %s", server_id, exc)
+            except UnknownMessageError as exc:
+                logger.warning("frame from %s skipped: %s", server_id, exc)
                 continue
-            if isinstance(message, CommandResult):
-                future = self._pending.pop(message.command_id, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-            elif isinstance(message, TritonDown):
-                self.detector.declare(server_id, "triton died")
-            elif isinstance(message, TritonUp):
-                self._spawn(self.on_triton_up(server_id, message))
-            elif isinstance(message, ReplicaExited) and self.on_replica_exited is not None:
-                self.on_replica_exited(server_id, message)
+            except ProtocolError as exc:
+                await self._bad_frame(server_id, websocket, exc)
+                return
+            self._route(server_id, message)
+
+    def _route(self, server_id: str, message: Any) -> None:
+        """Hand one valid frame to whoever waits for it."""
+        if isinstance(message, CommandResult):
+            pending = self._pending.get(message.command_id)
+            if pending is None:
+                return  # a command that timed out meanwhile
+            sent_to, future = pending
+            if sent_to != server_id:
+                logger.warning("server %s answered command %s, which was sent to %s; ignored",
+                               server_id, message.command_id, sent_to)
+                return
+            del self._pending[message.command_id]
+            if not future.done():
+                future.set_result(message)
+        elif isinstance(message, TritonDown):
+            self.detector.declare(server_id, "triton died")
+        elif isinstance(message, TritonUp):
+            self._spawn(self.on_triton_up(server_id, message))
+        elif isinstance(message, ReplicaExited) and self.on_replica_exited is not None:
+            self.on_replica_exited(server_id, message)
+
+    async def _bad_frame(self, server_id: str, websocket: Any, error: ProtocolError) -> None:
+        """Close the connection of an agent that sent an invalid frame, saying why.
+
+        The command it meant to answer (when the frame names one of this server's) fails now
+        instead of waiting for its time-out.
+        """
+        logger.warning("bad frame from %s; closing its connection: %s", server_id, error)
+        pending = self._pending.get(error.command_id or "")
+        if pending is not None and pending[0] == server_id:
+            del self._pending[error.command_id or ""]
+            if not pending[1].done():
+                pending[1].set_exception(AgentCommandError(
+                    f"{server_id}: invalid result frame: {error}", code="bad_frame"))
+        await _refuse(websocket, _close_code(error), f"bad frame: {error}")
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -168,7 +228,7 @@ class AgentHub:
         if websocket is None:
             raise AgentUnavailableError(f"agent of server {server_id} is not connected")
         future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
-        self._pending[command.command_id] = future
+        self._pending[command.command_id] = (server_id, future)
         try:
             await websocket.send_text(encode(command))
         except Exception as exc:  # noqa: BLE001 - a send on a dead socket
@@ -251,6 +311,33 @@ class AgentHub:
         for websocket in list(self._sockets.values()):
             await _close_quietly(websocket)
         self._sockets.clear()
+
+
+async def _receive_frame(websocket: Any) -> str | bytes:
+    """The next frame's payload, text or binary (WebSocketDisconnect when the peer left)."""
+    from starlette.websockets import WebSocketDisconnect
+
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    text = message.get("text")
+    return text if text is not None else message.get("bytes") or b""
+
+
+def _close_code(error: ProtocolError) -> int:
+    return MESSAGE_TOO_BIG if isinstance(error, FrameTooLargeError) else POLICY_VIOLATION
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what a close frame may carry (whole UTF-8 characters)."""
+    return text.encode()[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore")
+
+
+async def _refuse(websocket: Any, code: int, reason: str) -> None:
+    try:
+        await websocket.close(code=code, reason=close_reason(reason))
+    except Exception:  # noqa: BLE001 - the peer is gone already
+        return
 
 
 async def _close_quietly(websocket: Any) -> None:

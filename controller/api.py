@@ -1,21 +1,24 @@
 """The REST and websocket API: decode, call the core, encode. Nothing else lives here.
 
 Reads are open; everything that changes state, and agent connections, need the bearer token
-(when the controller has one). Errors map to HTTP statuses in one place
-(:func:`_install_error_handlers`); bad bodies are 422 with pydantic's message.
+(when the controller has one), checked before a body is read (``controller.http_guard``, which
+also bounds the body's size). Errors map to HTTP statuses in one place
+(:func:`_install_error_handlers`), every error body is an :class:`ErrorBody` (bad input: 422
+with pydantic's message per field), and the OpenAPI schema says so (:func:`_document_errors`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request, WebSocket
+from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
 from controller.declarations import Declaration
@@ -26,6 +29,7 @@ from controller.errors import (
     UnauthorizedError,
 )
 from controller.graphs.api import graph_routes
+from controller.http_guard import MUTATING_METHODS, RequestGuard, bearer_ok
 from controller.record_cache import RecordsView
 from controller.records import (
     AppSpec,
@@ -54,18 +58,29 @@ from controller.views import (
 )
 from policies.errors import PolicyError
 from stateful.errors import ReplicaUnavailableError, StatefulError
+from understudy.wire.bounds import MAX_ID_CHARS, NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FILES = ("manifest.json", "weights.pt")
+READY_CHECK_S = 2.0
+"""How long /readyz waits for the records before it says not ready."""
+Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
+"""A filter's id or name (bounded like every id)."""
 
 
-def _bearer(request_headers: Any, expected: str | None) -> bool:
-    if not expected:
-        return True
-    header = request_headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), expected)
+class FieldError(BaseModel):
+    """What is wrong with one field of a request."""
+
+    field: str = Field(description="where, e.g. body.apps.2.app_id")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers: what went wrong, and for bad input, each field's problem."""
+
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
 
 
 def create_app(controller: Controller) -> FastAPI:
@@ -82,14 +97,53 @@ def create_app(controller: Controller) -> FastAPI:
     app = FastAPI(title="Understudy controller", version="1", lifespan=lifespan,
                   description="Failover control plane for ML model serving at the edge.")
     _install_error_handlers(app)
+    app.add_middleware(RequestGuard, token=lambda: controller.settings.token)
 
     _routes(app, controller)
+    _document_errors(app)
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Make the OpenAPI schema describe the error bodies the API really answers.
+
+    FastAPI documents every 422 as its own ``HTTPValidationError`` (``detail`` a list), which
+    no answer of ours matches: each becomes an :class:`ErrorBody`, and the 401 and 413 that
+    ``RequestGuard`` answers on mutating routes are documented too.
+    """
+    fastapi_schema = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _use_error_body(fastapi_schema())  # FastAPI keeps it in app.openapi_schema
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _use_error_body(schema: dict[str, Any]) -> None:
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(error_schema.pop("$defs", {}))
+    components["ErrorBody"] = error_schema
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for operations in schema.get("paths", {}).values():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            if "422" in responses:
+                responses["422"] = {"description": "Invalid request", "content": content}
+            if method.upper() in MUTATING_METHODS:
+                responses.setdefault("401", {"description": "Missing or wrong bearer token",
+                                             "content": content})
+                responses.setdefault("413", {"description": "Request body too large",
+                                             "content": content})
 
 
 def _routes(app: FastAPI, controller: Controller) -> None:
     def authorised(request: Request) -> None:
-        if not _bearer(request.headers, controller.settings.token):
+        if not bearer_ok(request.headers, controller.settings.token):
             raise UnauthorizedError("missing or wrong bearer token")
 
     mutating = [Depends(authorised)]
@@ -110,13 +164,24 @@ def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        ok = controller.ready and controller.store is not None and await controller.store.ping()
+        ok = controller.ready and controller.store is not None and \
+            await controller.store.ping() and await _records_readable(controller)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["health"])
     async def metrics() -> Response:
         await controller.refresh_gauges()
         return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def _records_readable(controller: Controller) -> bool:
+    """Whether the records can be read now (what every route needs)."""
+    try:
+        await asyncio.wait_for(controller.store.view(), READY_CHECK_S)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - any failure means "cannot serve"
+        logger.exception("not ready: the records cannot be read")
+        return False
+    return True
 
 
 def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
@@ -137,10 +202,9 @@ def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
 
     @app.get("/v1/apps", tags=["apps"], response_model=list[AppView])
     async def list_apps(
-            request: Request, status: AppStatus | None = None, family: str | None = None,
-            variant: str | None = None, critical: bool | None = None,
-            server_id: str | None = None, site: str | None = None,
-            cursor: str | None = None,
+            request: Request, status: AppStatus | None = None, family: Name = None,
+            variant: Name = None, critical: bool | None = None,
+            server_id: Name = None, site: Name = None, cursor: Name = None,
             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE) -> Response:
         view = await views()
         wanted = AppFilter(status, family, variant, critical, server_id, site)
@@ -170,7 +234,7 @@ def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -
     @app.get("/v1/servers", tags=["servers"])
     async def list_servers(
             response: Response, request: Request, state: ServerState | None = None,
-            site: str | None = None, cursor: str | None = None,
+            site: Name = None, cursor: Name = None,
             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE
     ) -> list[ServerRecord]:
         servers = (await controller.store.view()).servers  # type: ignore[union-attr]
@@ -218,13 +282,14 @@ def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list
 def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
 
     @app.get("/v1/events", tags=["events"])
-    async def events(since: Annotated[int, Query(ge=0)] = 0, app_id: str | None = None,
+    async def events(since: Annotated[int, Query(ge=0)] = 0, app_id: Name = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[Event]:
         return await controller.store.events(since, app_id, limit)  # type: ignore[union-attr]
 
     @app.websocket("/v1/events/ws")
-    async def event_stream(websocket: WebSocket, since: int | None = None,
-                           app_id: str | None = None) -> None:
+    async def event_stream(websocket: WebSocket,
+                           since: Annotated[int | None, Query(ge=0)] = None,
+                           app_id: Name = None) -> None:
         await websocket.accept()
         try:
             async for event in controller.events.subscribe(app_id, since):
@@ -244,7 +309,7 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
 
     @app.websocket("/v1/agents/connect")
     async def agent_socket(websocket: WebSocket) -> None:
-        if not _bearer(websocket.headers, controller.settings.token):
+        if not bearer_ok(websocket.headers, controller.settings.token):
             await websocket.send_denial_response(
                 JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401))
             return
@@ -252,15 +317,19 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
         await controller.agents.serve(websocket)
 
     @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"])
-    async def artifact(variant: str, name: str) -> FileResponse:
+    async def artifact(
+            variant: Annotated[str, Path(max_length=MAX_ID_CHARS, pattern=NAME_PATTERN)],
+            name: str) -> FileResponse:
         from model_repo.artifacts import ArtifactError
 
         if name not in ARTIFACT_FILES:
-            raise NotFoundError(f"no artifact {variant}/{name}")
+            raise NotFoundError(f"no artifact named {name[:MAX_ID_CHARS]!r}")
         try:
             entry = await controller.artifacts.entry(variant)
         except ArtifactError as exc:
-            raise NotFoundError(str(exc)) from exc
+            # The store's message may name its directory; the caller learns only "unknown".
+            logger.info("artifact %s/%s not served: %s", variant, name, exc)
+            raise NotFoundError(f"unknown variant {variant!r}") from exc
         return FileResponse(entry.directory / name)
 
 

@@ -36,6 +36,12 @@ class InvalidBatchError(InvalidRequestError):
         self.errors = errors
 
 
+class InvalidRecordError(ControllerError):
+    """A record the controller was about to write does not read back: refused, never stored."""
+
+    status = 500
+
+
 class UnauthorizedError(ControllerError):
     """Missing or wrong bearer token."""
 

@@ -13,18 +13,28 @@ records (:class:`ReadOnlyAppRecord`, :class:`ReadOnlyServerRecord`): a caller th
 changes a record asks for its own copy (``copy_app`` ...), as it did when every read parsed
 Redis' answer. Assigning to a read-only record raises, so a decision made on a shared record
 by mistake fails loudly instead of changing the cache behind Redis' back.
+
+Every record is checked on its way in: a load parses each one and hands back those that do not
+parse or break the rules (:class:`Rejected`; the store quarantines them), and the store checks
+each record it writes (:func:`checked_app`, :func:`checked_server`), handing the parsed record
+over with the write, so a read never meets a record it cannot parse.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
 
+from controller.errors import InvalidRecordError
 from controller.records import AppRecord, AppSpec, Replica, ServerRecord
+
+MAX_REASON_CHARS = 500
+_R = TypeVar("_R")
 
 
 class ReadOnlyAppSpec(AppSpec):
@@ -52,6 +62,82 @@ class ReadOnlyServerRecord(ServerRecord):
     """A server record shared by every reader of the cache: never changed in place."""
 
     model_config = ConfigDict(frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A record found in Redis that does not parse or breaks the rules: kept out of the cache."""
+
+    hash_name: str
+    """``apps`` or ``servers``: the hash it was found in."""
+    record_id: str
+    reason: str
+
+
+def reason_of(error: ValueError) -> str:
+    """A short, single-line account of why a record was refused (no input values quoted)."""
+    if isinstance(error, ValidationError):
+        text = "; ".join(_problem(e['loc'], e['msg'])
+                         for e in error.errors(include_url=False, include_input=False))
+    else:
+        text = str(error)
+    return text[:MAX_REASON_CHARS]
+
+
+def _problem(loc: tuple[int | str, ...], message: str) -> str:
+    return f"{'.'.join(str(p) for p in loc)}: {message}" if loc else message
+
+
+def parse_app(app_id: str, raw: str) -> ReadOnlyAppRecord:
+    """The record stored under ``app_id``; ValueError when it is not a valid one of that app."""
+    record = ReadOnlyAppRecord.model_validate_json(raw)
+    if record.app_id != app_id:
+        raise ValueError(f"stored under {app_id[:128]!r} but its app_id is {record.app_id!r}")
+    return record
+
+
+def parse_server(server_id: str, raw: str) -> ReadOnlyServerRecord:
+    """The record stored under ``server_id``; ValueError when it is not a valid one of it."""
+    record = ReadOnlyServerRecord.model_validate_json(raw)
+    if record.server_id != server_id:
+        raise ValueError(f"stored under {server_id[:128]!r} but its server_id is "
+                         f"{record.server_id!r}")
+    return record
+
+
+def checked_app(record: AppRecord) -> tuple[str, str, ReadOnlyAppRecord]:
+    """(id, JSON, the shared record) of an app record about to be written.
+
+    InvalidRecordError when what would be stored does not read back (a non-finite number is
+    written as ``null``): Redis never gets a record that a later read would refuse.
+    """
+    raw = record.model_dump_json()
+    try:
+        return record.app_id, raw, parse_app(record.app_id, raw)
+    except ValueError as exc:
+        raise InvalidRecordError(f"app {record.app_id!r} not written: {reason_of(exc)}") from exc
+
+
+def checked_server(record: ServerRecord) -> tuple[str, str, ReadOnlyServerRecord]:
+    """(id, JSON, the shared record) of a server record about to be written (see checked_app)."""
+    raw = record.model_dump_json()
+    try:
+        return record.server_id, raw, parse_server(record.server_id, raw)
+    except ValueError as exc:
+        raise InvalidRecordError(f"server {record.server_id!r} not written: "
+                                 f"{reason_of(exc)}") from exc
+
+
+def _parse_all(raws: Mapping[str, str], hash_name: str, parse: Callable[[str, str], _R]
+               ) -> tuple[dict[str, _R], list[Rejected]]:
+    parsed: dict[str, _R] = {}
+    rejected: list[Rejected] = []
+    for record_id, raw in raws.items():
+        try:
+            parsed[record_id] = parse(record_id, raw)
+        except ValueError as exc:
+            rejected.append(Rejected(hash_name, record_id, reason_of(exc)))
+    return parsed, rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +181,19 @@ class RecordCache:
 
     # --- loading -----------------------------------------------------------------------------
 
-    def load(self, apps: Mapping[str, str], servers: Mapping[str, str], revision: int) -> None:
-        """Replace everything with what Redis holds at ``revision``."""
-        self._apps_json = dict(apps)
-        self._servers_json = dict(servers)
-        self._apps.clear()
-        self._servers.clear()
+    def load(self, apps: Mapping[str, str], servers: Mapping[str, str],
+             revision: int) -> list[Rejected]:
+        """Replace everything with what Redis holds at ``revision``, parsing every record.
+
+        Returns the records left out because they do not parse or break the rules (the
+        store moves them to quarantine).
+        """
+        parsed_apps, rejected = _parse_all(apps, "apps", parse_app)
+        parsed_servers, rejected_servers = _parse_all(servers, "servers", parse_server)
+        self._apps_json = {a: apps[a] for a in parsed_apps}
+        self._servers_json = {s: servers[s] for s in parsed_servers}
+        self._apps = parsed_apps
+        self._servers = parsed_servers
         self._ids = sorted(self._apps_json)
         self._view = None
         self._servers_view = None
@@ -109,6 +202,7 @@ class RecordCache:
         self._unindexed = set(self._ids)
         self.revision = revision
         self.loaded = True
+        return rejected + rejected_servers
 
     def invalidate(self) -> None:
         """Forget everything: the next read loads from Redis again."""
@@ -135,10 +229,14 @@ class RecordCache:
 
     def written(self, revision: int, *, apps: Iterable[tuple[str, str]] = (),
                 servers: Iterable[tuple[str, str]] = (),
-                deleted_apps: Iterable[str] = ()) -> bool:
+                deleted_apps: Iterable[str] = (),
+                parsed_apps: Mapping[str, ReadOnlyAppRecord] | None = None,
+                parsed_servers: Mapping[str, ReadOnlyServerRecord] | None = None) -> bool:
         """Apply one acknowledged write (app and server JSON by id, deletions) at ``revision``.
 
-        False (and the cache invalidated) when the write does not follow the cached revision.
+        ``parsed_*``: the records already parsed from that JSON (``checked_app``), kept
+        instead of parsed again at the next read. False (and the cache invalidated) when the
+        write does not follow the cached revision.
         """
         if not self.follows(revision):
             return False
@@ -146,11 +244,11 @@ class RecordCache:
             if app_id not in self._apps_json:
                 bisect.insort(self._ids, app_id)
             self._apps_json[app_id] = raw
-            self._apps.pop(app_id, None)
+            _keep(self._apps, app_id, parsed_apps)
             self._unindexed.add(app_id)
         for server_id, raw in servers:
             self._servers_json[server_id] = raw
-            self._servers.pop(server_id, None)
+            _keep(self._servers, server_id, parsed_servers)
             self._servers_view = None
         for app_id in deleted_apps:
             if self._apps_json.pop(app_id, None) is not None:
@@ -256,3 +354,12 @@ class RecordCache:
     def server_json(self, server_id: str) -> str | None:
         """The JSON stored for one server."""
         return self._servers_json.get(server_id)
+
+
+def _keep(records: dict[str, _R], record_id: str, parsed: Mapping[str, _R] | None) -> None:
+    """Cache the freshly written record when it was parsed already, else forget the old one."""
+    record = parsed.get(record_id) if parsed is not None else None
+    if record is None:
+        records.pop(record_id, None)
+    else:
+        records[record_id] = record

@@ -3,6 +3,11 @@
 Plain pydantic documents (JSON in Redis, never pickle). New fields always get defaults, so a
 newer controller reads an older store. The API's request bodies are the ``*Spec`` / ``*Patch``
 models with ``extra="forbid"``: unknown fields are a 422, not silently ignored.
+
+Every number is finite (pydantic would store NaN and infinity as ``null``, which no later read
+accepts) and every id and list is bounded (``understudy.wire.bounds``): a body or a record that
+breaks a bound is refused, and a record in Redis that breaks one is quarantined at load
+(``controller.store``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,27 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.model import Role
+from understudy.wire.bounds import (
+    MAX_HEARTBEAT_MS,
+    MIN_HEARTBEAT_MS,
+    NAME_PATTERN,
+    Capacities,
+    Duration,
+    HeartbeatIntervalMs,
+    Id,
+    ModelPart,
+    Token,
+    Url,
+)
 from understudy.wire.protocol import ModelState
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+MAX_FAMILY_CHARS = 64
+MAX_LIST = 1000
+"""Servers or sites one app may exclude."""
+MAX_SLO_MS = 3_600_000.0
+MIN_TIME_LIMIT_S = 0.1
+"""The ILP's shortest time limit: less is not enough for HiGHS to load the model."""
 
 
 def now() -> float:
@@ -25,24 +48,26 @@ def now() -> float:
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class AppSpec(BaseModel):
     """An application registration (the body of ``POST /v1/apps``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     app_id: str = Field(pattern=ID_PATTERN, description="unique id; letters, digits, _ . -")
-    family: str = Field(min_length=1, description="model family, e.g. efficientnet")
+    family: str = Field(min_length=1, max_length=MAX_FAMILY_CHARS, pattern=NAME_PATTERN,
+                        description="model family, e.g. efficientnet")
     critical: bool = Field(False, description="member of K: must have a warm backup")
-    latency_slo_ms: float | None = Field(None, gt=0)
+    latency_slo_ms: float | None = Field(None, gt=0, le=MAX_SLO_MS)
     max_rate_rps: float = Field(10.0, gt=0, le=100_000)
-    variant: str | None = Field(None, description="primary variant (default: most accurate)")
-    pinned_server: str | None = None
-    pinned_site: str | None = None
-    excluded_servers: list[str] = Field(default_factory=list, max_length=1000)
-    excluded_sites: list[str] = Field(default_factory=list, max_length=1000)
+    variant: ModelPart | None = Field(None,
+                                      description="primary variant (default: most accurate)")
+    pinned_server: Id | None = None
+    pinned_site: Id | None = None
+    excluded_servers: list[Id] = Field(default_factory=list, max_length=MAX_LIST)
+    excluded_sites: list[Id] = Field(default_factory=list, max_length=MAX_LIST)
     warm_replicas: int | None = Field(None, ge=1, le=4)
     allow_larger_backups: bool = Field(
         False, description="let warm backups and failover replicas use a variant larger or "
@@ -59,13 +84,13 @@ class AppSpec(BaseModel):
 class Replica(_Doc):
     """One variant of an app on one server (desired, then observed)."""
 
-    server_id: str
-    variant: str
+    server_id: Id
+    variant: Id
     role: Role
     state: ModelState = ModelState.LOADING
     accuracy: float = 0.0
     since: float = Field(default_factory=now)
-    load_s: float | None = None
+    load_s: Duration | None = None
     """How long the agent's Triton load of this replica took (set when it became ready)."""
 
     @property
@@ -92,9 +117,9 @@ class AppRecord(_Doc):
     spec: AppSpec
     status: AppStatus = AppStatus.PENDING
     replicas: list[Replica] = Field(default_factory=list)
-    serving: tuple[str, str] | None = None
+    serving: tuple[Id, Id] | None = None
     """(server, variant) of the replica clients are sent to."""
-    home: tuple[str, str] | None = None
+    home: tuple[Id, Id] | None = None
     """Where the primary belongs when healthy (for fail-back)."""
     reason: str = ""
     registered_at: float = Field(default_factory=now)
@@ -136,15 +161,15 @@ class ServerState(StrEnum):
 class ServerRecord(_Doc):
     """A server known from its agent's hello."""
 
-    server_id: str
-    site_id: str
-    capacity: dict[str, float]
-    server_type: str = "testbed"
-    http: str | None = None
-    grpc: str | None = None
+    server_id: Id
+    site_id: Id
+    capacity: Capacities
+    server_type: Id = "testbed"
+    http: Url | None = None
+    grpc: Url | None = None
     state: ServerState = ServerState.UP
     connected: bool = False
-    boot_id: str = ""
+    boot_id: Token = ""
     failed_at: float | None = None
     failure_reason: str = ""
     last_hello: float = Field(default_factory=now)
@@ -153,13 +178,14 @@ class ServerRecord(_Doc):
 class RuntimeConfig(BaseModel):
     """Settings changeable at run time through ``PUT /v1/config`` (all optional there)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     alpha: float = Field(0.1, ge=0, lt=1, description="share of free capacity kept for cold")
-    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+    heartbeat_interval_ms: HeartbeatIntervalMs = Field(
+        20.0, description=f"{MIN_HEARTBEAT_MS:g} to {MAX_HEARTBEAT_MS:g} ms")
     heartbeat_misses: int = Field(2, ge=1, le=100)
     solver: Literal["highs", "cbc", "gurobi"] = "highs"
-    time_limit_s: float = Field(10.0, gt=0, le=3600)
+    time_limit_s: float = Field(10.0, ge=MIN_TIME_LIMIT_S, le=3600)
     mip_rel_gap: float = Field(0.01, ge=0, lt=1)
     warm_method: Literal["auto", "decomposed", "full", "heuristic"] = Field(
         "auto", description="how the warm plan is solved: 'auto' solves the ILP (decomposed) "
@@ -180,13 +206,13 @@ class RuntimeConfig(BaseModel):
 class ConfigPatch(BaseModel):
     """Body of ``PATCH /v1/config``: any subset of :class:`RuntimeConfig`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     alpha: float | None = Field(None, ge=0, lt=1)
-    heartbeat_interval_ms: float | None = Field(None, gt=0, le=60_000)
+    heartbeat_interval_ms: HeartbeatIntervalMs | None = None
     heartbeat_misses: int | None = Field(None, ge=1, le=100)
     solver: Literal["highs", "cbc", "gurobi"] | None = None
-    time_limit_s: float | None = Field(None, gt=0, le=3600)
+    time_limit_s: float | None = Field(None, ge=MIN_TIME_LIMIT_S, le=3600)
     mip_rel_gap: float | None = Field(None, ge=0, lt=1)
     warm_method: Literal["auto", "decomposed", "full", "heuristic"] | None = None
     site_independent: bool | Literal["auto"] | None = None

@@ -18,25 +18,39 @@ Reads of apps and servers come from an in-memory copy (:class:`RecordCache`) tha
 updates once Redis acknowledged it; a failed write, a revision that does not follow, or a
 :meth:`Store.revision` check that finds Redis elsewhere (restarted without the last writes)
 loads it again from Redis.
+
+Nothing invalid is written and nothing unreadable stops a read: every app and server record is
+checked before it is written (``record_cache.checked_app``), and whatever a read finds that does
+not parse or breaks the rules (a record, the config, an intent, a graph, an event, a key of the
+wrong type) is moved to quarantine (``controller.quarantine``), logged, and left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controller.graphs.records import GraphRecord
-from controller.record_cache import RecordCache, RecordsView
+from controller.quarantine import Bad, Quarantine
+from controller.record_cache import (
+    RecordCache,
+    RecordsView,
+    checked_app,
+    checked_server,
+    reason_of,
+)
 from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
 
 logger = logging.getLogger(__name__)
@@ -90,6 +104,7 @@ class Store:
         self._commit_script = self.redis.register_script(_COMMIT_LUA)
         self._cache = RecordCache()
         """Apps and servers as last acknowledged; the event lock serialises every write."""
+        self.quarantine = Quarantine(self.redis, prefix)
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -116,14 +131,70 @@ class Store:
         return self._cache
 
     async def _load(self) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._key("apps"))
-            pipe.hgetall(self._key("servers"))
-            pipe.get(self._key("rev"))
-            raw_apps, raw_servers, rev = await pipe.execute()
-        self._cache.load(raw_apps, raw_servers, int(rev or 0))
-        logger.info("records loaded from redis: %d apps, %d servers (revision %d)",
-                    len(raw_apps), len(raw_servers), self._cache.revision)
+        raw_apps, raw_servers, raw_rev, raw_seq = await self._read_records()
+        if _revision(raw_seq) is None:
+            await self._repair_event_seq(raw_seq)
+        rev = _revision(raw_rev)
+        rejected = self._cache.load(raw_apps, raw_servers, rev or 0)
+        if rejected or rev is None:
+            await self._quarantine_records(rejected, raw_apps, raw_servers, raw_rev)
+        logger.info("records loaded from redis: %d apps, %d servers (revision %d, %d "
+                    "quarantined)", len(raw_apps) - sum(r.hash_name == "apps" for r in rejected),
+                    len(raw_servers) - sum(r.hash_name == "servers" for r in rejected),
+                    self._cache.revision, len(rejected))
+
+    async def _read_records(self) -> list[Any]:
+        """The apps and servers hashes, the revision and the event counter, as stored."""
+        keys = (("apps", "hash"), ("servers", "hash"), ("rev", "string"),
+                ("event_seq", "string"))
+
+        async def read() -> list[Any]:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for name, kind in keys:
+                    if kind == "hash":
+                        pipe.hgetall(self._key(name))
+                    else:
+                        pipe.get(self._key(name))
+                return await pipe.execute()  # type: ignore[no-any-return]
+
+        try:
+            return await read()
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            for name, kind in keys:
+                if await self.redis.type(self._key(name)) not in (kind, "none"):
+                    await self.quarantine.set_aside(name, f"not a {kind}")
+            return await read()
+
+    async def _repair_event_seq(self, raw: Any) -> None:
+        """An event counter that is no number: go on from the stream's newest event.
+
+        Left as it was, every commit would fail (INCRBY refuses it).
+        """
+        await self.quarantine.value("event_seq", Bad(None, str(raw), "not a sequence number"))
+        newest = await self._tolerant("events", lambda: self.redis.xrevrange(
+            self._key("events"), count=1))
+        last = int(newest[0][0].split("-")[0]) if newest else 0
+        await self.redis.set(self._key("event_seq"), last)
+
+    async def _quarantine_records(self, rejected: Any, raw_apps: dict[str, str],
+                                  raw_servers: dict[str, str], raw_rev: Any) -> None:
+        """Move rejected records out of ``apps`` and ``servers``; a bad ``rev`` starts over.
+
+        One transaction per hash, each with the revision increment that says records changed
+        (so the cache, at the old revision plus one, follows).
+        """
+        raws = {"apps": raw_apps, "servers": raw_servers}
+        if _revision(raw_rev) is None:
+            await self.quarantine.value("rev", Bad(None, str(raw_rev), "not a revision number"))
+        for name in ("apps", "servers"):
+            bad = [Bad(r.record_id, raws[name][r.record_id], r.reason)
+                   for r in rejected if r.hash_name == name]
+            if bad:
+                rev, = await self.quarantine.fields(
+                    name, bad, lambda pipe: pipe.incr(self._key("rev")))
+                self._applied(int(rev))
 
     async def _write(self, commands: Callable[[Any], None],
                      applied: Callable[[list[Any]], dict[str, Any]]) -> list[Any]:
@@ -181,9 +252,9 @@ class Store:
     async def put_app(self, record: AppRecord) -> None:
         """Write an app record (stamps ``updated_at``)."""
         record.updated_at = now()
-        pair = (record.app_id, record.model_dump_json())
-        await self._write(lambda pipe: pipe.hset(self._key("apps"), *pair),
-                          lambda _: {"apps": [pair]})
+        app_id, raw, parsed = checked_app(record)
+        await self._write(lambda pipe: pipe.hset(self._key("apps"), app_id, raw),
+                          lambda _: {"apps": [(app_id, raw)], "parsed_apps": {app_id: parsed}})
 
     async def add_app(self, record: AppRecord) -> bool:
         """Write a new app record; False when the id is taken."""
@@ -191,7 +262,8 @@ class Store:
 
     async def add_apps(self, records: Sequence[AppRecord]) -> list[bool]:
         """Write new app records in one transaction; False for each id already taken."""
-        pairs = [(r.app_id, r.model_dump_json()) for r in records]
+        checked = [checked_app(r) for r in records]
+        pairs = [(app_id, raw) for app_id, raw, _ in checked]
         if not pairs:
             return []
 
@@ -200,7 +272,8 @@ class Store:
                 pipe.hsetnx(self._key("apps"), app_id, raw)
 
         results = await self._write(commands, lambda added: {"apps": [
-            pair for pair, ok in zip(pairs, added, strict=True) if ok]})
+            pair for pair, ok in zip(pairs, added, strict=True) if ok],
+            "parsed_apps": {app_id: parsed for app_id, _, parsed in checked}})
         return [bool(ok) for ok in results]
 
     async def app_ids(self) -> list[str]:
@@ -236,9 +309,10 @@ class Store:
 
     async def put_server(self, record: ServerRecord) -> None:
         """Write a server record."""
-        pair = (record.server_id, record.model_dump_json())
-        await self._write(lambda pipe: pipe.hset(self._key("servers"), *pair),
-                          lambda _: {"servers": [pair]})
+        server_id, raw, parsed = checked_server(record)
+        await self._write(lambda pipe: pipe.hset(self._key("servers"), server_id, raw),
+                          lambda _: {"servers": [(server_id, raw)],
+                                     "parsed_servers": {server_id: parsed}})
 
     async def servers(self) -> dict[str, ServerRecord]:
         """Every server record by id (private copies)."""
@@ -275,8 +349,10 @@ class Store:
         stamp = now()
         for record in apps:
             record.updated_at = stamp
-        app_pairs = [(a.app_id, a.model_dump_json()) for a in apps]
-        server_pairs = [(s.server_id, s.model_dump_json()) for s in servers]
+        checked_apps = [checked_app(a) for a in apps]
+        checked_servers = [checked_server(s) for s in servers]
+        app_pairs = [(app_id, raw) for app_id, raw, _ in checked_apps]
+        server_pairs = [(server_id, raw) for server_id, raw, _ in checked_servers]
         batch = {
             "intent": ([intent_id, json.dumps({"at": stamp, **intent})]
                        if intent is not None else None),
@@ -298,16 +374,24 @@ class Store:
                 self._cache.invalidate()
                 raise
             if app_pairs or server_pairs:
-                self._applied(int(rev), apps=app_pairs, servers=server_pairs)
+                self._applied(int(rev), apps=app_pairs, servers=server_pairs,
+                              parsed_apps={a: p for a, _, p in checked_apps},
+                              parsed_servers={s: p for s, _, p in checked_servers})
         stored = [e.model_copy(update={"seq": int(first) + i}) for i, e in enumerate(events)]
         return intent_id, stored
 
     # --- config and plan ---------------------------------------------------------------------
 
     async def config(self) -> RuntimeConfig | None:
-        """The stored runtime config (None before the first start)."""
-        raw = await self.redis.get(self._key("config"))
-        return RuntimeConfig.model_validate_json(raw) if raw else None
+        """The stored runtime config (None before the first start, or once quarantined)."""
+        raw = await self._string("config")
+        if not raw:
+            return None
+        try:
+            return RuntimeConfig.model_validate_json(raw)
+        except ValueError as exc:
+            await self.quarantine.value("config", Bad(None, raw, reason_of(exc)))
+            return None
 
     async def put_config(self, config: RuntimeConfig) -> None:
         """Store the runtime config."""
@@ -315,8 +399,11 @@ class Store:
 
     async def plan(self) -> dict[str, Any] | None:
         """The last warm plan summary."""
-        raw = await self.redis.get(self._key("plan"))
-        return json.loads(raw) if raw else None
+        raw = await self._string("plan")
+        plan = _json_object(raw) if raw else None
+        if raw and plan is None:
+            await self.quarantine.value("plan", Bad(None, raw, "not a JSON object"))
+        return plan
 
     async def put_plan(self, plan: dict[str, Any]) -> None:
         """Store the warm plan summary."""
@@ -335,14 +422,23 @@ class Store:
         found: list[Event] = []
         start = f"({since}-0" if since > 0 else "-"
         while len(found) < limit:
-            batch = await self.redis.xrange(self._key("events"), min=start, max="+", count=500)
+            batch = await self._tolerant("events", functools.partial(
+                self.redis.xrange, self._key("events"), min=start, max="+", count=500))
             if not batch:
                 break
+            bad: list[Bad] = []
             for entry_id, fields in batch:
-                event = Event.model_validate_json(fields["data"])
+                start = f"({entry_id}"
+                raw = fields.get("data", "")
+                try:
+                    event = Event.model_validate_json(raw)
+                except ValueError as exc:
+                    bad.append(Bad(entry_id, raw, reason_of(exc)))
+                    continue
                 if app_id is None or event.app_id == app_id:
                     found.append(event)
-                start = f"({entry_id}"
+            if bad:
+                await self.quarantine.stream_entries("events", bad)
         return found[:limit]
 
     async def last_seq(self) -> int:
@@ -364,9 +460,15 @@ class Store:
         await self.redis.hdel(self._key("intents"), intent_id)
 
     async def intents(self) -> dict[str, dict[str, Any]]:
-        """Unfinished intents (after a crash: what to resume)."""
-        raw = await self.redis.hgetall(self._key("intents"))
-        return {k: json.loads(v) for k, v in raw.items()}
+        """Unfinished intents (after a crash: what to resume); unreadable ones quarantined."""
+        raw = await self._hash("intents")
+        intents = {k: _json_object(v) for k, v in raw.items()}
+        bad = [Bad(k, raw[k], "not a JSON object with a kind") for k, v in intents.items()
+               if v is None or not isinstance(v.get("kind"), str)]
+        if bad:
+            await self.quarantine.fields("intents", bad)
+        return {k: v for k, v in intents.items() if v is not None and k not in
+                {b.field for b in bad}}
 
     # --- service graphs ----------------------------------------------------------------------
 
@@ -382,15 +484,67 @@ class Store:
                                             record.model_dump_json()))
 
     async def get_graph(self, name: str) -> GraphRecord | None:
-        """One graph record."""
-        raw = await self.redis.hget(self._key("graphs"), name)
-        return GraphRecord.model_validate_json(raw) if raw else None
+        """One graph record (None when there is none, or it was quarantined)."""
+        raw = await self._hget("graphs", name)
+        return (await self._graph_records({name: raw})).get(name) if raw else None
 
     async def graphs(self) -> dict[str, GraphRecord]:
-        """Every graph record by name."""
-        raw = await self.redis.hgetall(self._key("graphs"))
-        return {k: GraphRecord.model_validate_json(v) for k, v in sorted(raw.items())}
+        """Every graph record by name (unreadable ones quarantined)."""
+        return await self._graph_records(dict(sorted((await self._hash("graphs")).items())))
+
+    async def _graph_records(self, raws: dict[str, str]) -> dict[str, GraphRecord]:
+        records: dict[str, GraphRecord] = {}
+        bad: list[Bad] = []
+        for name, raw in raws.items():
+            try:
+                records[name] = GraphRecord.model_validate_json(raw)
+            except ValueError as exc:
+                bad.append(Bad(name, raw, reason_of(exc)))
+        if bad:
+            await self.quarantine.fields("graphs", bad)
+        return records
 
     async def delete_graph(self, name: str) -> None:
         """Forget a graph."""
         await self.redis.hdel(self._key("graphs"), name)
+
+    # --- reads that survive a key of the wrong type ------------------------------------------
+
+    async def _tolerant(self, name: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """``read()`` of key ``name``; a key of another type is set aside and read again."""
+        try:
+            return await read()
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            await self.quarantine.set_aside(name, str(exc))
+            return await read()
+
+    async def _string(self, name: str) -> str | None:
+        return await self._tolerant(name, lambda: self.redis.get(self._key(name)))  # type: ignore[no-any-return]
+
+    async def _hash(self, name: str) -> dict[str, str]:
+        return await self._tolerant(name, lambda: self.redis.hgetall(self._key(name)))  # type: ignore[no-any-return]
+
+    async def _hget(self, name: str, field: str) -> str | None:
+        return await self._tolerant(name, lambda: self.redis.hget(self._key(name), field))  # type: ignore[no-any-return]
+
+
+def _revision(raw: Any) -> int | None:
+    """The stored revision (0 before the first write); None when the value is no revision."""
+    if raw is None:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _json_object(raw: str) -> dict[str, Any] | None:
+    """``raw`` parsed when it is a JSON object, else None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -29,6 +29,7 @@ from typing import Any
 from model_repo.network import NetworkSpec, initial_state, seed_for, spec_for_size
 from policies.model import Family
 from understudy.wire.artifacts import STORE_SCHEMA_VERSION, Manifest
+from understudy.wire.bounds import check_name
 
 logger = logging.getLogger(__name__)
 
@@ -187,9 +188,19 @@ def list_store(store: Path) -> list[StoreEntry]:
 
 
 def find_variant(store: Path, variant: str) -> StoreEntry:
-    """The store entry of ``variant``; ArtifactError when the store does not hold it."""
-    for manifest_path in store.glob(f"*/{variant}/{MANIFEST_FILE}"):
-        manifest = _existing_manifest(manifest_path.parent)
+    """The store entry of ``variant``; ArtifactError when the store does not hold it.
+
+    ``variant`` is a name, never a pattern: one that is not a valid variant name (``*``,
+    ``..``, a ``/``) is unknown, and the error does not name the store's directory (the
+    controller's API hands it to whoever asked).
+    """
+    try:
+        check_name(variant, "variant")
+    except ValueError as exc:
+        raise ArtifactError(f"unknown variant: {exc}") from exc
+    for family_dir in sorted(store.iterdir()) if store.is_dir() else ():
+        directory = family_dir / variant
+        manifest = _existing_manifest(directory) if directory.is_dir() else None
         if manifest is not None:
-            return StoreEntry(manifest.family, variant, manifest_path.parent, manifest)
-    raise ArtifactError(f"variant {variant!r} is not in the artifact store {store}")
+            return StoreEntry(manifest.family, variant, directory, manifest)
+    raise ArtifactError(f"unknown variant {variant!r}: not in the artifact store")

@@ -4,6 +4,11 @@ Every frame is one JSON object with ``v`` (the protocol version) and ``type`` (t
 New fields always get defaults, so a newer peer can talk to an older one within a major version;
 a frame with a different major ``v`` is refused with an error reply.
 
+Every field is bounded (``understudy.wire.bounds``): finite numbers in sane ranges, ids of 1 to
+128 safe characters, bounded lists, frames of at most :data:`MAX_FRAME_BYTES`. A frame that breaks
+a bound is refused whole (:class:`ProtocolError`); a frame of a type this peer does not know is
+an :class:`UnknownMessageError`, which a receiver may skip (a newer peer's message).
+
 Agent -> controller: ``hello`` once per connection, ``result`` for each command, ``triton_down``
 / ``triton_up`` when the agent's Triton dies or is back, ``replica_exited`` the moment a
 service-graph replica process it started ends.
@@ -18,15 +23,50 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from understudy.wire.artifacts import Manifest
+from understudy.wire.bounds import (
+    MAX_ID_CHARS,
+    MODEL_NAME_SEPARATOR,
+    NAME_PATTERN,
+    Capacities,
+    Capacity,
+    Count,
+    Duration,
+    ExitCode,
+    HeartbeatIntervalMs,
+    Id,
+    Message,
+    ModelName,
+    ModelPart,
+    Pid,
+    Text,
+    Timestamp,
+    Token,
+    Url,
+    check_name,
+)
 
 PROTOCOL_VERSION = 1
 AGENT_WS_PATH = "/v1/agents/connect"
 """Where the controller accepts agent websockets."""
-MODEL_NAME_SEPARATOR = "__"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME = re.compile(NAME_PATTERN)
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+"""Largest frame either side accepts (a hello listing 4,096 models is about 1 MB)."""
+MAX_MODELS = 4096
+"""Models one inventory may list."""
+MAX_REPLICAS = 1024
+"""Graph replica processes one hello may list."""
+_FRAME = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
 
 def model_name(app_id: str, variant: str) -> str:
@@ -42,15 +82,8 @@ def split_model_name(name: str) -> tuple[str, str]:
     return app_id, variant
 
 
-def _check_name(value: str, what: str) -> str:
-    if not _NAME.match(value) or MODEL_NAME_SEPARATOR in value:
-        raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.', '-' "
-                         f"(not starting with a symbol, no '__')")
-    return value
-
-
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _FRAME
 
     v: int = PROTOCOL_VERSION
 
@@ -67,47 +100,54 @@ class ModelState(StrEnum):
 class InventoryItem(BaseModel):
     """One model the agent's Triton holds (or is loading)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _FRAME
 
-    model_name: str
-    app_id: str
-    variant: str
+    model_name: ModelName
+    app_id: ModelPart
+    variant: ModelPart
     state: ModelState
-    memory_mb: float | None = None
-    load_s: float | None = None
+    memory_mb: Capacity | None = None
+    load_s: Duration | None = None
+
+    @model_validator(mode="after")
+    def _name_matches(self) -> InventoryItem:
+        if self.model_name != model_name(self.app_id, self.variant):
+            raise ValueError(f"model_name is not {self.app_id}{MODEL_NAME_SEPARATOR}"
+                             f"{self.variant}")
+        return self
 
 
 class Endpoints(BaseModel):
     """Where clients reach this server's Triton."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _FRAME
 
-    http: str
-    grpc: str
-    metrics: str | None = None
+    http: Url
+    grpc: Url
+    metrics: Url | None = None
 
 
 class ErrorInfo(BaseModel):
     """Why a command failed; ``retryable`` separates transient from final errors."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _FRAME
 
-    code: str
-    message: str
+    code: Text
+    message: Message
     retryable: bool = False
 
 
 class ReplicaInfo(BaseModel):
     """A service-graph replica process an agent runs (``python -m stateful.replica_main``)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = _FRAME
 
-    graph: str
-    node: str
-    address: str
+    graph: Id
+    node: Id
+    address: Url
     """``host:port`` the replica listens on, as peers elsewhere reach it."""
-    pid: int | None = None
-    started_at: float | None = None
+    pid: Pid | None = None
+    started_at: Timestamp | None = None
 
 
 # --- agent -> controller ------------------------------------------------------------------------
@@ -117,18 +157,18 @@ class Hello(_Message):
     """First frame of every connection: identity, capacity, what is loaded."""
 
     type: Literal["hello"] = "hello"
-    server_id: str
-    site_id: str
-    capacity: dict[str, float]
-    server_type: str = "testbed"
+    server_id: Id
+    site_id: Id
+    capacity: Capacities
+    server_type: Id = "testbed"
     endpoints: Endpoints | None = None
     triton_alive: bool = True
-    inventory: list[InventoryItem] = Field(default_factory=list)
-    heartbeat_interval_ms: float = 20.0
-    boot_id: str = ""
+    inventory: list[InventoryItem] = Field(default_factory=list, max_length=MAX_MODELS)
+    heartbeat_interval_ms: HeartbeatIntervalMs = 20.0
+    boot_id: Token = ""
     """Changes every agent start: a new boot id means nothing loaded survived."""
-    agent_pid: int | None = None
-    replicas: list[ReplicaInfo] = Field(default_factory=list)
+    agent_pid: Pid | None = None
+    replicas: list[ReplicaInfo] = Field(default_factory=list, max_length=MAX_REPLICAS)
     """Graph replica processes running now (the controller stops those it does not know)."""
 
 
@@ -136,16 +176,17 @@ class CommandResult(_Message):
     """Answer to one command (also the answer to a malformed one, with ``ok`` false)."""
 
     type: Literal["result"] = "result"
-    command_id: str
+    command_id: str = Field(max_length=MAX_ID_CHARS)
+    """Empty in the error reply to a frame that named no (valid) command id."""
     ok: bool
-    command: str = ""
-    model_name: str | None = None
+    command: Text = ""
+    model_name: ModelName | None = None
     state: ModelState | None = None
     already: bool = False
     """True when the command found its work already done (idempotent repeat)."""
     error: ErrorInfo | None = None
-    timings: dict[str, float] = Field(default_factory=dict)
-    inventory: list[InventoryItem] | None = None
+    timings: dict[Id, Duration] = Field(default_factory=dict, max_length=64)
+    inventory: list[InventoryItem] | None = Field(None, max_length=MAX_MODELS)
     replica: ReplicaInfo | None = None
     """For ``start_replica``: the running replica and its address."""
 
@@ -154,29 +195,29 @@ class TritonDown(_Message):
     """The agent's Triton process exited (sent the moment the agent sees it)."""
 
     type: Literal["triton_down"] = "triton_down"
-    at: float
-    exit_code: int | None = None
+    at: Timestamp
+    exit_code: ExitCode | None = None
     restarting: bool = False
-    lost_models: list[str] = Field(default_factory=list)
+    lost_models: list[ModelName] = Field(default_factory=list, max_length=MAX_MODELS)
 
 
 class TritonUp(_Message):
     """Triton is (again) ready; nothing is loaded in a restarted Triton."""
 
     type: Literal["triton_up"] = "triton_up"
-    at: float
+    at: Timestamp
     endpoints: Endpoints
-    restarts: int = 0
+    restarts: Count = 0
 
 
 class ReplicaExited(_Message):
     """A replica process the agent started has ended (sent the moment the agent sees it)."""
 
     type: Literal["replica_exited"] = "replica_exited"
-    graph: str
-    node: str
-    at: float
-    exit_code: int | None = None
+    graph: Id
+    node: Id
+    at: Timestamp
+    exit_code: ExitCode | None = None
     requested: bool = False
     """True when a ``stop_replica`` command ended it (not a failure)."""
 
@@ -189,7 +230,7 @@ AgentMessage = Annotated[Hello | CommandResult | TritonDown | TritonUp |
 
 
 class _Command(_Message):
-    command_id: str = Field(min_length=1, max_length=128)
+    command_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
 
 
 class _ModelCommand(_Command):
@@ -199,12 +240,12 @@ class _ModelCommand(_Command):
     @field_validator("app_id")
     @classmethod
     def _app(cls, value: str) -> str:
-        return _check_name(value, "app id")
+        return check_name(value, "app id")
 
     @field_validator("variant")
     @classmethod
     def _variant(cls, value: str) -> str:
-        return _check_name(value, "variant")
+        return check_name(value, "variant")
 
     @property
     def model_name(self) -> str:
@@ -246,7 +287,7 @@ class PrefetchCommand(_Command):
     @field_validator("variant")
     @classmethod
     def _variant(cls, value: str) -> str:
-        return _check_name(value, "variant")
+        return check_name(value, "variant")
 
 
 class InventoryCommand(_Command):
@@ -303,14 +344,14 @@ class HeartbeatChannel(_Message):
     host: str | None = Field(None, max_length=255)
     slot: int = Field(ge=0, lt=2**32)
     nonce: int = Field(gt=0, lt=2**64)
-    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+    heartbeat_interval_ms: HeartbeatIntervalMs = 20.0
 
 
 class Configure(_Message):
     """Controller-side settings pushed to the agent (heartbeat interval)."""
 
     type: Literal["configure"] = "configure"
-    heartbeat_interval_ms: float | None = Field(None, gt=0, le=60_000)
+    heartbeat_interval_ms: HeartbeatIntervalMs | None = None
 
 
 ControllerMessage = Annotated[LoadCommand | UnloadCommand | InventoryCommand | Configure |
@@ -326,33 +367,61 @@ _CONTROLLER_ADAPTER: TypeAdapter[ControllerMessage] = TypeAdapter(ControllerMess
 
 
 class ProtocolError(ValueError):
-    """A frame that is not valid JSON, not a known message, or of another protocol version."""
+    """A frame that is not valid JSON, not a valid message, or of another protocol version."""
 
     def __init__(self, message: str, command_id: str | None = None) -> None:
         super().__init__(message)
         self.command_id = command_id
 
 
+class FrameTooLargeError(ProtocolError):
+    """A frame longer than :data:`MAX_FRAME_BYTES` (refused before it is parsed)."""
+
+
+class UnknownMessageError(ProtocolError):
+    """A well-formed frame of a type this peer does not know (perhaps a newer peer's)."""
+
+
+_MAX_DETAILS_CHARS = 500
+"""What a refusal quotes of the validation errors (they may quote hostile keys)."""
+
+
+def _frame_size(raw: str | bytes) -> int:
+    if isinstance(raw, bytes) or len(raw) * 4 <= MAX_FRAME_BYTES:
+        return len(raw)  # a str this short cannot encode to more than the limit
+    return len(raw.encode("utf-8", "surrogatepass"))
+
+
 def _parse(adapter: TypeAdapter, raw: str | bytes) -> object:
     import json
 
+    if _frame_size(raw) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"frame larger than {MAX_FRAME_BYTES} bytes")
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        raise ProtocolError(f"frame is not JSON: {str(exc)[:_MAX_DETAILS_CHARS]}") from exc
     if not isinstance(data, dict):
         raise ProtocolError("frame is not a JSON object")
-    command_id = data.get("command_id") if isinstance(data.get("command_id"), str) else None
+    command_id = data.get("command_id")
+    if not isinstance(command_id, str) or not 0 < len(command_id) <= MAX_ID_CHARS:
+        command_id = None
     version = data.get("v", PROTOCOL_VERSION)
+    kind = str(data.get("type", "untyped"))[:40]
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} not supported (this peer speaks "
+        shown = version if isinstance(version, int) else str(version)[:20]
+        raise ProtocolError(f"protocol version {shown!r} not supported (this peer speaks "
                             f"{PROTOCOL_VERSION})", command_id)
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if errors[0]["type"] == "union_tag_invalid":
+            raise UnknownMessageError(f"invalid {kind} frame: a type this peer does not know",
+                                      command_id) from exc
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                            for e in exc.errors())
-        raise ProtocolError(f"invalid {data.get('type', 'untyped')!s} frame: {details}",
+                            for e in errors)
+        raise ProtocolError(f"invalid {kind} frame: {details[:_MAX_DETAILS_CHARS]}",
                             command_id) from exc
 
 
