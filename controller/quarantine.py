@@ -17,9 +17,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +95,26 @@ class Quarantine:
         await self.redis.rename(self.prefix + name, target)
         logger.error("quarantined %s%s: %s (renamed to %s)", self.prefix, name, reason, target)
 
+    async def tolerant(self, name: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """``read()`` of key ``name``; a key of another type is set aside and read again."""
+        try:
+            return await read()
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            await self.set_aside(name, str(exc))
+            return await read()
+
     async def entries(self) -> dict[str, dict[str, Any]]:
         """Everything quarantined, by entry name."""
         raw = await self.redis.hgetall(self.key)
         return {k: json.loads(v) for k, v in raw.items()}
+
+
+def json_object(raw: str) -> dict[str, Any] | None:
+    """``raw`` parsed when it is a JSON object, else None."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None

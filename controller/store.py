@@ -32,7 +32,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -43,7 +43,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controller.graphs.records import GraphRecord
-from controller.quarantine import Bad, Quarantine
+from controller.quarantine import Bad, Quarantine, json_object
 from controller.record_cache import (
     RecordCache,
     RecordsView,
@@ -173,7 +173,7 @@ class Store:
         Left as it was, every commit would fail (INCRBY refuses it).
         """
         await self.quarantine.value("event_seq", Bad(None, str(raw), "not a sequence number"))
-        newest = await self._tolerant("events", lambda: self.redis.xrevrange(
+        newest = await self.quarantine.tolerant("events", lambda: self.redis.xrevrange(
             self._key("events"), count=1))
         last = int(newest[0][0].split("-")[0]) if newest else 0
         await self.redis.set(self._key("event_seq"), last)
@@ -400,7 +400,7 @@ class Store:
     async def plan(self) -> dict[str, Any] | None:
         """The last warm plan summary."""
         raw = await self._string("plan")
-        plan = _json_object(raw) if raw else None
+        plan = json_object(raw) if raw else None
         if raw and plan is None:
             await self.quarantine.value("plan", Bad(None, raw, "not a JSON object"))
         return plan
@@ -422,7 +422,7 @@ class Store:
         found: list[Event] = []
         start = f"({since}-0" if since > 0 else "-"
         while len(found) < limit:
-            batch = await self._tolerant("events", functools.partial(
+            batch = await self.quarantine.tolerant("events", functools.partial(
                 self.redis.xrange, self._key("events"), min=start, max="+", count=500))
             if not batch:
                 break
@@ -462,7 +462,7 @@ class Store:
     async def intents(self) -> dict[str, dict[str, Any]]:
         """Unfinished intents (after a crash: what to resume); unreadable ones quarantined."""
         raw = await self._hash("intents")
-        intents = {k: _json_object(v) for k, v in raw.items()}
+        intents = {k: json_object(v) for k, v in raw.items()}
         bad = [Bad(k, raw[k], "not a JSON object with a kind") for k, v in intents.items()
                if v is None or not isinstance(v.get("kind"), str)]
         if bad:
@@ -510,24 +510,14 @@ class Store:
 
     # --- reads that survive a key of the wrong type ------------------------------------------
 
-    async def _tolerant(self, name: str, read: Callable[[], Awaitable[Any]]) -> Any:
-        """``read()`` of key ``name``; a key of another type is set aside and read again."""
-        try:
-            return await read()
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            await self.quarantine.set_aside(name, str(exc))
-            return await read()
-
     async def _string(self, name: str) -> str | None:
-        return await self._tolerant(name, lambda: self.redis.get(self._key(name)))  # type: ignore[no-any-return]
+        return await self.quarantine.tolerant(name, lambda: self.redis.get(self._key(name)))  # type: ignore[no-any-return]
 
     async def _hash(self, name: str) -> dict[str, str]:
-        return await self._tolerant(name, lambda: self.redis.hgetall(self._key(name)))  # type: ignore[no-any-return]
+        return await self.quarantine.tolerant(name, lambda: self.redis.hgetall(self._key(name)))  # type: ignore[no-any-return]
 
     async def _hget(self, name: str, field: str) -> str | None:
-        return await self._tolerant(name, lambda: self.redis.hget(self._key(name), field))  # type: ignore[no-any-return]
+        return await self.quarantine.tolerant(name, lambda: self.redis.hget(self._key(name), field))  # type: ignore[no-any-return]
 
 
 def _revision(raw: Any) -> int | None:
@@ -539,12 +529,3 @@ def _revision(raw: Any) -> int | None:
     except ValueError:
         return None
     return value if value >= 0 else None
-
-
-def _json_object(raw: str) -> dict[str, Any] | None:
-    """``raw`` parsed when it is a JSON object, else None."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None

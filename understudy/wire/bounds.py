@@ -37,11 +37,12 @@ MAX_TIMESTAMP = 1e11
 """Seconds since the epoch (the year 5138): anything later is a bogus clock or an attack."""
 MIN_HEARTBEAT_MS = 1.0
 MAX_HEARTBEAT_MS = 60_000.0
+_NAME = re.compile(NAME_PATTERN)
 
 
 def check_name(value: str, what: str = "name") -> str:
     """``value`` when it is a valid id part of a model name; ValueError naming ``what`` if not."""
-    if not re.match(NAME_PATTERN, value) or MODEL_NAME_SEPARATOR in value or \
+    if not _NAME.match(value) or MODEL_NAME_SEPARATOR in value or \
             len(value) > MAX_ID_CHARS:
         raise ValueError(f"{what} {value[:MAX_ID_CHARS]!r} must be 1 to {MAX_ID_CHARS} letters, "
                          f"digits, '_', '.', '-' (not starting with a symbol, no '__')")
