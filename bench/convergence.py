@@ -18,7 +18,9 @@ and ``site`` (SIGKILL of every server of a random site). After each: the wait fo
 restarted, a stopped server continued, a killed Triton's return awaited), the wait for
 convergence (every app on its home variant, the warm plan in place), then at least
 `--observe-s` s of observation that ends no earlier than `--settle-s` s + `--observe-s` s
-after the last change (the fault's instant or its last revival, whichever is later).
+after the last change (the fault's instant or its last revival, whichever is later). Before
+each fault a server that is down with no Triton running (its agent gave up restarting one)
+gets a new agent; the fault's line says so.
 
 A thread polls ``GET /v1/apps`` and ``GET /v1/servers`` every 0.5 s for the whole run and keeps
 every poll (``runs/bench-convergence/samples.jsonl``). The run is judged from those samples
@@ -28,7 +30,9 @@ variant, replicas outside a pin, recovery of the apps served from the failed ser
 the end every server's Triton is asked which models it holds READY (``POST
 /v2/repository/index``, twice, 2 s apart) against the records: strays (held, in no record) and
 missing (READY in the records, not held). Also printed: each fault with its timings, every
-degraded stretch, offence and stray in full, the declarations judged
+degraded stretch (with the declaration that moved the app just before it, true or false),
+every app served again only after more than `--settle-s` s, every offence and stray in full,
+the declarations judged
 (``deploy.declarations``), the client requests and their failures. The last line is one JSON
 object; the figures to meet are ``degraded_app_seconds_after_settle`` 0,
 ``strays_found_at_end`` 0, ``backups_above_primary`` 0, ``pinned_violations`` 0 and
@@ -68,6 +72,7 @@ from deploy.declarations import (  # noqa: E402
     STOP,
     TRITON,
     Injection,
+    Verdict,
     classify,
     parse,
 )
@@ -304,13 +309,40 @@ def _up(bed: Testbed, server_id: str) -> bool:
     return False
 
 
+def heal(bed: Testbed) -> list[str]:
+    """Restart the agents of servers that are down with no Triton running (their agent gave
+    up restarting it: a Triton that exits at once, e.g. on a port taken meanwhile, is
+    restarted on the same ports until the agent's restart limit); what was restarted.
+
+    A server down for any other reason is left as it is: that is the controller's to fix.
+    """
+    restarted = []
+    with contextlib.suppress(httpx.HTTPError):
+        for server in bed.servers():
+            server_id = server["server_id"]
+            if server["state"] == "up" or triton_pid(bed, server_id) is not None:
+                continue
+            logger.warning("%s is %s with no Triton running: restarting its agent", server_id,
+                           server["state"])
+            fault = Fault(-1, "heal", [server_id], time.time(), server_id)
+            _restart_agent(bed, server_id, fault)
+            restarted.append(server_id)
+    return restarted
+
+
 def run_fault(bed: Testbed, index: int, kind: str, rng: random.Random, sampler: Sampler,
               args: argparse.Namespace) -> Fault:
     """One fault: inject, wait for recovery, revive, wait for convergence, observe."""
+    healed = heal(bed)
+    if healed:
+        with contextlib.suppress(TestbedError):
+            bed.wait_converged(180)
     victims, site = _victims(bed, kind, rng)
     old_group = bed.state.processes[f"agent-{victims[0]}"].pid
     at, what = _inject(bed, kind, victims, site, args)
     fault = Fault(index, kind, victims, at, what)
+    fault.notes += [f"before it, {server}'s agent restarted (down with no Triton)"
+                    for server in healed]
     if kind in (KILL, SITE, AGENT):
         _wait(f"recovery from {what}", lambda: _settled(bed, set(victims)), 120)
         sampler.take()
@@ -491,9 +523,9 @@ def recovery_records(result: dict[str, Any]) -> list[dict[str, Any]]:
         affected = judge.recoverable(record.get("serving_before", []), result["specs"],
                                      result["site_of"], injection)
         until = record.get("recovery_until") or injection.at
-        judged.append({"serving_before": affected,
-                       "recovered": judge.recovered(result["samples"], affected, injection,
-                                                    until),
+        times = judge.recovery_times(result["samples"], affected, injection, until)
+        judged.append({"serving_before": affected, "recovered": sorted(times),
+                       "seconds": {app: round(s, 1) for app, s in times.items()},
                        "left_out": sorted(set(record.get("serving_before", [])) -
                                           set(affected))})
     return judged
@@ -502,6 +534,18 @@ def recovery_records(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _below_top(spec: AppSpecObs, accuracy: dict[tuple[str, str], float]) -> bool:
     best = max(v for (f, _), v in accuracy.items() if f == spec.family)
     return judge.registered_accuracy(spec, accuracy) not in (None, best)
+
+
+def _cause(episode: judge.Episode, verdicts: Sequence[Verdict], within_s: float = 5.0) -> str:
+    """The declaration that moved the app just before the stretch began, if one did."""
+    moved = [v for v in verdicts if episode.app_id in v.declaration.apps_moved
+             and 0.0 <= episode.start - v.declaration.detected_at <= within_s]
+    if not moved:
+        return ""
+    chosen = max(moved, key=lambda v: v.declaration.detected_at)
+    last = chosen.declaration
+    return (f" [moved by {'a false' if chosen.false else 'a true'} declaration of "
+            f"{last.server_id} ({last.reason}) {episode.start - last.detected_at:.1f} s before]")
 
 
 def _print_offences(title: str, offences: Sequence[judge.Offence], origin: float) -> None:
@@ -535,18 +579,23 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for s in specs.values() if s.pinned_site or s.pinned_server or _below_top(s, accuracy)))
     print(f"below best more than {args.settle_s:.0f} s after the last change "
           f"({len(episodes)} stretches):")
+    verdicts = classify(parse(result.get("declarations", [])), injected)
     for e in episodes:
         print(f"  {'(home down) ' if e.home_down else ''}{e.app_id} after fault #{e.window + 1} "
               f"({injected[e.window].kind}), {e.start - origin:+.1f} .. {e.end - origin:+.1f} s "
-              f"({e.seconds:.1f} s): {e.reason}")
+              f"({e.seconds:.1f} s): {e.reason}{_cause(e, verdicts)}")
     _print_offences("backups above the registered variant", above, origin)
     _print_offences("replicas outside their pin", pinned, origin)
     print(f"recovery: {recovered}/{affected} affected apps served again")
     for index, item in enumerate(recovery):
         unrecovered = sorted(set(item["serving_before"]) - set(item["recovered"]))
-        if unrecovered or item["left_out"]:
+        slow = {app: s for app, s in item["seconds"].items() if s > args.settle_s}
+        if unrecovered or item["left_out"] or slow:
             print(f"  fault #{index + 1} ({injected[index].kind}): not recovered "
-                  f"{unrecovered or 'none'}; left out by their pin {item['left_out'] or 'none'}")
+                  f"{unrecovered or 'none'}; left out by their pin {item['left_out'] or 'none'}"
+                  f"; served again only after more than {args.settle_s:.0f} s: "
+                  + (", ".join(f"{app} {s:.1f} s" for app, s in slow.items()) or "none"))
+    slowest = max((s for item in recovery for s in item["seconds"].values()), default=None)
     for key, title in (("strays", "strays at the end"), ("missing", "missing at the end")):
         print(f"{title} ({len(result.get(key, []))}): "
               + (", ".join(f"{m} on {s}" for s, m in result.get(key, [])) or "none"))
@@ -557,7 +606,6 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {line}")
     if result.get("leftovers"):
         print(f"left running by killed agents at the end: {', '.join(result['leftovers'])}")
-    verdicts = classify(parse(result.get("declarations", [])), injected)
     false = [v for v in verdicts if v.false]
     print(f"declarations: {len(verdicts)} ({len(false)} false)")
     for verdict in false:
@@ -570,7 +618,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "episodes": [asdict(e) for e in episodes], "backups_above_primary": [asdict(o)
                                                                            for o in above],
         "pinned_violations": [asdict(o) for o in pinned], "strays": result.get("strays"),
-        "missing": result.get("missing"), "held": result.get("held")}, indent=2))
+        "missing": result.get("missing"), "held": result.get("held"),
+        "declarations": result.get("declarations", [])}, indent=2))
     return {
         "faults": len(result["faults"]), "apps": args.apps,
         "degraded_app_seconds_after_settle": round(judge.degraded_seconds(episodes), 1),
@@ -582,6 +631,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "home_down_app_seconds": round(judge.degraded_seconds(episodes, home_down=True), 1),
         "judged_seconds": round(judged_s),
         "affected_apps": affected, "recovered_apps": recovered,
+        "slowest_recovery_s": slowest,
         "not_converged": sum(not f.converged for f in result["faults"]),
         "false_declarations": len(false),
         "agent_kill_leftovers": len(result.get("leftovers", [])),

@@ -379,27 +379,33 @@ def recoverable(affected: Iterable[str], specs: Mapping[str, AppSpecObs],
     return sorted(kept)
 
 
-def recovered(samples: Iterable[Sample], affected: Iterable[str], injection: Injection,
-              until: float) -> list[str]:
-    """Of ``affected``, the apps served again after the injection and by ``until`` (sorted).
+def recovery_times(samples: Iterable[Sample], affected: Iterable[str], injection: Injection,
+                   until: float) -> dict[str, float]:
+    """App -> seconds from the injection until it was first seen served again, by ``until``.
 
     Served again: a sample taken after the injection instant and not after ``until`` shows the
     app in a serving status, sent to a server that is up and connected in that sample and not
     failed by the injection at that instant.
     """
     waiting = set(affected)
-    again: set[str] = set()
-    for sample in samples:
+    again: dict[str, float] = {}
+    for sample in sorted(samples, key=lambda s: s.at):
         if not injection.at < sample.at <= until:
             continue
-        for app_id in waiting - again:
+        for app_id in waiting - again.keys():
             app = sample.apps.get(app_id)
             if app is None or app.serving is None or app.status not in SERVED:
                 continue
             server = app.serving[0]
             if sample.server_up(server) and not injection.failed(server, sample.at):
-                again.add(app_id)
-    return sorted(again)
+                again[app_id] = sample.at - injection.at
+    return dict(sorted(again.items()))
+
+
+def recovered(samples: Iterable[Sample], affected: Iterable[str], injection: Injection,
+              until: float) -> list[str]:
+    """The apps of ``affected`` served again by ``until``, sorted (:func:`recovery_times`)."""
+    return sorted(recovery_times(samples, affected, injection, until))
 
 
 # --- what the Tritons hold --------------------------------------------------------------------

@@ -20,6 +20,7 @@ from deploy.convergence import (
     pinned_violations,
     recoverable,
     recovered,
+    recovery_times,
     registered_accuracy,
     strays,
     windows,
@@ -198,6 +199,7 @@ def test_recovered_means_served_by_a_live_server_the_fault_did_not_fail_before_u
         sample(45.0, app("b", ("s1", "mid")), app("c", ("s1", "mid"))),
     ]
     assert recovered(samples, ["a", "b", "c"], fault, until=30.0) == ["a"]
+    assert recovery_times(samples, ["a", "b", "c"], fault, until=30.0) == {"a": 2.0}
 
 
 def test_a_server_back_by_itself_recovers_its_own_apps_after_its_revival() -> None:
