@@ -19,7 +19,6 @@ from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
-from starlette.websockets import WebSocketDisconnect
 
 from controller.declarations import Declaration
 from controller.errors import (
@@ -67,6 +66,8 @@ READY_CHECK_S = 2.0
 """How long /readyz waits for the records before it says not ready."""
 Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
 """A filter's id or name (bounded like every id)."""
+IdInPath = Annotated[str, Path(max_length=MAX_ID_CHARS)]
+"""An app or server id in a path (an overlong one is a 422, not echoed back in a 404)."""
 
 
 class FieldError(BaseModel):
@@ -216,7 +217,7 @@ def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
             request.url.path, request.query_params, chosen.next_cursor))
 
     @app.get("/v1/apps/{app_id}", tags=["apps"], response_model=AppView)
-    async def get_app(app_id: str) -> Response:
+    async def get_app(app_id: IdInPath) -> Response:
         view = await views()
         record = view.apps.get(app_id)
         if record is None:
@@ -224,7 +225,7 @@ def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
         return Response(rendered.json(record, view.servers), media_type="application/json")
 
     @app.delete("/v1/apps/{app_id}", status_code=204, dependencies=mutating, tags=["apps"])
-    async def delete_app(app_id: str) -> Response:
+    async def delete_app(app_id: IdInPath) -> Response:
         await controller.orchestrator.delete(app_id)
         return Response(status_code=204)
 
@@ -245,7 +246,7 @@ def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -
         return found
 
     @app.get("/v1/servers/{server_id}", tags=["servers"])
-    async def get_server(server_id: str) -> ServerRecord:
+    async def get_server(server_id: IdInPath) -> ServerRecord:
         server = (await controller.store.view()).servers.get(server_id)  # type: ignore[union-attr]
         if server is None:
             raise NotFoundError(f"server {server_id!r} is unknown")
@@ -253,7 +254,7 @@ def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -
 
     @app.post("/v1/servers/{server_id}/drain", status_code=202, dependencies=mutating,
               tags=["servers"])
-    async def drain(server_id: str) -> ServerRecord:
+    async def drain(server_id: IdInPath) -> ServerRecord:
         return await controller.lifecycle.drain(server_id)
 
 
@@ -291,11 +292,7 @@ def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
                            since: Annotated[int | None, Query(ge=0)] = None,
                            app_id: Name = None) -> None:
         await websocket.accept()
-        try:
-            async for event in controller.events.subscribe(app_id, since):
-                await websocket.send_text(event.model_dump_json())
-        except (WebSocketDisconnect, RuntimeError):
-            return
+        await _stream_events(websocket, controller.events.subscribe(app_id, since))
 
     @app.get("/v1/declarations", tags=["servers"])
     async def declarations(since: Annotated[int, Query(ge=0)] = 0,
@@ -303,6 +300,31 @@ def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
                            ) -> list[Declaration]:
         """Every failure declaration (true or false), oldest first, with the apps it moved."""
         return await controller.declarations.list(since, limit)
+
+
+async def _stream_events(websocket: WebSocket, events: AsyncIterator[Event]) -> None:
+    """Send ``events`` until the client leaves; a client that sends a frame is closed (1008).
+
+    The stream takes no frames, so one is refused rather than left queued by the server; and a
+    client that left ends the stream now, not at the next event sent to nobody.
+    """
+    async def send() -> None:
+        async for event in events:
+            await websocket.send_text(event.model_dump_json())
+
+    async def listen() -> None:
+        message = await websocket.receive()
+        if message["type"] != "websocket.disconnect":
+            await websocket.close(code=1008, reason="the event stream takes no frames")
+
+    tasks = [asyncio.ensure_future(send()), asyncio.ensure_future(listen())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        # A send to a client that left fails (WebSocketDisconnect, RuntimeError): it is gone.
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:

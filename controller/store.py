@@ -463,12 +463,12 @@ class Store:
         """Unfinished intents (after a crash: what to resume); unreadable ones quarantined."""
         raw = await self._hash("intents")
         intents = {k: json_object(v) for k, v in raw.items()}
-        bad = [Bad(k, raw[k], "not a JSON object with a kind") for k, v in intents.items()
-               if v is None or not isinstance(v.get("kind"), str)]
+        bad = [Bad(k, raw[k], "not a JSON object with a kind and server ids")
+               for k, v in intents.items() if v is None or not _intent_ok(v)]
         if bad:
             await self.quarantine.fields("intents", bad)
-        return {k: v for k, v in intents.items() if v is not None and k not in
-                {b.field for b in bad}}
+        refused = {b.field for b in bad}
+        return {k: v for k, v in intents.items() if v is not None and k not in refused}
 
     # --- service graphs ----------------------------------------------------------------------
 
@@ -529,3 +529,11 @@ def _revision(raw: Any) -> int | None:
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
+def _intent_ok(intent: dict[str, Any]) -> bool:
+    """Whether an intent read back has the shape the controller wrote (what resuming reads)."""
+    server_ids = intent.get("server_ids", [])
+    return isinstance(intent.get("kind"), str) and \
+        isinstance(intent.get("server_id", ""), str | None) and \
+        isinstance(server_ids, list) and all(isinstance(s, str) for s in server_ids)
