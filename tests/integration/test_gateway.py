@@ -1,0 +1,367 @@
+"""The inference gateway on real processes: a testbed (Redis, controller, agents with Triton) and
+``understudy gateway`` processes, driven by plain clients (raw HTTP as curl sends it, and
+``tritonclient.http``) that know nothing of failovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from deploy.testbed import Testbed, wait_until
+from deploy.topology import make_topology
+from understudy.wire.ports import free_port
+
+pytestmark = pytest.mark.timeout(420)
+REPO = Path(__file__).resolve().parents[2]
+FAMILIES = ("mobilenet_v3", "shufflenet_v2")
+IMAGE = np.zeros((1, 3, 224, 224), dtype=np.float32)
+
+
+# --- processes -----------------------------------------------------------------------------
+
+@dataclass
+class GatewayProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    run_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self) -> float:
+        """SIGTERM; seconds until the process exited."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        return time.monotonic() - started
+
+
+def start_gateway(run_dir: Path, controller_url: str, port: int | None = None,
+                  wait_ready: bool = True) -> GatewayProcess:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log = (run_dir / "gateway.log").open("ab")
+    process = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
+         "--controller-url", controller_url, "--port", str(port), "--run-dir", str(run_dir)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
+                                                             "PYTHONUNBUFFERED": "1"})
+    gateway = GatewayProcess(process, port, run_dir)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited: {(run_dir / 'gateway.log').read_text()}")
+        try:
+            return httpx.get(f"{gateway.url}/v2/health/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    if wait_ready:
+        wait_until("the gateway to be ready", ready, 60, 0.05)
+    return gateway
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    topology = make_topology(servers=3, sites=3, apps=4, critical_fraction=1.0, headroom=0.5)
+    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=4,
+                              critical_fraction=1.0, headroom=0.5, families=FAMILIES)
+    bed = Testbed.up(tmp_path_factory.mktemp("gateway-bed"), topology, seed=5, scale=0.05,
+                     clients=False, timeout_s=300)
+    try:
+        yield bed
+    finally:
+        bed.down()
+
+
+@pytest.fixture(scope="module")
+def gateway(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[GatewayProcess]:
+    process = start_gateway(tmp_path_factory.mktemp("gateway"), testbed.state.controller_url)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+# --- clients -------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    kind: str
+    app_id: str
+    sent_at: float
+    ok: bool
+    server: str | None
+    detail: str = ""
+
+
+@dataclass
+class Load:
+    """Plain clients of some apps through the gateway, each in a loop until stopped."""
+
+    gateway: str
+    app_ids: list[str]
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> Load:
+        for app_id in self.app_ids:
+            for client in (self._raw, self._tritonclient):
+                thread = threading.Thread(target=self._loop, args=(client, app_id),
+                                          daemon=True)
+                thread.start()
+                self.threads.append(thread)
+        return self
+
+    def _loop(self, client: Callable[[str], Callable[[], Outcome]], app_id: str) -> None:
+        send = client(app_id)
+        while not self.stop.is_set():
+            self.outcomes.append(send())
+            self.stop.wait(0.02)
+
+    def _raw(self, app_id: str) -> Callable[[], Outcome]:
+        """What curl sends: the binary tensor extension, bytes built by hand."""
+        data = IMAGE.tobytes()
+        header = json.dumps({"inputs": [{"name": "image", "shape": list(IMAGE.shape),
+                                         "datatype": "FP32",
+                                         "parameters": {"binary_data_size": len(data)}}],
+                             "outputs": [{"name": "logits",
+                                          "parameters": {"binary_data": True}}]}).encode()
+        http = httpx.Client(base_url=self.gateway, timeout=90)
+        headers = {"Inference-Header-Content-Length": str(len(header)),
+                   "Content-Type": "application/octet-stream",
+                   "Understudy-Timeout-Ms": "60000"}
+
+        def send() -> Outcome:
+            sent = time.time()
+            try:
+                response = http.post(f"/v2/models/{app_id}/infer", content=header + data,
+                                     headers=headers)
+            except httpx.HTTPError as exc:
+                return Outcome("raw", app_id, sent, False, None, repr(exc))
+            length = int(response.headers.get("Inference-Header-Content-Length", "0"))
+            ok = (response.status_code == 200 and length > 0
+                  and json.loads(response.content[:length])["model_name"] == app_id
+                  and len(response.content) - length == 4000)
+            return Outcome("raw", app_id, sent, ok, response.headers.get("Understudy-Server"),
+                           "" if ok else f"{response.status_code} {response.text[:300]}")
+
+        return send
+
+    def _tritonclient(self, app_id: str) -> Callable[[], Outcome]:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.gateway.removeprefix("http://"),
+                                                  network_timeout=90)
+
+        def send() -> Outcome:
+            sent = time.time()
+            try:
+                tensor = httpclient.InferInput("image", list(IMAGE.shape), "FP32")
+                tensor.set_data_from_numpy(IMAGE)
+                result = client.infer(app_id, [tensor])
+                ok = (result.as_numpy("logits").shape == (1, 1000)
+                      and result.get_response()["model_name"] == app_id)
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                return Outcome("tritonclient", app_id, sent, False, None, repr(exc)[:300])
+            return Outcome("tritonclient", app_id, sent, ok, None)
+
+        return send
+
+    def finish(self) -> list[Outcome]:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+        return list(self.outcomes)
+
+    def answered_since(self, at: float) -> int:
+        return sum(1 for o in list(self.outcomes) if o.sent_at > at and o.ok)
+
+
+def apps(bed: Testbed) -> dict[str, dict[str, Any]]:
+    return {a["app_id"]: a for a in bed.apps()}
+
+
+def serving_on(bed: Testbed) -> dict[str, list[str]]:
+    by_server: dict[str, list[str]] = {}
+    for app_id, app in apps(bed).items():
+        if app["serving"]:
+            by_server.setdefault(app["serving"]["server_id"], []).append(app_id)
+    return by_server
+
+
+def moved_off(bed: Testbed, app_ids: list[str], server: str) -> bool:
+    current = apps(bed)
+    return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server
+               for a in app_ids)
+
+
+def failures(outcomes: list[Outcome]) -> list[Outcome]:
+    return [o for o in outcomes if not o.ok]
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+def test_plain_clients_through_the_gateway_survive_a_server_kill(
+        testbed: Testbed, gateway: GatewayProcess) -> None:
+    by_server = serving_on(testbed)
+    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
+    affected = by_server[victim]
+    load = Load(gateway.url, affected).start()
+    wait_until("answers before the kill", lambda: load.answered_since(0) >= 4 * len(affected),
+               60, 0.05)
+    killed_at = testbed.fail([victim])
+    wait_until("the apps to move off the killed server",
+               lambda: moved_off(testbed, affected, victim), 120, 0.1)
+    moved = time.time()
+    wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
+    # The killed server comes back: the apps fail back to it, through the gateway too.
+    revived = time.time()
+    testbed.start_agent(victim)
+    testbed.wait_converged(180)
+    back = time.time()
+    wait_until("answers after the fail-back", lambda: load.answered_since(back) >= 4, 60, 0.05)
+    outcomes = load.finish()
+    assert not failures(outcomes), failures(outcomes)[:5]
+    assert {o.kind for o in outcomes} == {"raw", "tritonclient"}
+    assert any(o.sent_at < killed_at and o.server == victim for o in outcomes)
+    away = [o for o in outcomes if moved < o.sent_at < revived and o.kind == "raw"]
+    assert away and all(o.server != victim for o in away)
+    assert gateway.metric("understudy_gateway_route_changes_total") >= 1
+
+
+def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
+        testbed: Testbed, gateway: GatewayProcess, tmp_path: Path) -> None:
+    testbed.wait_converged(180)
+    by_server = serving_on(testbed)
+    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
+    affected = by_server[victim]
+    snapshots = gateway.metric("understudy_gateway_snapshots_total")
+    load = Load(gateway.url, affected).start()
+    wait_until("answers", lambda: load.answered_since(0) >= 2 * len(affected), 60, 0.05)
+
+    hellos_before = _hellos(testbed, victim)
+    testbed.kill_process("controller", signal.SIGKILL)
+    down = time.time()
+    wait_until("answers with the controller down", lambda: load.answered_since(down) >= 4, 60,
+               0.05)
+    assert gateway.metric("understudy_gateway_controller_connected") == 0
+    # A gateway started while the controller is down routes from the table it persisted.
+    copy = tmp_path / "restarted"
+    shutil.copytree(gateway.run_dir, copy, ignore=shutil.ignore_patterns("*.log"))
+    second = start_gateway(copy, testbed.state.controller_url)
+    try:
+        second_load = Load(second.url, affected[:1]).start()
+        wait_until("answers from a gateway started without a controller",
+                   lambda: second_load.answered_since(0) >= 2, 60, 0.05)
+        assert not failures(second_load.finish())
+    finally:
+        second.stop()
+
+    # The controller comes back; the gateway reconnects from its last sequence number and
+    # follows the next move.
+    testbed.start_controller()
+    wait_until("the gateway to reconnect", lambda: gateway.metric(
+        "understudy_gateway_controller_connected") == 1, 30, 0.1)
+    # A server killed before its agent reconnected to the restarted controller is not
+    # declared failed (and the records still say it is connected): wait for the agent's hello.
+    wait_until("the victim's agent to reconnect",
+               lambda: _hellos(testbed, victim) > hellos_before, 60, 0.1)
+    killed_at = testbed.fail([victim])
+    wait_until("the apps to move off the killed server",
+               lambda: moved_off(testbed, affected, victim), 120, 0.1)
+    moved = time.time()
+    wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
+    outcomes = load.finish()
+    assert not failures(outcomes), failures(outcomes)[:5]
+    assert any(o.sent_at > moved and o.server not in (None, victim) for o in outcomes)
+    assert any(killed_at > o.sent_at > down and o.server == victim for o in outcomes)
+    last = testbed.http.get("/v1/events", params={"limit": 10000}).json()[-1]["seq"]
+    wait_until("the gateway to catch up", lambda: gateway.metric(
+        "understudy_gateway_last_event_seq") >= last, 30, 0.1)
+    # Caught up by replaying from its last sequence number, not by reloading the table.
+    assert gateway.metric("understudy_gateway_snapshots_total") == snapshots
+    testbed.start_agent(victim)
+
+
+def test_the_gateway_stops_within_two_seconds_answering_what_it_holds(tmp_path: Path) -> None:
+    """SIGTERM with requests held by a replica that never answers (a socket that accepts and
+    stays silent): each gets a 503 saying why, and the process is gone within 2 s."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    host = f"127.0.0.1:{silent.getsockname()[1]}"
+    run_dir = tmp_path / "gw"
+    run_dir.mkdir()
+    route = {"http": host, "grpc": host, "model_name": "held__v", "server_id": "s1",
+             "variant": "v", "accuracy": 1.0, "seq": 1}
+    (run_dir / "routes.json").write_text(json.dumps({"version": 1, "last_seq": 1, "apps": {
+        "held": {"serving": route, "backups": [], "seq": 1, "reason": ""}}}))
+    gateway = start_gateway(run_dir, f"http://127.0.0.1:{free_port()}")
+    answers: list[tuple[int, str]] = []
+
+    def held() -> None:
+        response = httpx.post(f"{gateway.url}/v2/models/held/infer", content=b"{}",
+                              timeout=30)
+        answers.append((response.status_code, response.text))
+
+    threads = [threading.Thread(target=held) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until("the requests held at the silent replica",
+                   lambda: _connections(silent) >= len(threads), 10, 0.02)
+        took = gateway.stop()
+    finally:
+        silent.close()
+        for thread in threads:
+            thread.join(10)
+    assert took < 2.0, took
+    assert len(answers) == 3
+    assert all(status == 503 and "stopping" in text for status, text in answers), answers
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{gateway.url}/v2/health/live", timeout=2)
+
+
+def _connections(listener: socket.socket) -> int:
+    """Connections waiting in a listener's backlog (accepted by the kernel, never by us)."""
+    port = listener.getsockname()[1]
+    text = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in text if int(line.split()[2].split(":")[1], 16) == port
+               and line.split()[3] == "01")
+
+
+def _hellos(bed: Testbed, server_id: str) -> int:
+    """How many times the server's agent has connected to a controller (from its log)."""
+    log = Path(bed.state.processes[f"agent-{server_id}"].log)
+    return log.read_text(errors="replace").count(f"connected to controller as {server_id}")
