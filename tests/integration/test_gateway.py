@@ -50,6 +50,12 @@ class GatewayProcess:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
+    def total(self, name: str, label: str = "") -> float:
+        """The sum of a metric's samples whose labels contain ``label``."""
+        lines = httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+                   if line.startswith(name) and label in line)
+
     def stop(self) -> float:
         """SIGTERM; seconds until the process exited."""
         started = time.monotonic()
@@ -257,6 +263,33 @@ def test_plain_clients_through_the_gateway_survive_a_server_kill(
     away = [o for o in outcomes if moved < o.sent_at < revived and o.kind == "raw"]
     assert away and all(o.server != victim for o in away)
     assert gateway.metric("understudy_gateway_route_changes_total") >= 1
+
+
+def test_requests_held_by_a_frozen_server_are_resent_when_the_app_moves(
+        testbed: Testbed, gateway: GatewayProcess) -> None:
+    """A server that stops answering without closing anything (SIGSTOP: agent and Triton
+    frozen): the requests it holds are cancelled and resent when the controller moves its apps."""
+    testbed.wait_converged(180)
+    by_server = serving_on(testbed)
+    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
+    affected = by_server[victim]
+    moved_before = gateway.total("understudy_gateway_resends_total", 'cause="moved"')
+    load = Load(gateway.url, affected).start()
+    wait_until("answers", lambda: load.answered_since(0) >= 2 * len(affected), 60, 0.05)
+    group = testbed.state.processes[f"agent-{victim}"].pid
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        wait_until("the apps to move off the frozen server",
+                   lambda: moved_off(testbed, affected, victim), 60, 0.05)
+        moved = time.time()
+        wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    outcomes = load.finish()
+    assert not failures(outcomes), failures(outcomes)[:5]
+    assert gateway.total("understudy_gateway_resends_total", 'cause="moved"') > moved_before
+    testbed.wait_converged(180)
 
 
 def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
