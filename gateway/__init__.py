@@ -6,9 +6,10 @@ controller's event stream, and resends it when the app moves. See ``docs/gateway
 
 Modules, one job each: ``config`` (settings), ``errors`` (what a client is told, and with which
 status), ``routes`` (the routing table: events in, routes out; pure), ``board`` (the table for
-asyncio: waiting for an app's next move, persistence), ``follower`` (the controller's event
-stream), ``upstream`` (pooled keep-alive HTTP to the Tritons), ``exchange`` (one request's
-attempts: resend on a move or a failure, hedging), ``queue`` (the per-app queue and its
-dispatch policy), ``metrics``, ``http_api`` (the KServe v2 HTTP front end), ``service`` (wires
-it all and runs it).
+asyncio: waiting for an app's next move), ``persist`` (the table on disk), ``follower`` (the
+controller's event stream), ``upstream`` (pooled keep-alive HTTP to the Tritons), ``exchange``
+(one request's attempts: resend on a move or a failure, hedging), ``queue`` (the per-app queue
+and its dispatch policy), ``metrics``, ``dataplane`` (what the front ends call), ``http_api``
+(the KServe v2 HTTP routes), ``http_server`` (the HTTP/1.1 server under them), ``service``
+(wires it all and runs it).
 """

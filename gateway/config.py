@@ -49,7 +49,7 @@ class GatewayConfig(BaseModel):
     retry_min_s: float = Field(0.05, gt=0)
     """After a failed attempt with no move announced, the first retry's delay (doubles)."""
     retry_max_s: float = Field(1.0, gt=0)
-    stop_grace_s: float = Field(1.0, gt=0)
+    stop_grace_s: float = Field(0.8, gt=0)
     """On SIGTERM: how long requests in flight may finish before they are failed."""
 
     @field_validator("hedge_ms")

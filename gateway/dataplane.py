@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gateway.board import RouteBoard
 from gateway.config import GatewayConfig, valid_app_id
-from gateway.errors import BadRequestError, StoppingError, UnknownAppError
+from gateway.errors import BadRequestError, StoppingError, UnavailableError, UnknownAppError
 from gateway.exchange import Answer, Dispatcher, InferRequest
 from gateway.metrics import GatewayMetrics
 from gateway.queue import Queues
@@ -96,8 +96,12 @@ class DataPlane:
     async def model_call(self, app_id: str, suffix: str, version: str = "",
                          protocol: str = "http") -> Answer:
         """A metadata, config or readiness call to the app's serving replica."""
-        if self.board.loaded.is_set() and self.board.route(app_id) is None:
+        route = self.board.route(app_id)
+        if self.board.loaded.is_set() and route is None:
             raise UnknownAppError(f"app {app_id!r} is not registered")
+        if route is not None and route.serving is None:
+            raise UnavailableError(f"{app_id} is served nowhere"
+                                   f"{f': {route.reason}' if route.reason else ''}")
         due = asyncio.get_running_loop().time() + min(MODEL_CALLS_DEADLINE_S,
                                                       self.config.default_deadline_s)
         self._begin()

@@ -14,14 +14,13 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import web
-
 from gateway.board import RouteBoard
 from gateway.config import GatewayConfig
 from gateway.dataplane import DataPlane
 from gateway.exchange import Dispatcher, Send
 from gateway.follower import EventFollower
 from gateway.http_api import HttpFrontEnd, http_sender
+from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.persist import TABLE_FILE, load_table, save_doc
 from gateway.queue import FifoPolicy, Queues
@@ -31,7 +30,6 @@ from gateway.upstream import HttpUpstream
 logger = logging.getLogger(__name__)
 
 PERSIST_INTERVAL_S = 0.5
-READ_BUFFER_BYTES = 4 * 1024 * 1024
 SERVER_SHUTDOWN_S = 0.25
 """After the grace period: how long the HTTP server waits for the last answers to be written."""
 
@@ -62,7 +60,7 @@ class Gateway:
         self.metrics.controller_connected.set_function(lambda: float(self.follower.connected))
         self.metrics.last_seq.set_function(lambda: float(self.board.table.last_seq))
         self.http_port: int | None = None
-        self._runner: web.AppRunner | None = None
+        self.http = HttpServer(HttpFrontEnd(self.plane), config.max_body_bytes)
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop: asyncio.Event | None = None
 
@@ -87,17 +85,7 @@ class Gateway:
     async def start(self) -> None:
         """Listen, and start following the controller."""
         self._stop = asyncio.Event()
-        app = HttpFrontEnd(self.plane).app()
-        # Bodies are forwarded as they came: compressed ones stay compressed for Triton, and a
-        # read buffer the size of a typical image request avoids pausing the socket mid-body.
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SERVER_SHUTDOWN_S,
-                                     auto_decompress=False, read_bufsize=READ_BUFFER_BYTES)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or ()
-        self.http_port = sockets[0].getsockname()[1] if sockets else self.config.port
+        self.http_port = await self.http.start(self.config.host, self.config.port)
         self._tasks = [asyncio.create_task(self.follower.run(), name="gateway-follower"),
                        asyncio.create_task(self._persist_loop(), name="gateway-persist")]
         logger.info("gateway listening on http://%s:%s (controller %s)", self.config.host,
@@ -119,10 +107,7 @@ class Gateway:
         """Close the listeners, let requests in flight finish (bounded), fail the rest."""
         started = time.monotonic()
         self.plane.closing = True
-        runner = self._runner
-        if runner is not None:
-            for site in list(runner.sites):
-                await site.stop()  # no new connections from here on
+        self.http.stop_listening()  # no new connections; idle ones closed
         self.follower.stop()
         try:
             async with asyncio.timeout(self.config.stop_grace_s):
@@ -131,8 +116,7 @@ class Gateway:
             logger.warning("stopping with %d requests unanswered: they get a 503",
                            self.plane.in_flight)
         self.dispatcher.stop()
-        if runner is not None:
-            await runner.cleanup()
+        await self.http.close(SERVER_SHUTDOWN_S)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -114,7 +114,11 @@ class _Connection(asyncio.Protocol):
         if self._head is None and not self._parse_head():
             return
         if self._length >= 0:
-            if len(self._buffer) >= self._length:
+            if len(self._buffer) == self._length:
+                body = bytes(self._buffer)  # the usual case: one copy, not two
+                self._buffer.clear()
+                self._finish(body)
+            elif len(self._buffer) > self._length:
                 body = bytes(self._buffer[:self._length])
                 del self._buffer[:self._length]
                 self._finish(body)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -92,5 +93,18 @@ def run(options: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, gateway.stop)
         await gateway.run()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop: uvloop's where it is installed, else the standard one.
+
+    The gateway's request path is system calls and loop turns, which uvloop runs in C.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
