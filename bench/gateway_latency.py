@@ -10,8 +10,10 @@ directory, with no controller reachable (the table a gateway keeps across restar
 but the request path is measured. One client sends the same pre-encoded request (the binary
 tensor extension, as tritonclient sends it) alternately through the gateway and directly, one
 at a time on keep-alive connections, and times each. Reported per model: the median and p99 of
-both paths and of their difference, in milliseconds; the last line is one JSON object whose
-``gateway_added_latency_p50_ms`` is the image model's median difference.
+both paths and of their difference, in milliseconds, and the gateway's CPU time per request.
+The image model is then measured over gRPC the same way, with ``tritonclient.grpc`` on both
+paths. The last line is one JSON object whose ``gateway_added_latency_p50_ms`` is the image
+model's median difference over HTTP.
 """
 
 from __future__ import annotations
@@ -103,12 +105,14 @@ def encoded_request(shape: list[int]) -> tuple[bytes, dict[str, str]]:
                            "Inference-Header-Content-Length": str(len(header))}
 
 
-def start_gateway(run_dir: Path, port: int, dead_controller_port: int) -> subprocess.Popen[bytes]:
+def start_gateway(run_dir: Path, port: int, grpc_port: int,
+                  dead_controller_port: int) -> subprocess.Popen[bytes]:
     log = (run_dir / "gateway.log").open("ab")
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "WARNING", "gateway",
          "--controller-url", f"http://127.0.0.1:{dead_controller_port}", "--port", str(port),
-         "--run-dir", str(run_dir)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+         "--grpc-port", str(grpc_port), "--run-dir", str(run_dir)], cwd=REPO, stdout=log,
+        stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -167,6 +171,35 @@ def measure(gateway: int, direct: int, variant: str, requests: int, warmup: int,
             "added_p99_ms": _p99(times["gateway"]) - _p99(times["direct"])}
 
 
+def measure_grpc(gateway: str, direct: str, variant: str, requests: int, warmup: int
+                 ) -> dict[str, float]:
+    """The same comparison over gRPC, with tritonclient.grpc on both paths."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    data = np.random.default_rng(0).random(MODELS[variant], dtype=np.float32)
+    clients = {"gateway": (grpcclient.InferenceServerClient(gateway), f"bench-{variant}"),
+               "direct": (grpcclient.InferenceServerClient(direct),
+                          f"bench-{variant}__{variant}")}
+    times: dict[str, list[float]] = {"gateway": [], "direct": []}
+    order = list(clients)
+    for i in range(warmup + requests):
+        random.shuffle(order)
+        for key in order:
+            client, model = clients[key]
+            tensor = grpcclient.InferInput("INPUT", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            started = time.perf_counter()
+            client.infer(model, [tensor])
+            if i >= warmup:
+                times[key].append((time.perf_counter() - started) * 1000)
+    return {"gateway_p50_ms": statistics.median(times["gateway"]),
+            "direct_p50_ms": statistics.median(times["direct"]),
+            "added_p50_ms": statistics.median(times["gateway"]) - statistics.median(
+                times["direct"]),
+            "added_p99_ms": _p99(times["gateway"]) - _p99(times["direct"])}
+
+
 def _p99(values: list[float]) -> float:
     return sorted(values)[min(len(values) - 1, int(len(values) * 0.99))]
 
@@ -179,7 +212,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gateway-latency-") as scratch:
         root = Path(scratch)
         write_repository(root / "repository")
-        http_port, grpc_port, metrics_port, gateway_port, dead = free_ports(5)
+        http_port, grpc_port, metrics_port, gateway_port, gateway_grpc, dead = free_ports(6)
         triton = TritonServer(TritonConfig(
             model_repository=root / "repository", work_dir=root / "triton",
             http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
@@ -190,9 +223,11 @@ def main() -> None:
             for variant in MODELS:
                 triton.load(f"bench-{variant}__{variant}")
             write_routes(root / "gateway", triton)
-            gateway = start_gateway(root / "gateway", gateway_port, dead)
+            gateway = start_gateway(root / "gateway", gateway_port, gateway_grpc, dead)
             results = {v: measure(gateway_port, http_port, v, args.requests, args.warmup,
                                   gateway.pid) for v in MODELS}
+            grpc = measure_grpc(f"127.0.0.1:{gateway_grpc}", triton.config.grpc_url, "image",
+                                args.requests, args.warmup)
         finally:
             if gateway is not None:
                 gateway.send_signal(signal.SIGTERM)
@@ -200,6 +235,7 @@ def main() -> None:
             triton.stop()
     for variant, figures in results.items():
         print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+    print("grpc image: " + ", ".join(f"{k} {v:.3f}" for k, v in grpc.items()))
     image, small = results["image"], results["small"]
     print(json.dumps({
         "gateway_added_latency_p50_ms": round(image["added_p50_ms"], 3),
@@ -212,6 +248,9 @@ def main() -> None:
         "small_direct_p50_ms": round(small["direct_p50_ms"], 3),
         "gateway_cpu_ms_per_request": round(image["gateway_cpu_ms_per_request"], 3),
         "small_gateway_cpu_ms_per_request": round(small["gateway_cpu_ms_per_request"], 3),
+        "grpc_added_latency_p50_ms": round(grpc["added_p50_ms"], 3),
+        "grpc_added_latency_p99_ms": round(grpc["added_p99_ms"], 3),
+        "grpc_direct_p50_ms": round(grpc["direct_p50_ms"], 3),
         "requests": args.requests, "cpus": os.cpu_count()}))
 
 

@@ -94,8 +94,12 @@ class DataPlane:
             self._end()
 
     async def model_call(self, app_id: str, suffix: str, version: str = "",
-                         protocol: str = "http") -> Answer:
-        """A metadata, config or readiness call to the app's serving replica."""
+                         protocol: str = "http", message: bytes = b"") -> Answer:
+        """A metadata, config or readiness call to the app's serving replica.
+
+        ``suffix`` is the path after the model's (HTTP) or the method's name (gRPC, whose
+        request is ``message``).
+        """
         route = self.board.route(app_id)
         if self.board.loaded.is_set() and route is None:
             raise UnknownAppError(f"app {app_id!r} is not registered")
@@ -107,7 +111,8 @@ class DataPlane:
         self._begin()
         try:
             return await self.dispatcher.send(InferRequest(
-                app_id, due, method="GET", suffix=suffix, version=version, protocol=protocol))
+                app_id, due, message, method="GET", suffix=suffix, version=version,
+                protocol=protocol))
         finally:
             self._end()
 

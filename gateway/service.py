@@ -19,6 +19,8 @@ from gateway.config import GatewayConfig
 from gateway.dataplane import DataPlane
 from gateway.exchange import Dispatcher, Send
 from gateway.follower import EventFollower
+from gateway.grpc_api import GrpcFrontEnd, grpc_server
+from gateway.grpc_upstream import GrpcUpstream, grpc_sender
 from gateway.http_api import HttpFrontEnd, http_sender
 from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
@@ -47,6 +49,7 @@ class Gateway:
                         table.last_seq)
         self.board = RouteBoard(table)
         self.upstream = HttpUpstream(config.connect_timeout_s)
+        self.grpc_upstream = GrpcUpstream()
         self.dispatcher = Dispatcher(
             self.board, self._senders(), retry_min_s=config.retry_min_s,
             retry_max_s=config.retry_max_s,
@@ -60,12 +63,14 @@ class Gateway:
         self.metrics.controller_connected.set_function(lambda: float(self.follower.connected))
         self.metrics.last_seq.set_function(lambda: float(self.board.table.last_seq))
         self.http_port: int | None = None
+        self.grpc_port: int | None = None
         self.http = HttpServer(HttpFrontEnd(self.plane), config.max_body_bytes)
+        self._grpc: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop: asyncio.Event | None = None
 
     def _senders(self) -> dict[str, Send]:
-        return {"http": http_sender(self.upstream)}
+        return {"http": http_sender(self.upstream), "grpc": grpc_sender(self.grpc_upstream)}
 
     def _policy(self, app_id: str) -> FifoPolicy:
         return FifoPolicy(self.config.max_in_flight, self.config.max_waiting)
@@ -79,6 +84,7 @@ class Gateway:
         if left is not None and change.before is not None:
             # A dead server's idle connections would each cost a failed attempt to find out.
             self.upstream.drop(change.before.http.removeprefix("http://"))
+            self.grpc_upstream.drop(change.before.grpc)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -86,10 +92,16 @@ class Gateway:
         """Listen, and start following the controller."""
         self._stop = asyncio.Event()
         self.http_port = await self.http.start(self.config.host, self.config.port)
+        if self.config.grpc_port is not None:
+            self._grpc = grpc_server(GrpcFrontEnd(self.plane))
+            self.grpc_port = self._grpc.add_insecure_port(
+                f"{self.config.host}:{self.config.grpc_port}")
+            await self._grpc.start()
         self._tasks = [asyncio.create_task(self.follower.run(), name="gateway-follower"),
                        asyncio.create_task(self._persist_loop(), name="gateway-persist")]
-        logger.info("gateway listening on http://%s:%s (controller %s)", self.config.host,
-                    self.http_port, self.config.controller_url)
+        logger.info("gateway listening on http://%s:%s%s (controller %s)", self.config.host,
+                    self.http_port, f", grpc port {self.grpc_port}" if self._grpc else "",
+                    self.config.controller_url)
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop (safe from a signal handler)."""
@@ -108,6 +120,9 @@ class Gateway:
         started = time.monotonic()
         self.plane.closing = True
         self.http.stop_listening()  # no new connections; idle ones closed
+        grpc_stopped = (asyncio.ensure_future(self._grpc.stop(self.config.stop_grace_s
+                                                              + SERVER_SHUTDOWN_S))
+                        if self._grpc is not None else None)
         self.follower.stop()
         try:
             async with asyncio.timeout(self.config.stop_grace_s):
@@ -117,6 +132,8 @@ class Gateway:
                            self.plane.in_flight)
         self.dispatcher.stop()
         await self.http.close(SERVER_SHUTDOWN_S)
+        if grpc_stopped is not None:
+            await grpc_stopped
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -124,6 +141,7 @@ class Gateway:
                 await task
         self._persist()
         await self.upstream.close()
+        await self.grpc_upstream.close()
         logger.info("gateway stopped in %.2f s", time.monotonic() - started)
 
     # --- persistence ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ class GatewayProcess:
     process: subprocess.Popen[bytes]
     port: int
     run_dir: Path
+    grpc_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -68,17 +69,19 @@ class GatewayProcess:
         return time.monotonic() - started
 
 
-def start_gateway(run_dir: Path, controller_url: str, port: int | None = None,
+def start_gateway(run_dir: Path, controller_url: str, grpc: bool = False,
                   wait_ready: bool = True) -> GatewayProcess:
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
+    port = free_port()
+    grpc_port = free_port() if grpc else None
     log = (run_dir / "gateway.log").open("ab")
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
-         "--controller-url", controller_url, "--port", str(port), "--run-dir", str(run_dir)],
+         "--controller-url", controller_url, "--port", str(port), "--run-dir", str(run_dir),
+         *(["--grpc-port", str(grpc_port)] if grpc_port else [])],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                                              "PYTHONUNBUFFERED": "1"})
-    gateway = GatewayProcess(process, port, run_dir)
+    gateway = GatewayProcess(process, port, run_dir, grpc_port)
 
     def ready() -> bool:
         if process.poll() is not None:
@@ -109,7 +112,8 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
 @pytest.fixture(scope="module")
 def gateway(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[GatewayProcess]:
-    process = start_gateway(tmp_path_factory.mktemp("gateway"), testbed.state.controller_url)
+    process = start_gateway(tmp_path_factory.mktemp("gateway"), testbed.state.controller_url,
+                            grpc=True)
     try:
         yield process
     finally:
@@ -134,13 +138,16 @@ class Load:
 
     gateway: str
     app_ids: list[str]
+    grpc: str | None = None
+    """``host:port`` of the gateway's gRPC endpoint, for tritonclient.grpc clients too."""
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> Load:
+        clients = [self._raw, self._tritonclient] + ([self._grpc] if self.grpc else [])
         for app_id in self.app_ids:
-            for client in (self._raw, self._tritonclient):
+            for client in clients:
                 thread = threading.Thread(target=self._loop, args=(client, app_id),
                                           daemon=True)
                 thread.start()
@@ -202,6 +209,26 @@ class Load:
 
         return send
 
+    def _grpc(self, app_id: str) -> Callable[[], Outcome]:
+        import tritonclient.grpc as grpcclient
+
+        assert self.grpc is not None
+        client = grpcclient.InferenceServerClient(self.grpc)
+
+        def send() -> Outcome:
+            sent = time.time()
+            try:
+                tensor = grpcclient.InferInput("image", list(IMAGE.shape), "FP32")
+                tensor.set_data_from_numpy(IMAGE)
+                result = client.infer(app_id, [tensor], client_timeout=60)
+                ok = (result.as_numpy("logits").shape == (1, 1000)
+                      and result.get_response().model_name == app_id)
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                return Outcome("grpc", app_id, sent, False, None, repr(exc)[:300])
+            return Outcome("grpc", app_id, sent, ok, None)
+
+        return send
+
     def finish(self) -> list[Outcome]:
         self.stop.set()
         for thread in self.threads:
@@ -237,13 +264,13 @@ def failures(outcomes: list[Outcome]) -> list[Outcome]:
 
 # --- tests ---------------------------------------------------------------------------------
 
-def test_plain_clients_through_the_gateway_survive_a_server_kill(
+def test_plain_clients_http_and_grpc_survive_a_server_kill(
         testbed: Testbed, gateway: GatewayProcess) -> None:
     by_server = serving_on(testbed)
     backed = {a for a, v in apps(testbed).items() if v["backups"]}
     victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
     affected = by_server[victim]
-    load = Load(gateway.url, affected).start()
+    load = Load(gateway.url, affected, f"127.0.0.1:{gateway.grpc_port}").start()
     wait_until("answers before the kill", lambda: load.answered_since(0) >= 4 * len(affected),
                60, 0.05)
     killed_at = testbed.fail([victim])
@@ -260,7 +287,7 @@ def test_plain_clients_through_the_gateway_survive_a_server_kill(
     wait_until("answers after the fail-back", lambda: load.answered_since(back) >= 4, 60, 0.05)
     outcomes = load.finish()
     assert not failures(outcomes), failures(outcomes)[:5]
-    assert {o.kind for o in outcomes} == {"raw", "tritonclient"}
+    assert {o.kind for o in outcomes} == {"raw", "tritonclient", "grpc"}
     assert any(o.sent_at < killed_at and o.server == victim for o in outcomes)
     away = [o for o in outcomes if moved < o.sent_at < revived and o.kind == "raw"]
     assert away and all(o.server != victim for o in away)
@@ -426,6 +453,36 @@ def test_the_http_front_end_reads_what_clients_send(testbed: Testbed,
     assert metadata.status_code == 200 and metadata.json()["name"] == app_id
     assert http.get(f"/v2/models/{app_id}/ready").status_code == 200
     assert http.get(f"/v2/models/{app_id}/config").json()["name"] == app_id
+
+
+def test_the_grpc_front_end_answers_like_triton(testbed: Testbed,
+                                                gateway: GatewayProcess) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    app_id = next(a for a, v in sorted(apps(testbed).items()) if v["serving"])
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.grpc_port}")
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata().name == "understudy-gateway"
+    assert client.is_model_ready(app_id)
+    assert client.get_model_metadata(app_id).name == app_id
+    assert client.get_model_config(app_id).config.name == app_id
+    tensor = grpcclient.InferInput("image", list(IMAGE.shape), "FP32")
+    tensor.set_data_from_numpy(IMAGE)
+    result = client.infer(app_id, [tensor], client_timeout=60)
+    assert result.get_response().model_name == app_id
+    assert result.as_numpy("logits").shape == (1, 1000)
+    cases = [("nope", "", "NOT_FOUND"), ("bad__id", "", "INVALID_ARGUMENT"),
+             (app_id, "x", "INVALID_ARGUMENT")]
+    for name, version, code in cases:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(name, [tensor], model_version=version)
+        assert raised.value.status() == f"StatusCode.{code}", raised.value
+    wrong = grpcclient.InferInput("nothing", [1], "FP32")
+    wrong.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    with pytest.raises(InferenceServerException) as raised:  # Triton's own error, passed on
+        client.infer(app_id, [wrong])
+    assert "nothing" in str(raised.value) or "image" in str(raised.value)
 
 
 def test_the_gateway_stops_within_two_seconds_answering_what_it_holds(tmp_path: Path) -> None:
