@@ -70,7 +70,7 @@ class GatewayProcess:
 
 
 def start_gateway(run_dir: Path, controller_url: str, grpc: bool = False,
-                  wait_ready: bool = True) -> GatewayProcess:
+                  wait_ready: bool = True, extra: tuple[str, ...] = ()) -> GatewayProcess:
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     grpc_port = free_port() if grpc else None
@@ -78,7 +78,7 @@ def start_gateway(run_dir: Path, controller_url: str, grpc: bool = False,
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
          "--controller-url", controller_url, "--port", str(port), "--run-dir", str(run_dir),
-         *(["--grpc-port", str(grpc_port)] if grpc_port else [])],
+         *(["--grpc-port", str(grpc_port)] if grpc_port else []), *extra],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                                              "PYTHONUNBUFFERED": "1"})
     gateway = GatewayProcess(process, port, run_dir, grpc_port)
@@ -319,6 +319,53 @@ def test_requests_held_by_a_frozen_server_are_resent_when_the_app_moves(
     assert not failures(outcomes), failures(outcomes)[:5]
     assert gateway.total("understudy_gateway_resends_total", 'cause="moved"') > moved_before
     testbed.wait_converged(180)
+
+
+def test_a_hedge_answers_from_the_warm_backup_while_the_primary_hangs(
+        testbed: Testbed, tmp_path: Path) -> None:
+    """Triton of the serving replica frozen (SIGSTOP, its agent still heartbeating): with
+    hedging on, the app's requests are answered by its warm backup after the hedge delay."""
+    testbed.wait_converged(180)
+    app_id, app = next((a, v) for a, v in sorted(apps(testbed).items())
+                       if v["serving"] and any(b["state"] == "ready" for b in v["backups"]))
+    primary = app["serving"]["server_id"]
+    backups = {b["server_id"] for b in app["backups"] if b["state"] == "ready"}
+    hedging = start_gateway(tmp_path / "hedging", testbed.state.controller_url,
+                            extra=("--hedge-ms", f"{app_id}=30"))
+    triton = _triton_pid(testbed, primary)
+    try:
+        load = Load(hedging.url, [app_id]).start()
+        wait_until("answers", lambda: load.answered_since(0) >= 4, 60, 0.05)
+        os.kill(triton, signal.SIGSTOP)
+        try:
+            frozen = time.time()
+            wait_until("answers from the backup", lambda: sum(
+                1 for o in list(load.outcomes) if o.sent_at > frozen and o.ok
+                and o.server in backups) >= 4, 60, 0.05)
+        finally:
+            os.kill(triton, signal.SIGCONT)
+        outcomes = load.finish()
+        assert not failures(outcomes), failures(outcomes)[:5]
+        assert hedging.total("understudy_gateway_hedges_total", 'outcome="won"') >= 1
+    finally:
+        hedging.stop()
+    testbed.wait_converged(180)
+
+
+def _triton_pid(bed: Testbed, server_id: str) -> int:
+    """The pid of a server's tritonserver process (found by its model repository)."""
+    repository = f"{bed.state.run_dir}/agents/{server_id}/repository"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if command and command[0].endswith(b"tritonserver") and any(
+                repository.encode() in part for part in command):
+            return int(proc.name)
+    raise RuntimeError(f"no tritonserver of {server_id}")
 
 
 def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
