@@ -93,6 +93,8 @@ def grpc_sender(upstream: GrpcUpstream) -> Send:
     """
 
     async def send(route: Location, request: InferRequest) -> UpstreamReply:
+        if not route.grpc:
+            raise UpstreamError(f"{route.server_id} has no gRPC endpoint")
         remaining = request.deadline - asyncio.get_running_loop().time()
         return await upstream.call(route.grpc, request.suffix,
                                    renamed(request.body, route.model_name), remaining)

@@ -191,6 +191,7 @@ class _Connection(asyncio.BufferedProtocol):
         assert head is not None
         headers = head.headers
         if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._continue(headers, waiting=not self._pending)
             body = self._take_chunked()
             if body is None:
                 return False
@@ -205,10 +206,7 @@ class _Connection(asyncio.BufferedProtocol):
             if length > self.server.max_body:
                 raise HttpError(413, f"request body of {length} bytes is above the limit of "
                                      f"{self.server.max_body}")
-        if length and headers.get("expect", "").lower() == "100-continue" \
-                and len(self._pending) < length and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            headers.pop("expect")
+        self._continue(headers, waiting=len(self._pending) < length)
         if len(self._pending) >= length:
             body = self._pending[:length]
             del self._pending[:length]
@@ -220,6 +218,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._body[:self._got] = self._pending
         self._pending.clear()
         return False
+
+    def _continue(self, headers: dict[str, str], waiting: bool) -> None:
+        """Ask for the body of a request that waits for it (``Expect: 100-continue``), once."""
+        if waiting and headers.get("expect", "").lower() == "100-continue" \
+                and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            headers.pop("expect")
 
     def _take_chunked(self) -> bytearray | None:
         body = bytearray()

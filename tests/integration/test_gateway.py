@@ -470,6 +470,18 @@ def test_the_http_front_end_reads_what_clients_send(testbed: Testbed,
         while b'"outputs"' not in reply:
             reply += sock.recv(65536)
         assert reply.startswith(b"HTTP/1.1 200")
+    # The same with a chunked body (curl -T -).
+    head = (f"POST /v2/models/{app_id}/infer HTTP/1.1\r\nHost: x\r\n"
+            "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        sock.sendall(head)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(b"".join(b"%x\r\n%s\r\n" % (len(part), part)
+                              for part in (body[:5000], body[5000:])) + b"0\r\n\r\n")
+        reply = b""
+        while b'"outputs"' not in reply:
+            reply += sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200")
     # Pipelined requests are answered in order on the connection.
     answers = _exchange(gateway.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
                         b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n"
