@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.board import RouteBoard
 from gateway.errors import (
@@ -51,7 +51,7 @@ class InferRequest:
     app_id: str
     deadline: float
     """Loop time (``loop.time()``) by which the answer is due."""
-    body: bytes = b""
+    body: bytes | bytearray = b""
     headers: tuple[tuple[str, str], ...] = ()
     """Headers forwarded as they are (content type, binary header length, encoding)."""
     method: str = "POST"
@@ -74,7 +74,7 @@ class Answer:
     hedge_won: bool
 
 
-Send = Callable[[Location, InferRequest], Awaitable[UpstreamReply]]
+Send = Callable[[Location, InferRequest], Coroutine[Any, Any, UpstreamReply]]
 """Sends a request to one replica; raises UpstreamError when no reply comes."""
 
 
@@ -179,15 +179,16 @@ class _Exchange:
                     raise self._expired(app)
                 self._launch(app, now)
                 changed = board.changed(request.app_id)
+                waits: list[asyncio.Future[Any]] = [*self.tasks, changed, self.d.stopping]
                 done, _ = await asyncio.wait(
-                    (*self.tasks, changed, self.d.stopping),
+                    waits,
                     timeout=self._wake(app, now) - now, return_when=asyncio.FIRST_COMPLETED)
-                if self.d.stopping.done():
-                    raise StoppingError("the gateway is stopping")
                 for task in [t for t in self.tasks if t in done]:
                     answer = self._settle(task)
                     if answer is not None:
                         return answer
+                if self.d.stopping.done():
+                    raise StoppingError("the gateway is stopping")
                 if changed in done:
                     self._moved(changed.result())
         finally:
@@ -196,12 +197,18 @@ class _Exchange:
 
     async def _wait_loaded(self) -> None:
         remaining = self.request.deadline - self.loop.time()
+        loaded = self.loop.create_task(self.d.board.loaded.wait())
+        waits: list[asyncio.Future[Any]] = [loaded, self.d.stopping]
         try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                await self.d.board.loaded.wait()
-        except TimeoutError:
+            await asyncio.wait(waits, timeout=max(0.0, remaining),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            loaded.cancel()
+        if self.d.stopping.done():
+            raise StoppingError("the gateway is stopping")
+        if not self.d.board.loaded.is_set():
             raise UnavailableError("no routing table yet: the controller has not been "
-                                   "reached") from None
+                                   "reached")
 
     # --- attempts ------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ class GrpcFrontEnd:
     # --- requests ------------------------------------------------------------------------
 
     def _deadline(self, context: grpc.aio.ServicerContext) -> float:
-        remaining = context.time_remaining()
+        remaining: float | None = context.time_remaining()
         loop_now = asyncio.get_running_loop().time()
         if remaining is None:
             return loop_now + self.plane.config.default_deadline_s
@@ -107,21 +107,21 @@ class GrpcFrontEnd:
             except (ValueError, AttributeError):
                 details = reply.body.decode("utf-8", "replace")
             await context.abort(code, details)
-        return renamed(reply.body, app_id) if rename else reply.body
+        return renamed(reply.body, app_id) if rename else bytes(reply.body)
 
     # --- the gateway itself --------------------------------------------------------------
 
     async def server_live(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return pb.ServerLiveResponse(live=True).SerializeToString()
+        return bytes(pb.ServerLiveResponse(live=True).SerializeToString())
 
     async def server_ready(self, message: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return pb.ServerReadyResponse(ready=self.plane.ready()).SerializeToString()
+        return bytes(pb.ServerReadyResponse(ready=self.plane.ready()).SerializeToString())
 
     async def server_metadata(self, message: bytes,
                               context: grpc.aio.ServicerContext) -> bytes:
-        return pb.ServerMetadataResponse(
+        return bytes(pb.ServerMetadataResponse(
             name="understudy-gateway", version="1",
-            extensions=["classification", "parameters"]).SerializeToString()
+            extensions=["classification", "parameters"]).SerializeToString())
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:

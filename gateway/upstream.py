@@ -81,7 +81,8 @@ class _Connection(asyncio.Protocol):
 
     # --- request -------------------------------------------------------------------------
 
-    async def request(self, head: bytes, body: bytes, no_body: bool) -> UpstreamReply:
+    async def request(self, head: bytes, body: bytes | bytearray,
+                      no_body: bool) -> UpstreamReply:
         """Send one request; its reply (UpstreamError when none comes)."""
         assert self.transport is not None and self._waiter is None
         self._waiter = asyncio.get_running_loop().create_future()
@@ -213,7 +214,8 @@ class HttpUpstream:
         self._heads: dict[tuple[str, str, str], bytes] = {}
 
     async def request(self, hostport: str, method: str, path: str,
-                      headers: Sequence[tuple[str, str]] = (), body: bytes = b"") -> UpstreamReply:
+                      headers: Sequence[tuple[str, str]] = (),
+                      body: bytes | bytearray = b"") -> UpstreamReply:
         """Send one request to ``hostport`` (``host:port``); UpstreamError without a reply."""
         head = self._head(hostport, method, path, headers, len(body))
         no_body = method == "HEAD"

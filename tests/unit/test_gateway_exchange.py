@@ -289,7 +289,16 @@ def test_requests_wait_for_a_first_table() -> None:
             "endpoint": {"http": "h:1", "grpc": "g:1"}}}], {})
         assert (await pending).route.server_id == "s1"
 
+    async def stopped() -> None:
+        dispatcher = Dispatcher(RouteBoard(), {"http": FakeReplicas().send})
+        pending = asyncio.create_task(dispatcher.send(request()))
+        await asyncio.sleep(0.01)
+        dispatcher.stop()  # nothing to route with, and stopping: still an answer
+        with pytest.raises(StoppingError):
+            await pending
+
     run(scenario)
+    run(stopped)
 
 
 @pytest.mark.parametrize(("status", "body", "retry"), [
