@@ -38,6 +38,7 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonConfig, TritonError, TritonServer
+from understudy.wire.bounds import MAX_DURATION_S, Capacities, HeartbeatIntervalMs, Id
 from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess
 from understudy.wire.ports import free_ports
 from understudy.wire.protocol import (
@@ -86,14 +87,20 @@ class RestartPolicy(StrEnum):
 
 
 class AgentConfig(BaseModel):
-    """Everything one agent needs; ports 0 mean "pick free ones"."""
+    """Everything one agent needs; ports 0 mean "pick free ones".
 
-    model_config = ConfigDict(extra="forbid")
+    Identity, capacity and heartbeat interval keep the wire's bounds (``understudy.wire.bounds``),
+    the ones the controller checks in the hello: a value it would refuse (a NaN or infinite
+    capacity, an id with a ``/``, a 5e-324 ms heartbeat) fails here, at start, with pydantic's
+    message naming the field, instead of as a closed connection retried forever.
+    """
 
-    server_id: str = Field(min_length=1)
-    site_id: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    server_id: Id
+    site_id: Id
     controller_url: str
-    capacity: dict[str, float]
+    capacity: Capacities
     artifacts: str
     """Local artifact store directory or HTTP base URL."""
     artifacts_mirror: Path | None = None
@@ -101,13 +108,13 @@ class AgentConfig(BaseModel):
     weights are linked from it instead of downloaded (``agent.repository``)."""
     run_dir: Path
     token: str | None = None
-    server_type: str = "testbed"
-    heartbeat_interval_ms: float = Field(20.0, gt=0, le=60_000)
+    server_type: Id = "testbed"
+    heartbeat_interval_ms: HeartbeatIntervalMs = 20.0
     triton_restart: RestartPolicy = RestartPolicy.ALWAYS
     max_restarts: int = Field(5, ge=0)
-    restart_backoff_s: float = Field(0.5, ge=0)
-    reconnect_initial_s: float = Field(0.05, gt=0)
-    reconnect_max_s: float = Field(2.0, gt=0)
+    restart_backoff_s: float = Field(0.5, ge=0, le=MAX_DURATION_S)
+    reconnect_initial_s: float = Field(0.05, gt=0, le=MAX_DURATION_S)
+    reconnect_max_s: float = Field(2.0, gt=0, le=MAX_DURATION_S)
     http_port: int = Field(0, ge=0, lt=65536)
     grpc_port: int = Field(0, ge=0, lt=65536)
     metrics_port: int = Field(0, ge=0, lt=65536)

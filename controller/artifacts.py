@@ -5,17 +5,33 @@ weights loads without any request back to the controller. That round trip used t
 failover's critical path (10-50 ms per interim, more while this event loop is busy with the
 failover itself). Manifests are cached per variant and re-read when the manifest file changes
 (``understudy models build --rebuild`` while the controller runs).
+
+The catalog also says which variants the store holds (:meth:`ArtifactCatalog.variants`):
+registration refuses an app whose primary variant no store holds (it would never serve), unless
+the app says its artifacts are provided some other way (``AppSpec.artifacts_provided``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
-from model_repo.artifacts import MANIFEST_FILE, ArtifactError, Manifest, StoreEntry, find_variant
+from model_repo.artifacts import (
+    MANIFEST_FILE,
+    ArtifactError,
+    Manifest,
+    StoreEntry,
+    find_variant,
+    list_store,
+)
 
 logger = logging.getLogger(__name__)
+
+LISTING_MAX_AGE_S = 1.0
+"""How long a listing of the store's variants is used before the store is listed again (a
+variant built while the controller runs is known within this)."""
 
 
 class ArtifactCatalog:
@@ -24,6 +40,8 @@ class ArtifactCatalog:
     def __init__(self, store: Path | None) -> None:
         self.store = store
         self._entries: dict[str, tuple[StoreEntry, int]] = {}
+        self._listing: frozenset[str] = frozenset()
+        self._listed_at: float | None = None
 
     async def entry(self, variant: str) -> StoreEntry:
         """The variant's store entry; ArtifactError when the store does not hold it."""
@@ -38,6 +56,21 @@ class ArtifactCatalog:
         entry = await asyncio.to_thread(find_variant, self.store, variant)
         self._entries[variant] = (entry, _stamp(entry.directory))
         return entry
+
+    async def variants(self) -> frozenset[str] | None:
+        """The names of the variants the store holds; ``None`` when there is no store.
+
+        Listed again at most every :data:`LISTING_MAX_AGE_S` (a burst of registrations costs
+        one listing), off the event loop.
+        """
+        if self.store is None:
+            return None
+        stamp = time.monotonic()
+        if self._listed_at is None or stamp - self._listed_at > LISTING_MAX_AGE_S:
+            entries = await asyncio.to_thread(list_store, self.store)
+            self._listing = frozenset(e.variant for e in entries)
+            self._listed_at = stamp
+        return self._listing
 
     async def manifest(self, variant: str) -> Manifest | None:
         """The manifest to send with a load command, or ``None`` (the agent fetches it)."""

@@ -9,6 +9,11 @@ with the declaration (``alive_again``, ``same_boot``).
 
 Redis keys (under the store's prefix): ``declarations`` hash seq -> :class:`Declaration` JSON,
 ``declaration_seq`` counter, ``declaration_last`` hash server -> seq of its latest one.
+
+What a read finds and cannot use (an entry that does not parse, a counter that is no number, a
+key of the wrong type) is quarantined as the store does with its records
+(``controller.quarantine``) and left out: one bad entry used to make ``GET /v1/declarations``
+answer 500, and an agent's hello fail when its server's latest declaration was the bad one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import ResponseError
+
+from controller.quarantine import Bad, Quarantine
+from controller.record_cache import reason_of
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ class DeclarationLog:
         self.seq_key = f"{prefix}declaration_seq"
         self.last_key = f"{prefix}declaration_last"
         self._lock = asyncio.Lock()
+        self.quarantine = Quarantine(redis, prefix)
 
     async def add(self, declaration: Declaration) -> Declaration:
         """Store a new declaration; returns it with its sequence number."""
@@ -67,7 +77,11 @@ class DeclarationLog:
         """Store several new declarations (a site's) in two round trips, numbered in order."""
         if not declarations:
             return []
-        last = int(await self.redis.incrby(self.seq_key, len(declarations)))
+        try:
+            last = int(await self.redis.incrby(self.seq_key, len(declarations)))
+        except ResponseError:
+            await self._top()  # a counter that is no number: repaired, then numbered again
+            last = int(await self.redis.incrby(self.seq_key, len(declarations)))
         stored = [d.model_copy(update={"seq": last - len(declarations) + 1 + i})
                   for i, d in enumerate(declarations)]
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -84,20 +98,17 @@ class DeclarationLog:
         write loses another's field.
         """
         async with self._lock:
-            raw = await self.redis.hget(self.key, str(seq))
-            if raw is None:
+            stored = await self._read(str(seq))
+            if stored is None:
                 return
-            stored = Declaration.model_validate_json(raw)
             await self.redis.hset(self.key, str(seq),
                                   stored.model_copy(update=fields).model_dump_json())
 
     async def latest(self, server_id: str) -> Declaration | None:
         """The server's most recent declaration."""
-        seq = await self.redis.hget(self.last_key, server_id)
-        if seq is None:
-            return None
-        raw = await self.redis.hget(self.key, seq)
-        return Declaration.model_validate_json(raw) if raw else None
+        seq = await self.quarantine.tolerant(
+            "declaration_last", lambda: self.redis.hget(self.last_key, server_id))
+        return await self._read(seq) if seq is not None else None
 
     async def mark_alive(self, server_id: str, at: float, same_boot: bool | None) -> None:
         """The server's latest declaration turned out alive (or returned: ``same_boot``)."""
@@ -113,9 +124,57 @@ class DeclarationLog:
 
     async def list(self, since: int = 0, limit: int = MAX_LISTED) -> list[Declaration]:
         """Declarations with ``seq > since``, oldest first, at most ``limit``."""
-        top = int(await self.redis.get(self.seq_key) or 0)
+        top = await self._top()
         seqs = [str(s) for s in range(since + 1, min(top, since + limit) + 1)]
         if not seqs:
             return []
-        raws = await self.redis.hmget(self.key, seqs)
-        return [Declaration.model_validate_json(raw) for raw in raws if raw]
+        raws = await self.quarantine.tolerant("declarations",
+                                              lambda: self.redis.hmget(self.key, seqs))
+        found = await self._parsed(dict(zip(seqs, raws, strict=True)))
+        return [found[seq] for seq in seqs if seq in found]
+
+    async def _read(self, seq: str) -> Declaration | None:
+        """One stored declaration (None when there is none, or it was quarantined)."""
+        raw = await self.quarantine.tolerant("declarations",
+                                             lambda: self.redis.hget(self.key, seq))
+        return (await self._parsed({seq: raw})).get(seq)
+
+    async def _parsed(self, raws: dict[str, str | None]) -> dict[str, Declaration]:
+        """The entries that parse (and carry their own number); the others are quarantined."""
+        found: dict[str, Declaration] = {}
+        bad: list[Bad] = []
+        for seq, raw in raws.items():
+            if raw is None:
+                continue
+            try:
+                declaration = Declaration.model_validate_json(raw)
+            except ValueError as exc:
+                bad.append(Bad(seq, raw, reason_of(exc)))
+                continue
+            if str(declaration.seq) != seq:
+                bad.append(Bad(seq, raw, f"stored as {seq} but its seq is {declaration.seq}"))
+                continue
+            found[seq] = declaration
+        if bad:
+            await self.quarantine.fields("declarations", bad)
+        return found
+
+    async def _top(self) -> int:
+        """The newest declaration's number.
+
+        A counter that is no number is quarantined and set again from the numbers stored (left
+        as it was, every new declaration failed: INCRBY refuses it).
+        """
+        raw = await self.quarantine.tolerant("declaration_seq",
+                                             lambda: self.redis.get(self.seq_key))
+        try:
+            top = int(raw or 0)
+        except ValueError:
+            top = -1
+        if top >= 0:
+            return top
+        await self.quarantine.value("declaration_seq", Bad(None, str(raw), "not a number"))
+        numbers = [int(k) for k in await self.redis.hkeys(self.key) if k.isdigit()]
+        top = max(numbers, default=0)
+        await self.redis.set(self.seq_key, top)
+        return top

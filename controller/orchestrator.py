@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 
 from controller.decide.apps import decide_delete, decide_place_many, needs_placement
 from controller.decide.decision import Decision, event_for
@@ -26,10 +26,18 @@ from controller.snapshot import build_snapshot
 from policies.baselines import FullSizeWarmK
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.failover import UnderstudyPolicy
-from policies.model import ClusterSnapshot, Family
+from policies.model import ClusterSnapshot, Family, Variant
 from policies.resources import Resources
 
 logger = logging.getLogger(__name__)
+
+HeldVariants = Callable[[], Awaitable[Set[str] | None]]
+"""The variants the controller's artifact store holds (``ArtifactCatalog.variants``); ``None``
+when it serves no store (the agents have their own source: nothing to check)."""
+
+
+async def _no_store() -> None:
+    return None
 
 
 def policy_for(config: RuntimeConfig) -> UnderstudyPolicy | FullSizeWarmK:
@@ -50,7 +58,8 @@ class Orchestrator:
 
     def __init__(self, executor: Executor, store: RecordStore, families: Mapping[str, Family],
                  config: RuntimeConfig, clock: Clock,
-                 on_registered: Callable[[], None] = lambda: None) -> None:
+                 on_registered: Callable[[], None] = lambda: None,
+                 held_variants: HeldVariants = _no_store) -> None:
         self.executor = executor
         self.store = store
         self.families = families
@@ -58,6 +67,7 @@ class Orchestrator:
         self.clock = clock
         self.on_registered = on_registered
         """Called once an app is recorded (its family's interim is prefetched everywhere)."""
+        self.held_variants = held_variants
 
     def policy(self) -> UnderstudyPolicy | FullSizeWarmK:
         """The configured failover policy."""
@@ -73,8 +83,14 @@ class Orchestrator:
         view = await self.store.view()
         return build_snapshot(self.families, view.servers, view.apps), view.apps, view.servers
 
-    def validate_spec(self, spec: AppSpec, servers: Mapping[str, ServerRecord]) -> None:
-        """Reject what no snapshot could accept, with a message naming the problem."""
+    def validate_spec(self, spec: AppSpec, servers: Mapping[str, ServerRecord],
+                      held: Set[str] | None = None) -> None:
+        """Reject what no snapshot could accept, with a message naming the problem.
+
+        ``held``: the variants the artifact store holds (None: not checked). The app's primary
+        variant, the one its placement loads, must be one of them, or the app would be
+        recorded (201) and never serve; unless the app says its artifacts are provided.
+        """
         family = self.families.get(spec.family)
         if family is None:
             raise InvalidRequestError(f"unknown family {spec.family!r}; known: "
@@ -87,6 +103,8 @@ class Orchestrator:
                 all(s.site_id != spec.pinned_site for s in servers.values()):
             raise InvalidRequestError(f"pinned site {spec.pinned_site!r} is unknown")
         variant = family.variant(spec.variant) if spec.variant else family.most_accurate
+        if held is not None and not spec.artifacts_provided and variant.name not in held:
+            raise InvalidRequestError(_not_in_store(family, variant, held))
         demand = variant.demand(spec.max_rate_rps)
         if servers and not any(demand.fits_within(Resources(s.capacity))
                                for s in servers.values()):
@@ -96,7 +114,7 @@ class Orchestrator:
 
     async def register(self, spec: AppSpec, wait: bool = False) -> AppRecord:
         """Register an app: record it, place its primary, load it (awaited with ``wait``)."""
-        self.validate_spec(spec, (await self.store.view()).servers)
+        self.validate_spec(spec, (await self.store.view()).servers, await self.held_variants())
         if not await self.store.add_app(AppRecord(spec=spec)):
             raise ConflictError(f"app {spec.app_id!r} is already registered")
         self.executor.locks.registered(spec.app_id)
@@ -119,6 +137,7 @@ class Orchestrator:
         Returns, for each spec, whether it was created (False: the id was registered).
         """
         servers = (await self.store.view()).servers
+        held = await self.held_variants()
         problems: list[dict[str, str]] = []
         first: dict[str, int] = {}
         for index, spec in enumerate(specs):
@@ -129,7 +148,7 @@ class Orchestrator:
                 continue
             first[spec.app_id] = index
             try:
-                self.validate_spec(spec, servers)
+                self.validate_spec(spec, servers, held)
             except InvalidRequestError as exc:
                 problems.append({"field": where, "message": str(exc)})
         if problems:
@@ -224,3 +243,13 @@ class Orchestrator:
         if revision != converged_at:
             await self.place_unplaced()
         return revision
+
+
+def _not_in_store(family: Family, variant: Variant, held: Set[str]) -> str:
+    """Why an app whose primary variant is not in the artifact store is refused."""
+    in_store = [v.name for v in family.variants if v.name in held]
+    where = (f"it holds {', '.join(in_store)} of this family: choose one as the variant"
+             if in_store else f"it holds no variant of family {family.name!r}")
+    return (f"the artifact store does not hold {variant.name}, the variant this app would "
+            f"load, so it would never serve; {where}, build it (understudy models build), or "
+            f"set artifacts_provided if the agents get it elsewhere")

@@ -72,6 +72,10 @@ class AppSpec(BaseModel):
     allow_larger_backups: bool = Field(
         False, description="let warm backups and failover replicas use a variant larger or "
                            "more accurate than the primary variant (default: never above it)")
+    artifacts_provided: bool = Field(
+        False, description="the agents get this app's model artifacts from elsewhere than the "
+                           "controller's artifact store: register it even when that store "
+                           "does not hold its primary variant (default: refused, 422)")
 
     @field_validator("app_id")
     @classmethod

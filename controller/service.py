@@ -107,7 +107,8 @@ class Controller:
         self.prefetcher = InterimPrefetcher(self.store, self.agents, self.artifacts,
                                             self.families, self.executor.spawn)
         self.orchestrator = Orchestrator(self.executor, self.store, self.families, config,
-                                         clock, on_registered=self.prefetcher.request)
+                                         clock, on_registered=self.prefetcher.request,
+                                         held_variants=self.artifacts.variants)
         self.warm = WarmPlanner(self.executor, self.store, self.families,
                                 lambda: self.orchestrator.config, self.orchestrator.policy,
                                 self.metrics, clock)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stateful.graph import GraphSpec
 from stateful.messages import Mode
+from understudy.wire.bounds import Capacity
 
 
 class GraphStatus(StrEnum):
@@ -39,7 +40,7 @@ class GraphStatus(StrEnum):
 class GraphRegistration(BaseModel):
     """Body of ``POST /v1/graphs``: the graph and how to run it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     spec: GraphSpec
     mode: Mode = Mode.NSPB
@@ -51,12 +52,14 @@ class GraphRegistration(BaseModel):
     """Inject seeded float non-determinism (a re-execution differs, as on a GPU)."""
     batch_size: int | None = Field(None, ge=1, le=4096)
     """Overrides ``spec.batch_size``."""
-    replica_memory_mb: float = Field(0.0, ge=0)
+    replica_memory_mb: Capacity = 0.0
     """Memory each replica process needs on its server (in the servers' ``memory_mb`` unit):
     a replica only goes where that is left after the apps and the other replicas there. 0:
     not declared (servers with more free memory are still preferred)."""
-    replica_compute: float = Field(0.0, ge=0)
-    """Compute share each replica needs, likewise."""
+    replica_compute: Capacity = 0.0
+    """Compute share each replica needs, likewise. Both are finite, at most a server's largest
+    capacity (``understudy.wire.bounds.MAX_CAPACITY``): an infinite demand fitted nowhere and,
+    stored as ``null``, made the graph's record unreadable."""
 
 
 class ReplicaView(BaseModel):

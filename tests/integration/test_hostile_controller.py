@@ -41,6 +41,8 @@ BAD_SERVERS = {
     "": {**GOOD_SERVER, "server_id": ""},
     "s-huge": {**GOOD_SERVER, "server_id": "s-huge", "capacity": {"memory_mb": 1e308}},
 }
+GOOD_DECLARATION = {"seq": 1, "server_id": "s1", "reason": "missed heartbeats",
+                    "detected_at": 10.0, "last_seen": 9.9}
 VARIANTS = {"mobilenet_v3": ("mobilenet_v3_small", "mobilenet_v3_large"),
             "shufflenet_v2": ("shufflenet_v2_x0_5",)}
 
@@ -69,6 +71,9 @@ def _seed(client: redis.Redis) -> None:
                                                   "kind": "registered"})}, id="1-0")
     client.xadd("us:events", {"data": "garbage"}, id="2-0")
     client.set("us:event_seq", "2")
+    client.hset("us:declarations", mapping={"1": json.dumps(GOOD_DECLARATION),
+                                             "2": "{not json"})
+    client.set("us:declaration_seq", "2")
 
 
 def _artifact_store(root: Path) -> Path:
@@ -283,9 +288,10 @@ def test_the_event_stream_refuses_bad_query_parameters(controller: Controller) -
     assert not asyncio.run(_event_stream_refused(port, "since=1000000&app_id=seed-a"))
 
 
-async def _frame_to_event_stream(port: int) -> tuple[int | None, str]:
-    async with connect(f"ws://127.0.0.1:{port}/v1/events/ws?since=1000000") as ws:
-        await ws.send("x" * 100_000)
+async def _frame_to_event_stream(port: int, size: int = 100_000) -> tuple[int | None, str]:
+    async with connect(f"ws://127.0.0.1:{port}/v1/events/ws?since=1000000",
+                       max_size=None) as ws:
+        await ws.send("x" * size)
         try:
             await asyncio.wait_for(ws.recv(), 10)
         except ConnectionClosed as closed:
@@ -296,3 +302,36 @@ async def _frame_to_event_stream(port: int) -> tuple[int | None, str]:
 def test_the_event_stream_takes_no_frames(controller: Controller) -> None:
     code, reason = asyncio.run(_frame_to_event_stream(controller.port))
     assert (code, reason) == (1008, "the event stream takes no frames")
+
+
+def test_a_frame_over_the_protocol_limit_is_refused_by_the_server(controller: Controller) -> None:
+    # The event stream's own refusal of any frame is 1008; uvicorn (ws_max_size) closes 1009
+    # before the frame reaches it. With uvicorn's default (16 MiB) the frame was read whole.
+    code, _ = asyncio.run(_frame_to_event_stream(controller.port, MAX_FRAME_BYTES + 1))
+    assert code == 1009
+
+
+def test_an_app_no_artifact_store_holds_is_refused_unless_provided(
+        controller: Controller) -> None:
+    http = controller.http
+    refused = http.post("/v1/apps", json={"app_id": "no-weights", "family": "efficientnet"})
+    assert refused.status_code == 422, refused.text
+    assert "holds no variant of family 'efficientnet'" in refused.json()["detail"]
+    partly = http.post("/v1/apps", json={"app_id": "no-large", "family": "shufflenet_v2"})
+    assert partly.status_code == 422 and "shufflenet_v2_x0_5" in partly.json()["detail"]
+    assert http.get("/v1/apps/no-weights").status_code == 404
+    held = http.post("/v1/apps", json={"app_id": "small-weights", "family": "shufflenet_v2",
+                                       "variant": "shufflenet_v2_x0_5"})
+    provided = http.post("/v1/apps", json={"app_id": "own-weights", "family": "efficientnet",
+                                           "artifacts_provided": True})
+    assert (held.status_code, provided.status_code) == (201, 201), (held.text, provided.text)
+
+
+def test_a_bad_declaration_is_quarantined_not_a_500(controller: Controller) -> None:
+    listed = controller.http.get("/v1/declarations")
+    assert listed.status_code == 200, listed.text
+    seqs = [d["seq"] for d in listed.json()]  # with those of the agents the tests closed
+    assert seqs[0] == 1 and 2 not in seqs
+    found = {(q["key"], q["field"]) for q in _quarantined(controller.redis).values()}
+    assert ("us:declarations", "2") in found
+    assert "2" not in controller.redis.hkeys("us:declarations")

@@ -179,3 +179,20 @@ def test_the_schema_documents_our_error_body_everywhere(api: tuple[CountingApp, 
     # FastAPI's own format (detail a list) is not: the check has teeth.
     assert _violations({"detail": [{"loc": ["body"], "msg": "x", "type": "y"}]},
                        {"$ref": "#/components/schemas/ErrorBody"}, spec) != []
+
+
+@pytest.mark.parametrize("field, value", [
+    ("replica_memory_mb", b"Infinity"), ("replica_compute", b"NaN"),
+    ("replica_memory_mb", b"1e308"), ("replica_compute", b"-1"),
+])
+def test_a_graph_with_a_non_finite_replica_demand_is_refused(
+        api: tuple[CountingApp, Any], field: str, value: bytes) -> None:
+    from stateful.services import sp_graph
+
+    counting, _ = api
+    spec = sp_graph(4).model_dump_json().encode()
+    body = b'{"spec": ' + spec + b', "' + field.encode() + b'": ' + value + b"}"
+    response = _call(counting, "POST", "/v1/graphs", headers={
+        **AUTH, "Content-Type": "application/json"}, content=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == f"body.{field}"

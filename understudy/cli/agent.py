@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+
+from understudy.wire.bounds import MAX_CAPACITY, MAX_RESOURCES, check_name
 
 logger = logging.getLogger(__name__)
 
@@ -21,24 +24,44 @@ from a flag or the environment."""
 
 
 def parse_capacity(text: str) -> dict[str, float]:
-    """``memory_mb=8000,compute=100`` -> ``{"memory_mb": 8000.0, "compute": 100.0}``."""
+    """``memory_mb=8000,compute=100`` -> ``{"memory_mb": 8000.0, "compute": 100.0}``.
+
+    Within the wire's bounds (``understudy.wire.bounds``), which the controller checks in the
+    agent's hello: resource names are ids, amounts finite numbers from 0 to
+    :data:`MAX_CAPACITY`, at most :data:`MAX_RESOURCES` of them. A capacity it would refuse
+    fails here, at start, naming the entry.
+    """
     capacity: dict[str, float] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"capacity entry {part!r} is not NAME=NUMBER")
-        try:
-            number = float(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"capacity {key}={value!r} is not a number") \
-                from exc
-        if number < 0:
-            raise argparse.ArgumentTypeError(f"capacity {key} must not be negative")
-        capacity[key] = number
+        capacity[_resource_name(key)] = _amount(key, value)
+    if len(capacity) > MAX_RESOURCES:
+        raise argparse.ArgumentTypeError(f"capacity names {len(capacity)} resources; at most "
+                                         f"{MAX_RESOURCES}")
     if "memory_mb" not in capacity:
         raise argparse.ArgumentTypeError("capacity needs at least memory_mb=...")
     return capacity
+
+
+def _resource_name(key: str) -> str:
+    try:
+        return check_name(key, "capacity resource")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _amount(key: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"capacity {key}={value!r} is not a number") from exc
+    if not math.isfinite(number) or not 0 <= number <= MAX_CAPACITY:
+        raise argparse.ArgumentTypeError(f"capacity {key}={value.strip()} must be a finite "
+                                         f"number from 0 to {MAX_CAPACITY:g}")
+    return number
 
 
 def register(parser: argparse.ArgumentParser) -> None:

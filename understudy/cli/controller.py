@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -81,6 +82,18 @@ def run(options: argparse.Namespace) -> int:
     # the loop makes the planner, wait up to 5 ms per hand-off: on the failover path that
     # is time between detection and the interim loads. 1 ms keeps both within a millisecond.
     sys.setswitchinterval(0.001)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                ws="websockets-sansio", ws_ping_interval=None, lifespan="on")
+    uvicorn.run(app, host=settings.host, port=settings.port, **server_options())
     return 0
+
+
+def server_options() -> dict[str, Any]:
+    """The options the controller's uvicorn server runs with (besides the address).
+
+    ``ws_max_size``: a websocket message larger than the wire protocol's frame limit is refused
+    by the server as it arrives (close 1009), before it is buffered and handed to the app; with
+    uvicorn's default (16 MiB) such a frame was read whole and only then refused.
+    """
+    from understudy.wire.protocol import MAX_FRAME_BYTES
+
+    return {"log_level": "warning", "ws": "websockets-sansio", "ws_ping_interval": None,
+            "ws_max_size": MAX_FRAME_BYTES, "lifespan": "on"}
