@@ -2,7 +2,8 @@
 
 Reads are open; everything that changes state, and agent connections, need the bearer token
 (when the controller has one), checked before a body is read (``controller.http_guard``, which
-also bounds the body's size). Errors map to HTTP statuses in one place
+also bounds the body's size and answers 503 while Redis is unreachable). Mutating calls take an
+``Idempotency-Key`` (``controller.idempotency``). Errors map to HTTP statuses in one place
 (:func:`_install_error_handlers`), every error body is an :class:`ErrorBody` (bad input: 422
 with pydantic's message per field), and the OpenAPI schema says so (:func:`_document_errors`).
 """
@@ -28,7 +29,8 @@ from controller.errors import (
     UnauthorizedError,
 )
 from controller.graphs.api import graph_routes
-from controller.http_guard import MUTATING_METHODS, RequestGuard, bearer_ok
+from controller.http_guard import MUTATING_METHODS, RequestGuard, bearer_ok, needs_redis
+from controller.idempotency import IdempotencyGuard
 from controller.record_cache import RecordsView
 from controller.records import (
     AppSpec,
@@ -39,6 +41,7 @@ from controller.records import (
     ServerRecord,
     ServerState,
 )
+from controller.redis_health import RETRY_AFTER_S, RedisUnavailableError
 from controller.service import Controller
 from controller.views import (
     DEFAULT_PAGE,
@@ -98,7 +101,11 @@ def create_app(controller: Controller) -> FastAPI:
     app = FastAPI(title="Understudy controller", version="1", lifespan=lifespan,
                   description="Failover control plane for ML model serving at the edge.")
     _install_error_handlers(app)
-    app.add_middleware(RequestGuard, token=lambda: controller.settings.token)
+    # The last one added runs first: the token, size and Redis checks before the key's lookup.
+    app.add_middleware(IdempotencyGuard,
+                       log=lambda: getattr(controller.store, "idempotency", None))
+    app.add_middleware(RequestGuard, token=lambda: controller.settings.token,
+                       health=lambda: getattr(controller.store, "health", None))
 
     _routes(app, controller)
     _document_errors(app)
@@ -130,16 +137,37 @@ def _use_error_body(schema: dict[str, Any]) -> None:
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
-    for operations in schema.get("paths", {}).values():
+    for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             if "422" in responses:
                 responses["422"] = {"description": "Invalid request", "content": content}
+            if needs_redis(path):
+                responses.setdefault("503", {
+                    "description": f"Redis is unreachable: retry after Retry-After "
+                                   f"({RETRY_AFTER_S} s)", "content": content})
             if method.upper() in MUTATING_METHODS:
                 responses.setdefault("401", {"description": "Missing or wrong bearer token",
                                              "content": content})
                 responses.setdefault("413", {"description": "Request body too large",
                                              "content": content})
+            if method.upper() in MUTATING_METHODS and path.startswith("/v1/"):
+                _document_idempotency_key(operation, content)
+
+
+def _document_idempotency_key(operation: dict[str, Any], content: dict[str, Any]) -> None:
+    operation.setdefault("parameters", []).append({
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "run this call at most once: a retry with the same key and request gets "
+                       "the first answer (Idempotent-Replayed: true), kept 24 h",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255,
+                   "pattern": "^[!-~]+$"}})
+    responses = operation["responses"]
+    responses.setdefault("409", {"description": "Conflict (an id taken, a state that forbids "
+                                                "it), or the request with this "
+                                                "Idempotency-Key still running",
+                                 "content": content})
+    responses.setdefault("422", {"description": "Invalid request", "content": content})
 
 
 def _routes(app: FastAPI, controller: Controller) -> None:
@@ -171,7 +199,9 @@ def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
 
     @app.get("/metrics", tags=["health"])
     async def metrics() -> Response:
-        await controller.refresh_gauges()
+        # In a Redis outage the gauges keep their last values; the outage's figures are here.
+        with contextlib.suppress(RedisUnavailableError):
+            await controller.refresh_gauges()
         return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -358,7 +388,9 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ControllerError)
     async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else \
+            {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, RedisUnavailableError) \
+            else None
         body: dict[str, Any] = {"detail": str(exc)}
         if isinstance(exc, InvalidBatchError):
             body["errors"] = exc.errors

@@ -7,13 +7,20 @@ was read into memory. This ASGI middleware answers first, from the headers alone
 * 401 for a request that may change state (POST, PUT, PATCH, DELETE) without the token (when
   the controller has one);
 * 413 for a body larger than its route's limit, by ``Content-Length`` before a byte of it is
-  read, or once a body sent without a length has passed the limit.
+  read, or once a body sent without a length has passed the limit;
+* 503 with ``Retry-After`` for a ``/v1`` call while Redis is unreachable
+  (``controller.redis_health``), before any work starts; and for one in flight when the outage
+  began that has not answered :data:`~controller.redis_health.CUT_OFF_S` later. Artifact
+  downloads and graph requests, which need no Redis, are served through an outage.
 
-The error bodies are the API's (``{"detail": ...}``, see ``controller.api.ErrorBody``).
+Every HTTP request runs in a request scope, in which a Redis command fails at once in an outage
+instead of waiting for Redis to return. The error bodies are the API's (``{"detail": ...}``, see
+``controller.api.ErrorBody``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -24,6 +31,8 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from controller.redis_health import RETRY_AFTER_S, RedisHealth, RequestScope, request_scope
+
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -32,7 +41,9 @@ MAX_GRAPH_REQUEST_BYTES = 32 * 1024 * 1024
 """Largest body of a graph request: its tensors travel as JSON number lists (up to a million
 values, ``controller.graphs.api.MAX_VALUES``, at up to ~25 characters each)."""
 _GRAPH_REQUEST = re.compile(r"^/v1/graphs/[^/]+/requests$")
+_NEEDS_NO_REDIS = re.compile(r"^/v1/(artifacts/|graphs/[^/]+/requests$)")
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+REDIS_DOWN = "redis is unreachable: the controller cannot serve this now"
 
 
 def bearer_ok(headers: Any, expected: str | None) -> bool:
@@ -50,12 +61,19 @@ def body_limit(path: str) -> int:
     return MAX_GRAPH_REQUEST_BYTES if _GRAPH_REQUEST.match(path) else MAX_BODY_BYTES
 
 
-class RequestGuard:
-    """ASGI middleware: the token and the body size, checked before the body is read."""
+def needs_redis(path: str) -> bool:
+    """Whether a call to ``path`` is refused while Redis is unreachable."""
+    return path.startswith("/v1/") and not _NEEDS_NO_REDIS.match(path)
 
-    def __init__(self, app: Any, token: Callable[[], str | None]) -> None:
+
+class RequestGuard:
+    """ASGI middleware: token, body size and Redis outages, checked before the body is read."""
+
+    def __init__(self, app: Any, token: Callable[[], str | None],
+                 health: Callable[[], RedisHealth | None] = lambda: None) -> None:
         self.app = app
         self.token = token
+        self.health = health
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -63,15 +81,50 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         if scope["method"] in MUTATING_METHODS and not bearer_ok(headers, self.token()):
-            await _answer(send, 401, "missing or wrong bearer token",
-                          [(b"www-authenticate", b"Bearer")])
+            await answer(send, 401, "missing or wrong bearer token",
+                         extra_headers=[(b"www-authenticate", b"Bearer")])
             return
         limit = body_limit(scope["path"])
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await _answer(send, 413, f"request body larger than {limit} bytes")
+            await answer(send, 413, f"request body larger than {limit} bytes")
             return
-        await self.app(scope, _counted(receive, limit), send)
+        health = self.health()
+        with request_scope() as request:
+            if health is None or not needs_redis(scope["path"]):
+                await self.app(scope, _counted(receive, limit), send)
+            elif health.down:
+                await answer(send, 503, REDIS_DOWN, retry_after=RETRY_AFTER_S)
+            else:
+                await self._cut_off_in_an_outage(health, request, scope,
+                                                 _counted(receive, limit), send)
+
+    async def _cut_off_in_an_outage(self, health: RedisHealth, request: RequestScope,
+                                    scope: Any, receive: Any, send: Any) -> None:
+        """Serve the request; a 503 instead when an outage began and it is still not answering.
+
+        It may be waiting for a lock that work waiting for Redis holds: it would hang until
+        Redis returned, and then go on with what its client gave up on.
+        """
+        async def answering(message: Any) -> None:
+            if message["type"] == "http.response.start" and request.deadline is not None:
+                request.answered = True
+                request.deadline.reschedule(None)
+            await send(message)
+
+        try:
+            async with asyncio.timeout(None) as deadline:
+                request.deadline = deadline
+                health.track(request)  # an outage from now on reschedules the deadline
+                await self.app(scope, receive, answering)
+        except TimeoutError:
+            if request.deadline is None or not request.deadline.expired() or request.answered:
+                raise
+            logger.warning("%s %s cut off: redis became unreachable while it ran",
+                           scope["method"], scope["path"][:200])
+            await answer(send, 503, REDIS_DOWN, retry_after=RETRY_AFTER_S)
+        finally:
+            health.untrack(request)
 
 
 def _counted(receive: Any, limit: int) -> Any:
@@ -91,10 +144,14 @@ def _counted(receive: Any, limit: int) -> Any:
     return receive_counted
 
 
-async def _answer(send: Any, status: int, detail: str,
-                  extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def answer(send: Any, status: int, detail: str, *,
+                 errors: list[dict[str, str]] | None = None, retry_after: int | None = None,
+                 extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send an error answer (an ``ErrorBody``) straight from a middleware."""
+    body = json.dumps({"detail": detail, **({"errors": errors} if errors else {})}).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()), *(extra_headers or [])]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -73,6 +73,10 @@ class Metrics:
         """Export the heartbeat monitor's counters (read from ``stats()`` at each scrape)."""
         self.registry.register(_MonitorCollector(stats))
 
+    def watch_redis(self, stats: Callable[[], Any]) -> None:
+        """Export Redis's availability and outages (``RedisHealth.stats()`` at each scrape)."""
+        self.registry.register(_RedisCollector(stats))
+
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
@@ -98,3 +102,26 @@ class _MonitorCollector(Collector):
                                     "Servers the heartbeat monitor knows")
         servers.add_metric([], float(stats.servers))
         yield servers
+
+
+class _RedisCollector(Collector):
+    """Whether Redis answers, how many outages there were and how long they lasted."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.stats()
+        up = GaugeMetricFamily("understudy_redis_up",
+                               "1 while Redis answers, 0 during an outage (API calls get 503)")
+        up.add_metric([], 1.0 if stats.up else 0.0)
+        yield up
+        outages = CounterMetricFamily("understudy_redis_outages",
+                                      "Redis outages since the controller started")
+        outages.add_metric([], float(stats.outages))
+        yield outages
+        seconds = CounterMetricFamily("understudy_redis_outage_seconds",
+                                      "Seconds Redis was unreachable, the outage under way "
+                                      "included")
+        seconds.add_metric([], float(stats.outage_seconds))
+        yield seconds

@@ -86,6 +86,7 @@ class Controller:
             await asyncio.to_thread(self.redis_server.start)
             url = self.redis_server.url
         self.store = Store(url)
+        self.metrics.watch_redis(self.store.health.stats)
         config = await self.store.config() or RuntimeConfig()
         if self.settings.config is not None:
             config = config.model_copy(update=self.settings.config.model_dump(exclude_none=True))
@@ -162,6 +163,8 @@ class Controller:
     async def stop(self) -> None:
         """Close connections and stop the embedded Redis."""
         self.ready = False
+        if self.store is not None:
+            self.store.stop_waiting()  # in a Redis outage, what waits for it fails: no hang
         if hasattr(self, "_converge"):
             self._converge.cancel()
             self._watchdog.cancel()

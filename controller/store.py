@@ -11,8 +11,11 @@ Keys (all under a prefix, default ``us:``):
 * ``intents`` hash: intent id -> what the controller is about to do (write-ahead);
 * ``graphs`` hash: graph name -> :class:`GraphRecord` JSON (service graphs: spec, placement).
 
-The client retries on connection errors with back-off, so a Redis restart stalls writes for
-a moment instead of failing them; with append-only persistence nothing acknowledged is lost.
+While Redis is unreachable (``controller.redis_health``) a command sent for an API request fails
+at once (503); any other waits for Redis and is sent again, so an outage stalls the failover and
+the background loops instead of failing them; with append-only persistence nothing acknowledged
+is lost. Idempotency keys' stored answers live under ``idempotency:<key>``
+(``controller.idempotency``).
 
 Reads of apps and servers come from an in-memory copy (:class:`RecordCache`) that every write
 updates once Redis acknowledged it; a failed write, a revision that does not follow, or a
@@ -35,14 +38,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controller.graphs.records import GraphRecord
+from controller.idempotency import IdempotencyLog
 from controller.quarantine import Bad, Quarantine, json_object
 from controller.record_cache import (
     RecordCache,
@@ -52,37 +51,13 @@ from controller.record_cache import (
     reason_of,
 )
 from controller.records import AppRecord, Event, RuntimeConfig, ServerRecord, now
+from controller.redis_health import RedisHealth, connect
+from controller.redis_scripts import COMMIT_LUA
 
 logger = logging.getLogger(__name__)
 
 EVENT_STREAM_MAXLEN = 100_000
-REDIS_CONNECTIONS = 32
-REDIS_POOL_WAIT_S = 30.0
-"""How long a caller waits for a free pooled connection before failing."""
 
-
-_COMMIT_LUA = """
--- KEYS: intents, servers, apps, events, event_seq, rev.  ARGV[1]: the batch (Store.commit).
--- Returns {the first event's sequence number (0 without events), the revision (0 when no
--- record was written)}.
-local batch = cjson.decode(ARGV[1])
-if type(batch.intent) == 'table' then
-  redis.call('HSET', KEYS[1], batch.intent[1], batch.intent[2])
-end
-for _, pair in ipairs(batch.servers) do redis.call('HSET', KEYS[2], pair[1], pair[2]) end
-for _, pair in ipairs(batch.apps) do redis.call('HSET', KEYS[3], pair[1], pair[2]) end
-local rev = 0
-if #batch.servers + #batch.apps > 0 then rev = redis.call('INCR', KEYS[6]) end
-local count = #batch.events
-if count == 0 then return {0, rev} end
-local first = redis.call('INCRBY', KEYS[5], count) - count + 1
-for i, rest in ipairs(batch.events) do
-  local seq = first + i - 1
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', batch.maxlen, seq .. '-0',
-             'data', '{"seq":' .. seq .. ',' .. string.sub(rest, 2))
-end
-return {first, rev}
-"""
 
 
 class Store:
@@ -91,33 +66,38 @@ class Store:
     def __init__(self, url: str, prefix: str = "us:") -> None:
         self.url = url
         self.prefix = prefix
-        # A bounded pool that makes a caller wait for a free connection: the default pool
-        # raises MaxConnectionsError past 100, which a connect storm of agents reached.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=40),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=5, max_connections=REDIS_CONNECTIONS,
-            timeout=REDIS_POOL_WAIT_S)
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis = connect(url)
         self._event_lock = asyncio.Lock()
-        self._commit_script = self.redis.register_script(_COMMIT_LUA)
+        self._commit_script = self.redis.register_script(COMMIT_LUA)
         self._cache = RecordCache()
         """Apps and servers as last acknowledged; the event lock serialises every write."""
         self.quarantine = Quarantine(self.redis, prefix)
+        self.idempotency = IdempotencyLog(self.redis, prefix)
+
+    @property
+    def health(self) -> RedisHealth:
+        """Whether Redis answers, and its outages so far."""
+        return self.redis.health
 
     def _key(self, name: str) -> str:
         return self.prefix + name
 
     async def ping(self) -> bool:
-        """Whether Redis answers (one try, no retries)."""
+        """Whether Redis answers (one try, no retries; False at once in an outage)."""
+        if self.health.down:
+            return False
         try:
             return bool(await asyncio.wait_for(self.redis.ping(), 1.0))
         except Exception:  # noqa: BLE001 - any failure means "not ready"
             return False
 
+    def stop_waiting(self) -> None:
+        """The controller stops: a command waiting out an outage fails instead."""
+        self.health.close()
+
     async def close(self) -> None:
         """Close the connection pool."""
+        await self.health.aclose()
         await self.redis.aclose()
 
     # --- the in-memory copy ------------------------------------------------------------------
