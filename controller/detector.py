@@ -218,6 +218,20 @@ class FailureDetector:
         grace = grace_s if grace_s is not None else self.timeout_s
         self._send({"op": "watch", "server": server_id, "generation": self._generation,
                     "grace_s": grace})
+        if server_id not in self._admitted:
+            # The monitor knows only servers whose agent said hello (their heartbeat
+            # channel); one that never does (killed while the controller was restarting) is
+            # declared here when its grace runs out.
+            with contextlib.suppress(RuntimeError):  # no loop: nobody to declare to
+                asyncio.get_running_loop().call_later(
+                    grace, self._no_hello, server_id, self._generation, time.time())
+
+    def _no_hello(self, server_id: str, generation: int, since: float) -> None:
+        if server_id in self._admitted or self._watched.get(server_id) != generation:
+            return  # it said hello (the monitor watches it now), or was declared or forgotten
+        logger.warning("server %s: no hello within %.1f s", server_id, time.time() - since)
+        now = time.time()
+        self._declare(server_id, "no hello since the controller started", since, now)
 
     def false_alarm(self, server_id: str) -> None:
         """A server declared failed was alive: the monitor is more patient with it a while.

@@ -190,6 +190,9 @@ class ServerLifecycle:
         for server in (await self.store.servers()).values():
             if server.state in (ServerState.UP, ServerState.DRAINING) and \
                     not self.agents.connected(server.server_id):
+                if server.connected:  # to the controller before this one
+                    server.connected = False
+                    await self.store.put_server(server)
                 self.watch.watch(server.server_id, grace_s=grace_s)
         resumed = []
         for intent_id, intent in (await self.store.intents()).items():

@@ -251,6 +251,22 @@ def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
         assert app["serving"] and app["serving"]["server_id"] != victim
 
 
+def test_a_server_killed_while_the_controller_is_down_is_declared_after_the_restart(
+        testbed: Testbed) -> None:
+    """It never says hello to the new controller: declared when its start-up grace ends."""
+    victim, affected = _all_back_and_busiest(testbed)
+    testbed.kill_process("controller", signal.SIGKILL)
+    testbed.fail([victim])
+    testbed.start_controller()
+    restarted = time.monotonic()
+    wait_until("the silent server to be declared failed", lambda: testbed.http.get(
+        f"/v1/servers/{victim}").json()["state"] == "failed", 30, 0.1)
+    # The controller's start-up grace (3 s by default) and a little slack, not forever.
+    assert time.monotonic() - restarted < 15
+    wait_until("its apps to recover", lambda: _recovered(testbed, {victim}, affected), 180, 0.25)
+    testbed.wait_converged(180)
+
+
 def _workers(bed: Testbed, server_id: str) -> dict[str, int]:
     """Model name -> pid of its torch-runtime worker on one server (a reload changes the pid)."""
     sock = Path(bed.state.run_dir) / "agents" / server_id / "triton" / "torch-runtime.sock"
