@@ -120,6 +120,7 @@ class AgentHub:
             await _close_quietly(websocket)
             if self._sockets.get(server_id) is websocket:
                 del self._sockets[server_id]
+                self.fail_pending(server_id, "its connection closed")
                 self.detector.connection_closed(server_id)
 
     async def _hello(self, websocket: Any) -> Hello | None:
@@ -211,6 +212,27 @@ class AgentHub:
                 pending[1].set_exception(AgentCommandError(
                     f"{server_id}: invalid result frame: {error}", code="bad_frame"))
         await _refuse(websocket, _close_code(error), f"bad frame: {error}")
+
+    def fail_pending(self, server_id: str, why: str) -> int:
+        """Fail now every command sent to the server and not answered; returns how many.
+
+        Called when its connection closes and when it is declared failed: no answer is coming
+        (or none that counts), and a failover's loads wait behind the unloads it sent there.
+        Their callers treat it as an agent out of reach: the reconciler or the server's
+        return sends what is still wanted again.
+        """
+        failed = 0
+        for command_id, (sent_to, future) in list(self._pending.items()):
+            if sent_to != server_id:
+                continue
+            del self._pending[command_id]
+            if not future.done():
+                future.set_exception(AgentUnavailableError(
+                    f"agent of {server_id}: no answer coming ({why})"))
+                failed += 1
+        if failed:
+            logger.warning("%d command(s) sent to %s failed: %s", failed, server_id, why)
+        return failed
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -130,8 +130,10 @@ class Controller:
             controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
         # Graph replicas first: their recovery needs no agent command, only the signal.
-        self.detector.listeners += [lambda server_id, *_: self.graphs.on_server_failed(server_id),
-                                    self.lifecycle.on_failure]
+        self.detector.listeners += [
+            lambda server_id, *_: self.graphs.on_server_failed(server_id),
+            lambda server_id, *_: self.agents.fail_pending(server_id, "declared failed"),
+            self.lifecycle.on_failure]
         self.graphs.hosts.free_of = self._free_capacity
         await self.graphs.start()
         await self.lifecycle.startup_reconcile(self.settings.startup_grace_s)

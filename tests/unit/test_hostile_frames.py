@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from controller.agents import MESSAGE_TOO_BIG, POLICY_VIOLATION, AgentHub, close_reason
-from controller.errors import AgentCommandError
+from controller.errors import AgentCommandError, AgentUnavailableError
 from understudy.wire.protocol import (
     MAX_FRAME_BYTES,
     MAX_MODELS,
@@ -296,6 +296,48 @@ def test_a_result_for_another_servers_command_is_ignored() -> None:
         first.push(encode(CommandResult(command_id=command.command_id, ok=True,
                                         command="inventory")))
         assert (await asyncio.wait_for(answer, 5)).command == "inventory"
+        await hub.close_all()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+    asyncio.run(scenario())
+
+
+def test_commands_to_a_server_whose_connection_closes_fail_at_once() -> None:
+    async def scenario() -> None:
+        hub, hellos = _hub()
+        socket = ScriptedSocket(json.dumps(_hello()))
+        serving = asyncio.ensure_future(hub.serve(socket))
+        await _until(lambda: hellos)
+        command = InventoryCommand(command_id=hub.next_id())
+        answer = asyncio.ensure_future(hub.command("s1", command, timeout_s=300))
+        await _until(lambda: len(socket.sent) == 2)
+        await socket.close(1006, "gone")  # the agent died: no answer is coming
+        with pytest.raises(AgentUnavailableError, match="connection closed"):
+            await asyncio.wait_for(answer, 5)  # at once, not after its 300 s
+        await asyncio.wait_for(serving, 5)
+
+    asyncio.run(scenario())
+
+
+def test_commands_to_a_server_declared_failed_fail_at_once_and_no_others() -> None:
+    async def scenario() -> None:
+        hub, _ = _hub()
+        first, second = ScriptedSocket(json.dumps(_hello())), \
+            ScriptedSocket(json.dumps(_hello(server_id="s2")))
+        tasks = [asyncio.ensure_future(hub.serve(s)) for s in (first, second)]
+        await _until(lambda: hub.connected("s1") and hub.connected("s2"))
+        to_s1 = InventoryCommand(command_id=hub.next_id())
+        to_s2 = InventoryCommand(command_id=hub.next_id())
+        answers = [asyncio.ensure_future(hub.command(s, c, timeout_s=300))
+                   for s, c in (("s1", to_s1), ("s2", to_s2))]
+        await _until(lambda: len(first.sent) == 2 and len(second.sent) == 2)
+        assert hub.fail_pending("s1", "declared failed") == 1
+        with pytest.raises(AgentUnavailableError, match="declared failed"):
+            await asyncio.wait_for(answers[0], 5)
+        assert not answers[1].done()
+        second.push(encode(CommandResult(command_id=to_s2.command_id, ok=True,
+                                         command="inventory")))
+        assert (await asyncio.wait_for(answers[1], 5)).ok
         await hub.close_all()
         await asyncio.wait_for(asyncio.gather(*tasks), 5)
 
