@@ -74,6 +74,10 @@ MEMORY_MEASURE_DELAY_S = 0.5
 TRY_AGAIN_LATER = 1013
 """Close code of a controller too busy to admit this hello now."""
 BUSY_BACKOFF_S = 1.0
+STABLE_RUN_S = 60.0
+"""A Triton that ran this long before it exited starts the restart count again."""
+QUICK_EXIT_S = 10.0
+"""A Triton that exited this soon after it was ready restarts on fresh ports."""
 
 OUTBOX_LIMIT = 1000
 """Undelivered results kept across a disconnection (oldest dropped first, with a warning)."""
@@ -173,6 +177,7 @@ class Agent:
                                           on_exit=self._on_replica_exit,
                                           nice=config.triton_nice)
         self.restarts = 0
+        self._triton_started_at = time.monotonic()
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
         threads = config.model_load_threads
@@ -246,6 +251,7 @@ class Agent:
             return False
         self._triton_alive = True
         self._expected_exit = False
+        self._triton_started_at = time.monotonic()
         return True
 
     def _fresh_ports(self) -> None:
@@ -274,6 +280,13 @@ class Agent:
             return
         at = time.time()
         self._triton_alive = False
+        ran_s = time.monotonic() - self._triton_started_at
+        if ran_s >= STABLE_RUN_S:
+            self.restarts = 0  # a crash loop is what the limit stops, not crashes days apart
+        elif ran_s < QUICK_EXIT_S:
+            # Dead right after it became ready: likely a port another process took between
+            # our pick and Triton's bind of its last listener; the same ports would clash again.
+            self._fresh_ports()
         lost = sorted(self.models)
         self.models.clear()
         restarting = (self.config.triton_restart is RestartPolicy.ALWAYS
