@@ -25,7 +25,9 @@ gets a new agent; the fault's line says so.
 A thread polls ``GET /v1/apps`` and ``GET /v1/servers`` every 0.5 s for the whole run and keeps
 every poll (``runs/bench-convergence/samples.jsonl``). The run is judged from those samples
 (``deploy.convergence``, where the definitions are): app-seconds below the best placement more
-than `--settle-s` s after the last change, backups and failover replicas above the registered
+than `--settle-s` s after the last change (an injection, a revival, or a failure declaration
+of the controller's own, counted apart when false), backups and failover replicas above the
+registered
 variant, replicas outside a pin, recovery of the apps served from the failed servers; and at
 the end every server's Triton is asked which models it holds READY (``POST
 /v2/repository/index``, twice, 2 s apart) against the records: strays (held, in no record) and
@@ -561,7 +563,9 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     samples: list[Sample] = result["samples"]
     specs: dict[str, AppSpecObs] = result["specs"]
     injected: list[Injection] = result["injections"]
-    judged_windows = judge.windows(injected, args.settle_s, result["finished"])
+    verdicts = classify(parse(result.get("declarations", [])), injected)
+    judged_windows = judge.windows(injected, args.settle_s, result["finished"],
+                                   [v.declaration.detected_at for v in verdicts])
     episodes = judge.degraded_episodes(samples, judged_windows, specs)
     accuracy = _accuracy_table()
     above = judge.backups_above_primary(samples, specs, accuracy)
@@ -579,7 +583,6 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for s in specs.values() if s.pinned_site or s.pinned_server or _below_top(s, accuracy)))
     print(f"below best more than {args.settle_s:.0f} s after the last change "
           f"({len(episodes)} stretches):")
-    verdicts = classify(parse(result.get("declarations", [])), injected)
     for e in episodes:
         print(f"  {'(home down) ' if e.home_down else ''}{e.app_id} after fault #{e.window + 1} "
               f"({injected[e.window].kind}), {e.start - origin:+.1f} .. {e.end - origin:+.1f} s "

@@ -7,7 +7,9 @@ HTTP) judge the samples against the run's injections (``deploy.declarations.Inje
 * **Windows.** After injection *i* the *last change* is the later of its instant and the
   completion of its servers' revivals (``Injection.revived``). Its judging window holds the
   sampling instants later than last change + ``settle_s`` and not later than the next
-  injection (or the end of the run).
+  injection (or the end of the run). A failure declaration inside it (a false alarm: the
+  controller moved apps on its own) is a change too: the ``settle_s`` after it are left out.
+  The bench counts the false declarations apart.
 * **Below best** (:func:`below_best`). With every server revived (they are, in a window), an
   app's best possible placement is its home: the app is below its best when nothing serves it,
   when it has no home, when its home variant is not the variant it registered, or when its home
@@ -203,13 +205,27 @@ def last_change(injection: Injection) -> float:
     return max([injection.at, *injection.revived.values()])
 
 
-def windows(injections: Sequence[Injection], settle_s: float, end: float) -> list[Window]:
-    """The judging window after each injection (see the module docstring)."""
+def windows(injections: Sequence[Injection], settle_s: float, end: float,
+            changes: Iterable[float] = ()) -> list[Window]:
+    """The judging windows after each injection (see the module docstring).
+
+    ``changes``: other instants at which the controller changed placements on its own (its
+    failure declarations, true or false). Each is a change too: the ``settle_s`` after it are
+    not judged, so an injection's window may come in pieces.
+    """
+    instants = sorted(changes)
     found = []
     for index, injection in enumerate(injections):
         changed = last_change(injection)
         stop = injections[index + 1].at if index + 1 < len(injections) else end
-        found.append(Window(index, changed, changed + settle_s, stop))
+        start = changed + settle_s
+        for change in (c for c in instants if changed < c <= stop):
+            if change > start:
+                found.append(Window(index, changed, start, change))
+            changed = change
+            start = max(start, change + settle_s)
+        if start < stop:
+            found.append(Window(index, changed, start, stop))
     return found
 
 

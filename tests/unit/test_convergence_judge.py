@@ -82,6 +82,19 @@ def test_the_last_change_is_the_later_of_the_fault_and_its_revivals() -> None:
     assert not judged[0].holds(130.0) and judged[0].holds(130.5) and judged[0].holds(200.0)
 
 
+def test_a_declaration_inside_a_window_is_a_change_that_restarts_the_settle_time() -> None:
+    faults = [Injection(KILL, ("s1",), 100.0, {"s1": 120.0}), Injection(STOP, ("s3",), 300.0)]
+    # 150: a false alarm in the first window; 305: the stop's own declaration, before its
+    # window; 400 is past the end of the run.
+    judged = windows(faults, 10.0, 350.0, changes=[150.0, 305.0, 400.0])
+    assert [(w.injection, w.start, w.end) for w in judged] == [
+        (0, 130.0, 150.0), (0, 160.0, 300.0), (1, 315.0, 350.0)]
+    assert not any(w.holds(155.0) for w in judged)
+    # Two changes close together: nothing judged until 10 s after the later one.
+    judged = windows(faults[:1], 10.0, 300.0, changes=[150.0, 152.0])
+    assert [(w.start, w.end) for w in judged] == [(130.0, 150.0), (162.0, 300.0)]
+
+
 @pytest.mark.parametrize(("observed", "down", "expected"), [
     (app(), (), None),
     (app(serving=None, status="unavailable"), (), "nothing serves it"),
