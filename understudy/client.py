@@ -165,6 +165,12 @@ class UnderstudyClient:
             return self._state.location
         if response.status_code == 404:
             raise ClientError(f"app {self.app_id!r} is not registered")
+        if response.status_code >= 500:
+            # The controller cannot answer now (its Redis is down: 503): as if unreachable,
+            # the last known location stands and requests go on retrying.
+            logger.info("controller answered %d while resolving %s", response.status_code,
+                        self.app_id)
+            return self._state.location
         response.raise_for_status()
         location = location_of_serving(response.json().get("serving"), self._state.last_seq)
         self._set(location, None)

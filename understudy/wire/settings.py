@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "UNDERSTUDY_"
 
-PROCESS_PREFIXES = ("UNDERSTUDY_CONTROLLER_", "UNDERSTUDY_AGENT_")
+PROCESS_PREFIXES = ("UNDERSTUDY_CONTROLLER_", "UNDERSTUDY_AGENT_", "UNDERSTUDY_GATEWAY_")
 """The processes with a settings object; each reads only its own prefix."""
 
 OTHER_VARIABLES = frozenset({
