@@ -236,6 +236,47 @@ declarations and 0 apps moved by them, crash detection p99 ≤ 30 ms, silent det
          ("crash_detection_p99_ms", "crash detection p99 (ms)"),
          ("silent_detection_p50_ms", "silent detection p50 (ms)"),
          ("silent_detection_p99_ms", "silent detection p99 (ms)"))),
+    "convergence": Bench(
+        "Convergence after random faults", "python bench/convergence.py", """\
+The 9-server, 3-site testbed with 18 generated apps and a client on every app at 5 requests/s;
+three apps pinned (two to a site, one to a server) and three registered with a middle variant of
+their family (so that a backup above the registered variant could show). `--faults` (default
+30) faults, the kinds in shuffled rounds of five: *kill* (SIGKILL of a server's process group),
+*triton* (SIGKILL of its Triton alone: the agent restarts it), *agent* (SIGKILL of its agent
+alone), *stop* (SIGSTOP for 3 s) and *site* (every server of a site). Each fault is followed by
+recovery, revival, convergence and at least `--settle-s` (10 s) + `--observe-s` (10 s) of
+observation. A thread samples `GET /v1/apps` and `GET /v1/servers` every 0.5 s; the run is
+judged from the samples by `deploy/convergence.py`: app-seconds below the best placement (the
+app's home, every server being back) more than 10 s after the last change (a fault, a revival,
+or a failure declaration of the controller's own; false ones are counted apart), backups and
+failover replicas above the registered variant, replicas outside a pin, and recovery from the
+records (every app served from a failed server just before a fault). At the end every server's
+Triton is asked which models it holds against the records: strays and missing models. Targets:
+0 degraded app-seconds after settle, 0 strays, 0 backups above the primary, 0 pin violations,
+recovery rate 1.0.""",
+        (("faults", "faults injected"), ("apps", "apps"),
+         ("degraded_app_seconds_after_settle", "degraded app-seconds after settle"),
+         ("judged_seconds", "seconds judged"),
+         ("strays_found_at_end", "strays at the end"), ("missing_at_end", "missing at the end"),
+         ("backups_above_primary", "backups above the registered variant"),
+         ("pinned_violations", "pin violations"),
+         ("recovery_rate_from_records", "recovery rate (from the records)"),
+         ("slowest_recovery_s", "slowest recovery (s)"),
+         ("false_declarations", "false declarations"),
+         ("requests", "client requests"), ("requests_failed", "client requests failed"))),
+    "gateway_latency": Bench(
+        "Latency the gateway adds", "python bench/gateway_latency.py", """\
+One Triton with two Python-backend models (an image model, 600 KB in, and a 16-float one) and a
+gateway in front of it, no controller (the routes are given). Requests alternate between the
+gateway and Triton directly, one at a time, in the same run; figures are medians and p99s of the
+differences over `--requests` requests per path. Over HTTP (the gateway's own HTTP/1.1 server
+and keep-alive client) and gRPC. Also the gateway's CPU per request. Target: ≤ 0.5 ms added at
+p50 over HTTP.""",
+        (("gateway_added_latency_p50_ms", "HTTP, image: added p50 (ms)"),
+         ("gateway_added_latency_p99_ms", "HTTP, image: added p99 (ms)"),
+         ("small_added_latency_p50_ms", "HTTP, small: added p50 (ms)"),
+         ("grpc_added_latency_p50_ms", "gRPC: added p50 (ms)"),
+         ("gateway_cpu_ms_per_request", "gateway CPU per image request (ms)"))),
     "control_plane_scale": Bench(
         "The control plane at 1,000 servers and 10,000 apps",
         "python bench/control_plane_scale.py", """\
