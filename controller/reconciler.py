@@ -160,11 +160,14 @@ class Reconciler:
         decision = None
         if candidates:
             async with ex.locks.plan, ex.locks.apps(candidates):
-                apps, servers = await self.store.apps_and_servers()
-                snapshot = build_snapshot(self.families, servers, apps,
-                                          failed=set(servers) - live)
-                decision = decide_upgrades({a: apps[a] for a in candidates if a in apps},
-                                           snapshot, self.families)
+                # The snapshot from the shared read-only records, as a failover builds it:
+                # its part cache is keyed by those objects, and a snapshot of private copies
+                # would rebuild every app's part here and again at the next failover.
+                now = await self.store.view()
+                snapshot = build_snapshot(self.families, now.servers, now.apps,
+                                          failed=set(now.servers) - live)
+                apps = {a: r for a in candidates if (r := await self.store.get_app(a))}
+                decision = decide_upgrades(apps, snapshot, self.families)
                 if decision is not None:
                     await ex.commit(decision)
         if decision is None:

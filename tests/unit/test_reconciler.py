@@ -298,3 +298,20 @@ def test_a_failed_server_still_serving_an_app_has_its_failover_resumed() -> None
         await ctl.executor.idle()
         assert len(ctl.agents.commands("load")) == loads
     run(body)
+
+
+def test_looking_for_upgrades_keeps_the_snapshot_cache_of_the_shared_records() -> None:
+    async def body() -> None:
+        from controller import snapshot as snapshots
+
+        ctl, reconciler = cluster([degraded(), app_record("q", [replica("s3", SMALL)],
+                                                          serving=("s3", SMALL))])
+        fail(ctl, "s1")
+        assert await reconciler.improve_degraded()
+        await ctl.executor.idle()
+        # The parts cached are those of the shared records a failover's snapshot is built
+        # from (q's is unchanged since), not of private copies, which would make the next
+        # failover rebuild every app's part.
+        view = await ctl.store.view()
+        assert snapshots._cache.parts["q"].record is view.apps["q"]
+    run(body)
