@@ -208,10 +208,7 @@ class Executor:
         try:
             await self._run(stages)
         finally:
-            self._in_flight.subtract(keys)
-            for key in keys:
-                if self._in_flight[key] <= 0:
-                    del self._in_flight[key]
+            self._in_flight -= Counter(keys)  # keeps only the keys still counted
 
     async def _run(self, stages: tuple[Stage, ...]) -> None:
         started: dict[str, asyncio.Future[None]] = {}

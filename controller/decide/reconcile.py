@@ -23,18 +23,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from controller.decide.decision import Decision, accuracy_of
+from controller.decide.returns import better_variants, reload_of
 from controller.records import AppRecord, AppStatus, Replica
 from policies.actions import LoadVariant, RemoveStray, Stage, UnloadVariant
 from policies.model import (
-    Application,
     ClusterSnapshot,
     Family,
     Role,
     Server,
     Variant,
 )
-from policies.replica_rules import allowed_variants, may_hold_replica
-from policies.resources import MEMORY_MB, Resources
+from policies.resources import MEMORY_MB
 from understudy.wire.protocol import InventoryItem, ModelState
 
 _SLACK = 1e-9
@@ -154,8 +153,7 @@ def decide_repairs(apps: Mapping[str, AppRecord], server_id: str,
         elif finding.kind in (Discrepancy.MISSING, Discrepancy.STALE_LOAD):
             replica.state = ModelState.LOADING
             changed[record.app_id] = record
-            load = LoadVariant(server_id, record.app_id, replica.variant, replica.role)
-            outage = record.serving is None or record.serving == replica.key
+            load, outage = reload_of(record, replica)
             (urgent if outage else routine).append(load)
         elif finding.kind is Discrepancy.FINISHED_UNLOAD:
             record.replicas.remove(replica)
@@ -224,7 +222,7 @@ def decide_upgrades(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
         best: tuple[tuple[float, bool, float], Server, Variant] | None = None
         for server_id in sorted(live):
             server = snapshot.server_by_id[server_id]
-            for variant in _better_variants(snapshot, app, record, server, free[server_id],
+            for variant in better_variants(snapshot, app, record, server, free[server_id],
                                             serving.accuracy, ceiling):
                 rank = (variant.accuracy, server_id == serving.server_id,
                         free[server_id].get(MEMORY_MB, 0.0))
@@ -246,15 +244,3 @@ def decide_upgrades(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot,
     return Decision(apps=tuple(changed), stages=(Stage("upgrade", tuple(loads)),),
                     notes=tuple(notes))
 
-
-def _better_variants(snapshot: ClusterSnapshot, app: Application, record: AppRecord,
-                     server: Server, free: Resources, floor: float,
-                     ceiling: float) -> list[Variant]:
-    """Allowed variants above ``floor`` and up to ``ceiling`` that fit ``free`` on server."""
-    if not may_hold_replica(snapshot, app, server):
-        return []
-    return [v for v in allowed_variants(snapshot, app)
-            if floor + _SLACK < v.accuracy <= ceiling
-            and record.replica(server.server_id, v.name) is None
-            and app.meets_slo(v, server)
-            and v.demand(app.max_rate_rps).fits_within(free)]

@@ -18,8 +18,9 @@ from policies.actions import (
     Stage,
     UnloadVariant,
 )
-from policies.model import ClusterSnapshot, Family, Role
+from policies.model import Application, ClusterSnapshot, Family, Role, Server, Variant
 from policies.replica_rules import allowed_variants, may_hold_replica
+from policies.resources import Resources
 from understudy.wire.protocol import InventoryItem, ModelState
 
 _ACTIVE = (ModelState.LOADING, ModelState.READY)
@@ -123,9 +124,7 @@ def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
             if replica.state is ModelState.LOADING or key not in loaded:
                 replica.state = ModelState.LOADING
                 changed[record.app_id] = record
-                load = LoadVariant(server_id, record.app_id, replica.variant, replica.role)
-                # Nothing else serves the app (or this replica was what served): an outage.
-                outage = record.serving is None or record.serving == replica.key
+                load, outage = reload_of(record, replica)
                 (urgent if outage else routine).append(load)
     strays = tuple(RemoveStray(server_id, a, v) for a, v in sorted(loaded - wanted))
     return Decision(apps=tuple(changed[a] for a in sorted(changed)),
@@ -134,6 +133,15 @@ def decide_reconcile(apps: Mapping[str, AppRecord], server_id: str,
                             Stage("reload", tuple(routine))),
                     notes=tuple(f"server {server_id} holds stray model {a}__{v}; unloading it"
                                 for a, v in sorted(loaded - wanted)))
+
+
+def reload_of(record: AppRecord, replica: Replica) -> tuple[LoadVariant, bool]:
+    """The load that brings ``replica`` back, and whether it ends an outage (urgent).
+
+    An outage: nothing else serves the app, or this replica was what served it.
+    """
+    load = LoadVariant(replica.server_id, record.app_id, replica.variant, replica.role)
+    return load, record.serving is None or record.serving == replica.key
 
 
 def stranded_below_home(record: AppRecord, server_id: str, live: Collection[str],
@@ -184,14 +192,10 @@ def decide_fail_forward(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot
         record = apps[app_id]
         app = snapshot.app_by_id.get(app_id)
         best = stranded_below_home(record, server_id, live, families)
-        if app is None or best is None or record.home is None or \
-                not may_hold_replica(snapshot, app, server):
+        if app is None or best is None or record.home is None:
             continue
         ceiling = accuracy_of(families, record.spec.family, record.home[1]) + _SLACK
-        choices = [v for v in allowed_variants(snapshot, app)
-                   if best.accuracy + _SLACK < v.accuracy <= ceiling
-                   and record.replica(server_id, v.name) is None and app.meets_slo(v, server)
-                   and v.demand(app.max_rate_rps).fits_within(free)]
+        choices = better_variants(snapshot, app, record, server, free, best.accuracy, ceiling)
         if not choices:
             continue
         target = max(choices, key=lambda v: (v.accuracy, v.memory_mb))
@@ -210,3 +214,22 @@ def decide_fail_forward(apps: Mapping[str, AppRecord], snapshot: ClusterSnapshot
         return None
     return Decision(apps=tuple(changed), stages=(Stage("fail-forward", tuple(loads)),),
                     notes=tuple(notes))
+
+
+def better_variants(snapshot: ClusterSnapshot, app: Application, record: AppRecord,
+                    server: Server, free: Resources, floor: float,
+                    ceiling: float) -> list[Variant]:
+    """The variants a target of ``app`` on ``server`` may be: more accurate than ``floor``.
+
+    Those the replica rules allow there (pins, never above the app's choice) with accuracy
+    above ``floor`` and at most ``ceiling``, not already a replica there, meeting the app's
+    SLO on the server and fitting ``free``. Fail-forward and the reconciler's upgrades of
+    degraded apps choose among them.
+    """
+    if not may_hold_replica(snapshot, app, server):
+        return []
+    return [v for v in allowed_variants(snapshot, app)
+            if floor + _SLACK < v.accuracy <= ceiling
+            and record.replica(server.server_id, v.name) is None
+            and app.meets_slo(v, server)
+            and v.demand(app.max_rate_rps).fits_within(free)]
