@@ -40,6 +40,7 @@ from typing import Any
 
 from controller.suspicion import Declaration, ServerWatch, SuspicionSettings, SuspicionTable
 from understudy.wire.heartbeat import DATAGRAM_SIZE, MAGIC, VERSION, Kind, encode, unpack_from
+from understudy.wire.priority import raise_priority
 
 logger = logging.getLogger(__name__)
 
@@ -363,11 +364,6 @@ class Monitor:
             raise KeyError(f"unknown op {op!r}")
 
 
-def _raise_priority() -> None:
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, MONITOR_NICE)
-
-
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the controller dies (stdin EOF covers the rest)."""
     with contextlib.suppress(Exception):
@@ -402,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s heartbeat-monitor %(levelname)s %(message)s",
                         stream=sys.stderr)
     _die_with_parent()
-    _raise_priority()
+    logger.info("scheduling: %s", raise_priority(MONITOR_NICE))
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

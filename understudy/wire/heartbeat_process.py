@@ -37,6 +37,7 @@ import sys
 import time
 
 from understudy.wire.heartbeat import FLAG_TRITON_ALIVE, DatagramError, Kind, decode, encode
+from understudy.wire.priority import raise_priority
 
 logger = logging.getLogger(__name__)
 
@@ -284,8 +285,7 @@ def main() -> int:
     _die_with_parent()
     if os.getppid() == 1:
         return 0  # the agent died before the death signal was armed
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+    raise_priority(NICE)
     _Beater().run(sys.stdin.fileno())
     return 0
 
