@@ -220,8 +220,10 @@ controller sees it up and connected), convergence and `--settle-s` (default 10 s
 every declaration the controller logged (`GET /v1/declarations`, from its start, registration
 included) is judged by `deploy/declarations.py`: true when its server was failed by an injection
 and not yet revived at the declaration time (a stopped server's is true), false otherwise; an
-injected server never declared is a missed detection. *Crash detection*: declaration − SIGKILL
-instant (kills and sites); *silent detection*: declaration − SIGSTOP instant. Every false
+injected server never declared is a missed detection. *Crash detection*: declaration − the
+SIGKILL instant of that server (kills and sites; the testbed kills a site's servers from the
+real-time class where permitted, so that they die together and no wait of the injector between
+two kills is counted); *silent detection*: declaration − SIGSTOP instant. Every false
 declaration is printed in full (server, reason, time, silence, apps moved). Targets: 0 false
 declarations and 0 apps moved by them, crash detection p99 ≤ 30 ms, silent detection p99 ≤
 150 ms, no missed detection.""",

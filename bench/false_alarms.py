@@ -17,7 +17,8 @@ At the end every failure declaration the controller made since it started
 (``GET /v1/declarations``) is judged (``deploy.declarations``): true when its server was failed
 by an injection and not yet revived at the declaration time (a stopped server is a true
 declaration), false otherwise. Reported: declarations true and false, the apps the false ones
-moved, crash detection (declaration - SIGKILL instant, kills and sites) and silent detection
+moved, crash detection (declaration - the SIGKILL instant of that server, kills and sites; a
+site's servers are killed from the real-time class, so together) and silent detection
 (declaration - SIGSTOP instant) percentiles, per-kind counts, every false declaration in full
 and every missed detection (an injected server never declared). Targets: 0 false declarations,
 0 apps moved by them, crash detection p99 <= 30 ms, silent detection p99 <= 150 ms, no missed

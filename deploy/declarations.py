@@ -54,6 +54,13 @@ class Injection:
     revived: Mapping[str, float] = field(default_factory=dict)
     """Server -> wall time its revival completed; a server absent here was not revived."""
     site: str = ""
+    signalled: Mapping[str, float] = field(default_factory=dict)
+    """Server -> wall time its own signal was sent, where recorded (a site's servers are
+    signalled one after the other, microseconds apart unless the injector was preempted)."""
+
+    def signalled_at(self, server_id: str) -> float:
+        """When ``server_id`` was signalled (the injection's instant where not recorded)."""
+        return self.signalled.get(server_id, self.at)
 
     def failed(self, server_id: str, at: float) -> bool:
         """Whether this injection had ``server_id`` failed at wall time ``at``."""
@@ -65,7 +72,8 @@ class Injection:
         """From a testbed's recorded failure (``testbed.json``); old records were kills."""
         return cls(kind=record.get("kind", KILL), servers=tuple(record["servers"]),
                    at=float(record["at"]), revived=dict(record.get("revived", {})),
-                   site=record.get("site", ""))
+                   site=record.get("site", ""),
+                   signalled={k: float(v) for k, v in record.get("signalled", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -108,10 +116,12 @@ def missed(injections: Sequence[Injection], verdicts: Sequence[Verdict]
 
 
 def detection_ms(verdict: Verdict, injections: Sequence[Injection]) -> float | None:
-    """Declaration time minus its injection's signal instant (None for a false one)."""
+    """Declaration time minus the instant its server was signalled (None for a false one)."""
     if verdict.injection is None:
         return None
-    return (verdict.declaration.detected_at - injections[verdict.injection].at) * 1000.0
+    injection = injections[verdict.injection]
+    return (verdict.declaration.detected_at
+            - injection.signalled_at(verdict.declaration.server_id)) * 1000.0
 
 
 def silence_ms(declaration: Declaration) -> float:
@@ -130,9 +140,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def _detections(verdicts: Sequence[Verdict], injections: Sequence[Injection],
                 kinds: tuple[str, ...]) -> list[float]:
     """Detection times (ms) of the true declarations of injections of these kinds."""
-    return [(v.declaration.detected_at - injections[v.injection].at) * 1000.0
-            for v in verdicts if v.injection is not None
-            and injections[v.injection].kind in kinds]
+    return [ms for v in verdicts if v.injection is not None
+            and injections[v.injection].kind in kinds
+            and (ms := detection_ms(v, injections)) is not None]
 
 
 def tally(verdicts: Sequence[Verdict], injections: Sequence[Injection]) -> dict[str, Any]:

@@ -86,6 +86,17 @@ def test_a_site_failure_makes_each_of_its_servers_declaration_true_and_no_other(
     assert counts["injections"] == {KILL: 0, STOP: 0, SITE: 1}
 
 
+def test_each_server_of_a_site_is_timed_from_its_own_signal_where_recorded() -> None:
+    record = {"servers": ["s1", "s4"], "at": 50.0, "kind": SITE, "site": "site-1",
+              "signalled": {"s1": 50.0, "s4": 50.040}}
+    site = Injection.from_record(record)
+    verdicts = classify([declared("s1", 50.004, 1), declared("s4", 50.045, 2)], [site])
+    counts = tally(verdicts, [site])
+    # s4 was signalled 40 ms after the site's instant: its detection took 5 ms, not 45.
+    assert counts["crash_detection_p99_ms"] == pytest.approx(5.0)
+    assert site.signalled_at("s9") == 50.0  # not recorded: the injection's instant
+
+
 def test_a_stopped_server_is_a_true_declaration_timed_as_silent_detection() -> None:
     stop = killed("s3", at=10.0, kind=STOP, revived={"s3": 13.2})
     verdicts = classify([declared("s3", 10.095, reason="silent", silent_s=0.09)], [stop])
