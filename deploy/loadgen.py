@@ -1,8 +1,11 @@
 """Load-generating clients: one thread per app, each request recorded as a JSON line.
 
-Requests go out at a fixed rate per app through the client SDK, which retries across
-failovers, so a request is either answered (with the variant that answered) or, after its
-deadline, recorded as failed. Records land in ``<out>/<app>.jsonl``.
+Requests go out at a fixed rate per app through one SDK client (``understudy.sdk.Client``),
+which resends them across failovers, so a request is either answered (with the server and
+variant that answered) or, after its deadline, recorded as failed with the reason. Records land
+in ``<out>/<app>.jsonl``. When ``stop`` is set the client is closed: requests still waiting end
+at once and are not recorded (they were cut short, not failed), so the process stops within
+two seconds even while the controller is unreachable.
 """
 
 from __future__ import annotations
@@ -16,36 +19,35 @@ from pathlib import Path
 
 import numpy as np
 
-from understudy.client import ClientError, UnderstudyClient
+from understudy.sdk import Client, ClosedError, RequestRecord, SdkError
 
 logger = logging.getLogger(__name__)
 
+REQUEST_TIMEOUT_S = 60.0
+JOIN_S = 0.5
+"""How long the app threads get to return once the client is closed."""
 
-def run_app_client(controller_url: str, app_id: str, token: str | None, rate: float,
-                   out_dir: Path, stop: threading.Event, image_side: int = 224) -> None:
-    """Send requests for one app until ``stop`` is set."""
+
+def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
+                   stop: threading.Event, image_side: int = 224) -> None:
+    """Send requests for one app until ``stop`` is set (or the client is closed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     image = np.random.default_rng(abs(hash(app_id)) % 2**32).random(
         (1, 3, image_side, image_side), dtype=np.float32)
     interval = 1.0 / rate
-    client = None
-    while client is None and not stop.is_set():
-        try:
-            client = UnderstudyClient(controller_url, app_id, token).start()
-        except (ClientError, OSError) as exc:
-            logger.warning("client %s cannot start yet: %s", app_id, exc)
-            stop.wait(1.0)
-    if client is None:
-        return
     with (out_dir / f"{app_id}.jsonl").open("a", encoding="utf-8") as log:
         next_at = time.monotonic()
         while not stop.is_set():
             try:
-                result = client.infer(image, timeout_s=60.0)
-                record = result.record
-            except ClientError:
-                record = client.records[-1]
-            log.write(json.dumps({"app_id": app_id, **asdict(record)}) + "\n")
+                record = client.infer(app_id, {"image": image}, ["logits"],
+                                      timeout_s=REQUEST_TIMEOUT_S).record
+            except ClosedError:
+                return
+            except SdkError as exc:
+                record = exc.record or RequestRecord(time.time(), time.time(), False, 0,
+                                                     error=str(exc), app_id=app_id,
+                                                     reason=exc.reason)
+            log.write(json.dumps({**asdict(record), "app_id": app_id}) + "\n")
             log.flush()
             next_at += interval
             delay = next_at - time.monotonic()
@@ -53,16 +55,23 @@ def run_app_client(controller_url: str, app_id: str, token: str | None, rate: fl
                 stop.wait(delay)
             else:
                 next_at = time.monotonic()  # behind (a failover): don't burst to catch up
-    client.close()
 
 
 def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate: float,
-                out_dir: Path, stop: threading.Event) -> None:
-    """Run one client thread per app until ``stop`` is set."""
+                out_dir: Path, stop: threading.Event, protocol: str = "http",
+                ca_file: str | None = None) -> None:
+    """Run one client thread per app until ``stop`` is set, then close the client."""
+    client = Client(controller_url, token=token, ca_file=ca_file, protocol=protocol,
+                    timeout_s=REQUEST_TIMEOUT_S)
     threads = [threading.Thread(target=run_app_client, name=f"client-{app_id}", daemon=True,
-                                args=(controller_url, app_id, token, rate, out_dir, stop))
+                                args=(client, app_id, rate, out_dir, stop))
                for app_id in app_ids]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        stop.wait()
+    finally:
+        client.close()
+        deadline = time.monotonic() + JOIN_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))

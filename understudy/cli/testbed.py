@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -291,13 +289,13 @@ def _sim_agents(options: argparse.Namespace) -> int:
 
 
 def _client(options: argparse.Namespace) -> int:
+    """Run the clients until SIGTERM or SIGINT; stops within 2 s, controller reachable or not."""
     from deploy.loadgen import run_clients
+    from understudy.sdk import run_until_signal
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_clients(options.controller_url, [a for a in options.app.split(",") if a],
-                options.token, options.rate, options.out, stop)
+    app_ids = [a for a in options.app.split(",") if a]
+    run_until_signal(lambda stop: run_clients(options.controller_url, app_ids, options.token,
+                                              options.rate, options.out, stop))
     return 0
 
 
