@@ -254,9 +254,7 @@ def _prepare_for_forks() -> None:
         weights = Path(scratch) / "warmup.pt"
         torch.save(initial_state(spec), weights)
         load_model(synthetic_load(weights, spec, threads=1))
-    frameworks = preload_frameworks()
-    if frameworks:
-        logger.info("runtime preloaded %s", ", ".join(frameworks))
+        logger.info("runtime preloaded %s", ", ".join(preload_frameworks(Path(scratch))))
     gc.collect()
     gc.freeze()
     report = collapse_heap()
