@@ -119,7 +119,9 @@ def _synthetic(load: LoadSpec) -> tuple[Any, float]:
     read_done = time.perf_counter()
     module = meta_network(load.spec)
     module.load_state_dict(state, assign=True)
-    return _torch_runner(module, "cpu"), read_done
+    if load.device != "cpu":
+        module = module.to(load.device)  # a model placed on a GPU (KIND_GPU)
+    return _torch_runner(module, load.device), read_done
 
 
 def _torchscript(load: LoadSpec) -> tuple[Any, float]:

@@ -195,3 +195,15 @@ def test_the_pbtxt_reader_takes_nested_dims_and_repeated_blocks() -> None:
     assert config["backend"] == "python" and config["max_batch_size"] == 4
     assert config["input"][0].dims == (1, 8, 8)
     assert config["output"][0].data_type == "INT64" and config["output"][0].dims == (-1,)
+
+
+def test_the_import_command_reports_a_bad_manifest_and_exits_2(
+        family_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from understudy.cli import main as cli
+
+    doc = good(variants=[{"name": "fam_small", "model": "missing.onnx"}])
+    path = write_manifest(family_dir, doc)
+    assert cli.main(["models", "import", str(path), "--check"]) == 2
+    assert f"{path}: variants[0].model: no such file" in caplog.text
+    assert cli.main(["models", "import", str(write_manifest(family_dir, good())),
+                     "--check"]) == 0
