@@ -145,3 +145,22 @@ def test_labelled_samples_walk_the_set_and_check_answers(tmp_path: Path) -> None
     summary = prediction_summary(requests)
     assert summary["predictions_checked"] == 3 and summary["correct"] == 2
     assert summary["by_variant"]["v1"] == {"checked": 2, "correct": 1, "top1": 0.5}
+
+
+def test_an_import_is_up_to_date_until_an_artifact_changes(family, tmp_path: Path) -> None:
+    from agent.model_import import up_to_date
+
+    store = tmp_path / "store"
+    assert not up_to_date(store, family)
+    small, large = write_family(store, family)
+    assert not up_to_date(store, family)  # written, not yet profiled
+    write_profile(store, family_document("fam", [
+        VariantResult(small, measurement(0.01, 4.0), 0.8),
+        VariantResult(large, measurement(0.02, 9.0), 0.9)], "family.json"))
+    assert up_to_date(store, family)
+    from onnx import load, save
+
+    model = load(str(family.variants[1].path))  # retrained: other bytes, same signature
+    model.producer_name = "retrained"
+    save(model, str(family.variants[1].path))
+    assert not up_to_date(store, family)
