@@ -329,10 +329,11 @@ variant is loaded `--repeats` times on a real Triton through the per-server runt
 load), its resident memory read from the runtime, its batch-1 latency measured over
 `--requests` requests (and the p50 of batches of 2, 4 and 8), and its top-1 measured by sending
 the held-out split (450 digits) through that Triton. Then a testbed (Redis, controller, two
-agents with Triton, two sites) serves one critical app of the family with a warm backup; the
-held-out split is sent through the SDK and checked against its labels, a client thread keeps
-sending digits while the app's server is SIGKILLed, and once the app serves from the other
-server the split is sent again. `agreement_with_measured_top1` is 1 - |top-1 observed after the
+agents with Triton, two sites) serves two critical apps of the family, one per server, each with
+a warm backup on the other (40 % headroom: the backup is a smaller variant); the held-out split
+is sent to one app through the SDK and checked against its labels, a client thread keeps sending
+digits while the app's server is SIGKILLed, and once the app serves from the other server the
+split is sent again. `agreement_with_measured_top1` is 1 - |top-1 observed after the
 switch - the profile's measured top-1 of the variant that answered|: 1.0 means the backup
 answers exactly as its profile says.""",
         (("variants.digits_mlp_xs.top1", "digits_mlp_xs: top-1 (measured)"),

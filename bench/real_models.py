@@ -7,13 +7,14 @@ Usage: ``python bench/real_models.py [--repeats 5] [--requests 50] [--device aut
    ``--repeats`` times on a real Triton (median load time), its resident memory read from the
    per-server runtime, its batch-1 latency measured over ``--requests`` requests, and its top-1
    measured by sending the held-out split through that Triton (``accuracy_source`` "measured").
-2. A testbed (Redis, controller, two agents with their own Triton, two sites) serves one
-   critical app of the family, with a warm backup. The whole held-out split is sent through the
-   SDK and checked against the labels; a client thread keeps sending digits at ``--rate``
-   requests/s while the app's server is SIGKILLed; once the app serves from the other server
-   the whole split is sent again. ``agreement_with_measured_top1`` is 1 - |top-1 observed after
-   the switch - the measured top-1 of the variant that answered| (1.0: the backup answers
-   exactly as the profile says).
+2. A testbed (Redis, controller, two agents with their own Triton, two sites) serves two
+   critical apps of the family, one per server, each with a warm backup on the other server
+   (sized with 40 % headroom, so the backup is a smaller variant than the one serving). The
+   whole held-out split is sent to the first app through the SDK and checked against the
+   labels; a client thread keeps sending digits at ``--rate`` requests/s while the app's server
+   is SIGKILLed; once the app serves from the other server the whole split is sent again.
+   ``agreement_with_measured_top1`` is 1 - |top-1 observed after the switch - the measured
+   top-1 of the variant that answered| (1.0: the backup answers exactly as the profile says).
 
 The last line is one JSON object: ``variants`` (one entry per shipped variant) and ``failover``.
 """
@@ -43,7 +44,7 @@ from deploy.topology import make_topology  # noqa: E402
 from model_repo.digits import FAMILY, MANIFEST_NAME, train_digits  # noqa: E402
 from understudy.client import ClientError, UnderstudyClient  # noqa: E402
 
-APP = "digits-app"
+SERVERS, SITES, APPS, CRITICAL, HEADROOM = 2, 2, 2, 1.0, 0.4
 
 
 def profile_family(digits_dir: Path, store: Path, work: Path,
@@ -112,20 +113,18 @@ class Sender(threading.Thread):
 
 def live_failover(store: Path, run_dir: Path, variants: dict[str, Any],
                   rate: float) -> dict[str, Any]:
-    topology = replace(make_topology(2, 2, 1, 1.0, 0.5), families=(FAMILY,))
-    bed = Testbed.up(run_dir, topology, artifacts=store, clients=False, register=False,
-                     timeout_s=300)
+    topology = replace(make_topology(SERVERS, SITES, APPS, CRITICAL, HEADROOM),
+                       families=(FAMILY,))
+    bed = Testbed.up(run_dir, topology, artifacts=store, clients=False, timeout_s=300)
     try:
-        response = bed.http.post("/v1/apps", params={"wait": "true"}, timeout=120, json={
-            "app_id": APP, "family": FAMILY, "critical": True, "max_rate_rps": rate})
-        response.raise_for_status()
         bed.wait_converged(180)
-        app = bed.http.get(f"/v1/apps/{APP}").json()
+        app_id = bed.state.apps[0]["app_id"]
+        app = bed.http.get(f"/v1/apps/{app_id}").json()
         home, home_variant = app["serving"]["server_id"], app["serving"]["variant"]
         backups = [b["variant"] for b in app["backups"]]
         samples = LabelledSamples.from_store(store, FAMILY, seed=1)
         assert samples is not None  # noqa: S101 - the import copied the evaluation set
-        with UnderstudyClient(bed.state.controller_url, APP) as client:
+        with UnderstudyClient(bed.state.controller_url, app_id) as client:
             before = pass_over(client, samples)
             sender = Sender(client, samples, rate)
             sender.start()
@@ -133,7 +132,7 @@ def live_failover(store: Path, run_dir: Path, variants: dict[str, Any],
             killed_at = bed.fail([home])
 
             def moved() -> bool:
-                serving = bed.http.get(f"/v1/apps/{APP}").json()["serving"]
+                serving = bed.http.get(f"/v1/apps/{app_id}").json()["serving"]
                 return serving is not None and serving["server_id"] != home
 
             wait_until("the app to serve from another server", moved, 120, 0.02)
@@ -149,7 +148,7 @@ def live_failover(store: Path, run_dir: Path, variants: dict[str, Any],
     measured = variants[after_variant]["top1"]
     checked = sum(v["checked"] for v in (*before.values(), *after.values()))
     return {
-        "home_variant": home_variant, "warm_backups": backups,
+        "app": app_id, "home_variant": home_variant, "warm_backups": backups,
         "variant_after_switch": after_variant,
         "predictions_checked": checked + sender.answered,
         "predictions_checked_after_switch": sum(v["checked"] for v in after.values()),
