@@ -3,8 +3,9 @@
 The test makes two Triton model directories (``platform: onnxruntime_onnx``, ``1/model.onnx``)
 of one family, writes its manifest and an evaluation set, and runs ``understudy models import``
 as a user would: the variants are profiled on a real Triton and their top-1 is measured through
-it. A testbed (Redis, controller, two agents with Triton) then serves an app of that family,
-fetching the ONNX files from the controller; the app's server is SIGKILLed, the app recovers on
+it. A testbed (Redis, controller, two agents with Triton) then registers an app of that family (the
+critical app the testbed's generator makes for it), the agents fetching the ONNX files from the
+controller; the app's server is SIGKILLed, the app recovers on
 the other one, and its answers are checked against the labels before and after.
 
 Both variants compute ``logits = x`` (through a wide hidden layer for the larger one), and the
@@ -99,7 +100,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def testbed(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     topology = replace(make_topology(2, 2, 1, 1.0, 0.5), families=(FAMILY,))
     bed = Testbed.up(tmp_path_factory.mktemp("importbed"), topology, artifacts=imported,
-                     clients=False, register=False, timeout_s=300)
+                     clients=False, timeout_s=300)
     try:
         yield bed
     finally:
@@ -137,22 +138,22 @@ def _answers_correct(client: UnderstudyClient, count: int) -> tuple[int, set[str
 def test_an_app_of_imported_models_answers_correctly_before_and_after_a_failover(
         testbed: Testbed) -> None:
     http = testbed.http
-    response = http.post("/v1/apps", params={"wait": "true"}, timeout=120, json={
-        "app_id": "user-app", "family": FAMILY, "critical": True, "max_rate_rps": 2})
-    assert response.status_code == 201, response.text
+    (spec,) = testbed.state.apps
+    app_id = spec["app_id"]
+    assert spec["family"] == FAMILY and spec["critical"]
     testbed.wait_converged(120)
-    app = http.get("/v1/apps/user-app").json()
+    app = http.get(f"/v1/apps/{app_id}").json()
     home = app["serving"]["server_id"]
     assert app["serving"]["variant"] == f"{FAMILY}_large"  # its best variant serves
     assert app["backups"], "a critical app has a warm backup on the other server"
 
-    with UnderstudyClient(testbed.state.controller_url, "user-app") as client:
+    with UnderstudyClient(testbed.state.controller_url, app_id) as client:
         correct, servers = _answers_correct(client, 20)
         assert correct == 20 and servers == {home}
 
         testbed.fail([home])
         wait_until("the app to serve elsewhere", lambda: (
-            (a := httpx.get(f"{testbed.state.controller_url}/v1/apps/user-app",
+            (a := httpx.get(f"{testbed.state.controller_url}/v1/apps/{app_id}",
                             timeout=5).json())["serving"] is not None
             and a["serving"]["server_id"] != home), 120, 0.1)
 
