@@ -38,6 +38,7 @@ from model_repo.artifacts import (
 )
 from model_repo.family_manifest import WRAPPED_FILES, ImportFamily, ImportVariant
 from model_repo.profiles import (
+    LATENCY_OVERHEAD_MS,
     SCHEMA_VERSION,
     STORE_PROFILE_FILE,
     LoadTimeFit,
@@ -172,8 +173,11 @@ def family_document(family: str, results: Sequence[VariantResult], manifest_path
     ``accuracy`` is top-1 relative to the family's best (as the packaged profiles normalise
     it), ``top1_pct`` the absolute figure. Memory is what the loaded instance holds (its
     private resident memory, plus its GPU memory where it runs on one), never less than its
-    artifact. The compute a request takes is its latency: ``compute_per_rps`` is the percent of
-    one device that one request per second occupies (p50 ms / 10).
+    artifact. Compute follows the packaged profiles' rule read backwards: there, batch-1
+    latency is a fixed overhead (``LATENCY_OVERHEAD_MS``) plus the compute time, and
+    ``compute_per_rps`` (percent of one device per request/s) is that compute time in ms / 10;
+    here the measured p50 gives the latency, so ``compute_per_rps`` = (p50 - overhead) / 10,
+    never below 0.
     """
     top1 = {r.manifest.variant: (r.top1 if r.top1 is not None else r.declared_top1)
             for r in results}
@@ -194,7 +198,8 @@ def family_document(family: str, results: Sequence[VariantResult], manifest_path
             "accuracy_source": "measured" if result.top1 is not None else "declared",
             "format": result.manifest.format,
             "memory_mb": round(max(memory, 0.1), 2),
-            "compute_per_rps": round(m.latency_p50_ms / 10.0, 6),
+            "compute_per_rps": round(max(0.0, m.latency_p50_ms - LATENCY_OVERHEAD_MS) / 10.0,
+                                     6),
             "latency_ms": {"reference": latency, m.server_type: latency},
             "load_time_s": round(m.load_s, 4),
             "size_mb": result.manifest.weights_mb,
