@@ -25,10 +25,11 @@ from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.gpu import choose_device
 from agent.load_slots import LoadSlots
 from agent.replicas import ReplicaSupervisor
 from agent.repository import (
@@ -130,6 +131,9 @@ class AgentConfig(BaseModel):
     """Load threads routine loads may use at once (at most model_load_threads - 1, so one is
     always free for an urgent load; agent/load_slots.py)."""
     use_runtime: bool = True
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Where models run: ``auto`` places them on GPU 0 when NVML finds one that torch can use
+    (``agent.gpu``), else on the CPU; ``cpu`` never looks; ``gpu`` insists."""
     triton_nice: int = Field(0, ge=0, le=19)
     triton_host: str = "127.0.0.1"
     advertise_host: str | None = None
@@ -157,19 +161,21 @@ class Agent:
         self.config = config
         self.boot_id = uuid.uuid4().hex
         ports = free_ports(3)
+        device, gpu = choose_device(config.device)
         triton_config = TritonConfig(
             model_repository=config.run_dir / "repository", work_dir=config.run_dir / "triton",
             http_port=config.http_port or ports[0], grpc_port=config.grpc_port or ports[1],
             metrics_port=config.metrics_port or ports[2],
             model_load_threads=config.model_load_threads, use_runtime=config.use_runtime,
             nice=config.triton_nice, host=config.triton_host,
-            advertise_host=config.advertise_host)
+            advertise_host=config.advertise_host, device=device,
+            device_name=gpu.name if gpu is not None else None)
         self.triton = triton_factory(triton_config)
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / CACHE_DIR, token=config.token,
                                           mirror=config.artifacts_mirror,
-                                          backend=self.triton.model_backend)
+                                          backend=self.triton.model_backend, device=device)
         self.models: dict[str, InventoryItem] = {}
         # Service-graph replicas listen where Triton does and are advertised like it.
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,

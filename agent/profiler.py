@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.triton import TritonConfig, TritonError, TritonServer
-from model_repo.artifacts import WEIGHTS_FILE, StoreEntry, list_store, render_config
+from model_repo.artifacts import MODEL_SOURCE, Manifest, StoreEntry, list_store, render_model_config
+from model_repo.imported import unpack_triton_directory
 from model_repo.profiles import LoadTimeFit, Measurement
 from understudy.wire.ports import free_ports
 
@@ -42,6 +44,8 @@ class ProfileSettings:
     latency_requests: int = 50
     warmup_requests: int = 3
     server_type: str = DEFAULT_SERVER_TYPE
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Batch sizes whose latency is measured too (up to each variant's max_batch_size)."""
 
 
 def fit_load_time(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
@@ -58,46 +62,83 @@ def fit_load_time(points: Sequence[tuple[float, float]]) -> tuple[float, float, 
 
 
 def link_model(repository: Path, entry: StoreEntry, backend: str,
-               name: str | None = None) -> str:
-    """Write a Triton model directory serving a store entry's weights in place.
+               name: str | None = None, device: str = "cpu") -> str:
+    """Write a Triton model directory serving a store entry's artifact in place.
 
     The model is named ``name`` (default: the variant); returns that name.
     """
     name = name or entry.variant
     directory = repository / name
+    artifact = (entry.directory / entry.manifest.weights_file).resolve()
+    if entry.manifest.format == "triton":
+        shutil.rmtree(directory, ignore_errors=True)
+        unpack_triton_directory(artifact, directory, name)
+        return name
     (directory / "1").mkdir(parents=True, exist_ok=True)
-    (directory / "1" / "model.py").write_bytes((entry.directory / "1" / "model.py").read_bytes())
-    (directory / "config.pbtxt").write_text(render_config(
-        name, entry.manifest.network, str((entry.directory / WEIGHTS_FILE).resolve()),
-        entry.manifest.max_batch_size, backend), encoding="utf-8")
+    (directory / "1" / "model.py").write_bytes(MODEL_SOURCE.read_bytes())
+    (directory / "config.pbtxt").write_text(render_model_config(
+        name, entry.manifest, str(artifact), backend, device), encoding="utf-8")
     return name
+
+
+def tensor_names(manifest: Manifest) -> tuple[str, str]:
+    """The input and output a request to this variant sends and reads."""
+    if manifest.inputs and manifest.outputs:
+        return manifest.inputs[0].name, manifest.outputs[0].name
+    return "image", "logits"
+
+
+def sample_batch(manifest: Manifest, size: int, seed: int = 0) -> np.ndarray:
+    """A batch of random inputs of the variant's input shape (float32)."""
+    if manifest.inputs:
+        item = tuple(1 if d < 0 else d for d in manifest.inputs[0].dims)
+    else:
+        side = manifest.network.image_side
+        item = (3, side, side)
+    return np.random.default_rng(seed).random((size, *item), dtype=np.float32)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
+def _latencies_ms(server: TritonServer, model: str, batch: np.ndarray, names: tuple[str, str],
+                  requests: int) -> list[float]:
+    out = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        server.infer(model, batch, *names)
+        out.append((time.perf_counter() - started) * 1000.0)
+    return out
+
+
 def measure_variant(server: TritonServer, model: str, entry: StoreEntry,
                     settings: ProfileSettings) -> Measurement:
     """Measure one variant already present in ``server``'s repository."""
-    side = entry.manifest.network.image_side
-    image = np.random.default_rng(0).random((1, 3, side, side), dtype=np.float32)
+    image = sample_batch(entry.manifest, 1)
+    names = tensor_names(entry.manifest)
     loads: list[float] = []
     unloads: list[float] = []
     latencies_ms: list[float] = []
+    by_batch: dict[str, float] = {}
     resident: float | None = None
+    device_mb: float | None = None
     for repeat in range(settings.repeats):
         loads.append(server.load(model))
-        server.infer(model, image)  # serving, not just "loaded", before it is unloaded again
+        server.infer(model, image, *names)  # serving, not just "loaded", before the unload
         if repeat == 0:
             for _ in range(settings.warmup_requests):
-                server.infer(model, image)
-            for _ in range(settings.latency_requests):
-                started = time.perf_counter()
-                server.infer(model, image)
-                latencies_ms.append((time.perf_counter() - started) * 1000.0)
+                server.infer(model, image, *names)
+            latencies_ms = _latencies_ms(server, model, image, names, settings.latency_requests)
+            for size in settings.batch_sizes:
+                if 1 < size <= entry.manifest.max_batch_size:
+                    batch = sample_batch(entry.manifest, size)
+                    by_batch[str(size)] = _percentile(_latencies_ms(
+                        server, model, batch, names, max(5, settings.latency_requests // 5)), 50)
             resident = server.model_memory_mb([model]).get(model)
+            device_mb = server.model_device_memory_mb([model]).get(model)
         unloads.append(server.unload(model))
+    by_batch = {"1": _percentile(latencies_ms, 50), **by_batch}
     return Measurement(
         host=platform.node(), server_type=settings.server_type,
         artifact_scale=entry.manifest.scale, weights_mb=entry.manifest.weights_mb,
@@ -106,10 +147,13 @@ def measure_variant(server: TritonServer, model: str, entry: StoreEntry,
         latency_p50_ms=_percentile(latencies_ms, 50), latency_p99_ms=_percentile(latencies_ms, 99),
         latency_requests=settings.latency_requests,
         resident_mb=round(resident, 2) if resident is not None else None,
-        measured_on=date.today().isoformat())
+        measured_on=date.today().isoformat(),
+        latency_ms_by_batch={k: round(v, 4) for k, v in by_batch.items()},
+        device_mb=round(device_mb, 2) if device_mb is not None else None,
+        device=server.device_name)
 
 
-def _measure_with_retry(server: TritonServer, model: str, entry: StoreEntry,
+def measure_with_retry(server: TritonServer, model: str, entry: StoreEntry,
                         settings: ProfileSettings, attempts: int = 2) -> Measurement:
     """Measure; if Triton itself dies meanwhile, restart it and measure the variant again."""
     for attempt in range(1, attempts + 1):
@@ -134,7 +178,8 @@ def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = 
     Returns the measurements by variant and the load-time fit (None with fewer than two).
     """
     settings = settings or ProfileSettings()
-    entries = [e for e in list_store(store) if variants is None or e.variant in variants]
+    entries = [e for e in list_store(store) if e.manifest.synthetic
+               and (variants is None or e.variant in variants)]
     missing = sorted(set(variants or ()) - {e.variant for e in entries})
     if missing:
         raise ValueError(f"not in the artifact store {store}: {', '.join(missing)}")
@@ -147,7 +192,7 @@ def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = 
     try:
         for entry in entries:
             model = link_model(server.config.model_repository, entry, server.model_backend)
-            measurement = _measure_with_retry(server, model, entry, settings)
+            measurement = measure_with_retry(server, model, entry, settings)
             results[entry.variant] = (entry, measurement)
             if progress is not None:
                 progress(entry, measurement)

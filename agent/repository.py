@@ -1,11 +1,13 @@
 """The agent's local Triton model repository, materialised from the artifact store.
 
 An artifact source is either a local store directory (``understudy models build --out``) or an
-HTTP base URL (the controller serves ``{base}/{variant}/manifest.json`` and
-``{base}/{variant}/weights.pt``). Weights fetched over HTTP are cached under the agent's run
-directory and checked against the manifest's sha256 before use; a local store's weights are used
-in place. Each ``<app>__<variant>`` directory gets a ``config.pbtxt`` rendered for its name and a
-copy of the model code from this installation, written atomically.
+HTTP base URL (the controller serves ``{base}/{variant}/manifest.json`` and the one artifact file
+the manifest names: ``weights.pt`` of a generated network, ``model.onnx`` or ``model.pt`` of an
+imported one, ``model.tar`` of a Triton directory). Artifacts fetched over HTTP are cached under
+the agent's run directory and checked against the manifest's sha256 before use; a local store's
+are used in place. Each ``<app>__<variant>`` directory gets a ``config.pbtxt`` rendered for its
+name and a copy of the model code from this installation (or, for a Triton directory served as
+it is, the directory unpacked with its config renamed), written atomically.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from pathlib import Path
 from model_repo.artifacts import (
     MANIFEST_FILE,
     MODEL_SOURCE,
-    WEIGHTS_FILE,
     ArtifactError,
     Manifest,
     file_sha256,
     find_variant,
     list_store,
-    render_config,
+    render_model_config,
 )
+from model_repo.imported import unpack_triton_directory
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +55,12 @@ class ModelRepository:
 
     def __init__(self, source: str, repository: Path, cache: Path, token: str | None = None,
                  timeout_s: float = 120.0, mirror: Path | None = None,
-                 backend: str = "python") -> None:
+                 backend: str = "python", device: str = "cpu") -> None:
         self.source = source
         self.backend = backend
         """The Triton backend models are written for (the server's ``model_backend``)."""
+        self.device = device
+        """Where models are placed: ``cpu``, or ``cuda:N`` on a server with a GPU."""
         self.repository = repository
         self.cache = cache
         self.token = token
@@ -96,11 +100,14 @@ class ModelRepository:
         target = self.repository / model_name
         work = Path(tempfile.mkdtemp(prefix=f"{model_name}.", dir=self.staging))
         try:
-            (work / "1").mkdir()
-            shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
-            (work / "config.pbtxt").write_text(
-                render_config(model_name, manifest.network, str(weights),
-                              manifest.max_batch_size, self.backend), encoding="utf-8")
+            if manifest.format == "triton":
+                unpack_triton_directory(weights, work, model_name)
+            else:
+                (work / "1").mkdir()
+                shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
+                (work / "config.pbtxt").write_text(
+                    render_model_config(model_name, manifest, str(weights), self.backend,
+                                        self.device), encoding="utf-8")
             if target.exists():  # a reload: the old directory leaves in one rename too
                 os.replace(target, work.with_name(work.name + ".old"))
             os.replace(work, target)
@@ -119,8 +126,8 @@ class ModelRepository:
         if not self.remote:
             self._weights(variant, manifest)  # an unknown variant still fails loudly
             return False
-        weights = self.cache / variant / WEIGHTS_FILE
-        if manifest is not None and _verified_sha256(weights) == manifest.weights_sha256:
+        if manifest is not None and _verified_sha256(
+                self.cache / variant / manifest.weights_file) == manifest.weights_sha256:
             return False
         self._fetch(variant, manifest)
         return True
@@ -140,7 +147,7 @@ class ModelRepository:
                 entry = find_variant(Path(self.source), variant)
             except ArtifactError as exc:
                 raise UnknownVariantError(str(exc)) from exc
-            return entry.manifest, (entry.directory / WEIGHTS_FILE).resolve()
+            return entry.manifest, (entry.directory / entry.manifest.weights_file).resolve()
         if known is not None and known.variant != variant:
             raise UnknownVariantError(f"the manifest sent for {variant!r} is {known.variant!r}'s")
         return self._fetch(variant, known)
@@ -149,9 +156,10 @@ class ModelRepository:
         base = self.source.rstrip("/")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         directory = self.cache / variant
-        weights = directory / WEIGHTS_FILE
-        if known is not None and _verified_sha256(weights) == known.weights_sha256:
-            return known, weights.resolve()  # no lock needed: nothing to write
+        if known is not None:
+            weights = directory / known.weights_file
+            if _verified_sha256(weights) == known.weights_sha256:
+                return known, weights.resolve()  # no lock needed: nothing to write
         with self._locks_guard:
             lock = self._fetch_locks.setdefault(variant, threading.Lock())
         with lock:
@@ -191,9 +199,9 @@ class ModelRepository:
                     raise UnknownVariantError(f"variant {variant!r} is not served by {base}")
                 response.raise_for_status()
                 manifest = Manifest.model_validate_json(response.content)
-            weights = directory / WEIGHTS_FILE
+            weights = directory / manifest.weights_file
             if _verified_sha256(weights) != manifest.weights_sha256:
-                self._download(client, f"{base}/{variant}/{WEIGHTS_FILE}", weights,
+                self._download(client, f"{base}/{variant}/{manifest.weights_file}", weights,
                                manifest.weights_sha256)
         except httpx.HTTPError as exc:
             raise ArtifactFetchError(f"fetching {variant} from {base}: {exc}") from exc
@@ -260,7 +268,7 @@ def _link_from_mirror(mirror: Path, target: Path, sha256: str) -> bool:
     agents register at once, which starved heartbeats into false failure alarms).
     """
     try:
-        source = next((e.directory / WEIGHTS_FILE for e in list_store(mirror)
+        source = next((e.directory / e.manifest.weights_file for e in list_store(mirror)
                        if e.manifest.weights_sha256 == sha256), None)
     except (ArtifactError, OSError, ValueError) as exc:
         logger.warning("artifact mirror %s unusable (%s); downloading", mirror, exc)

@@ -126,6 +126,10 @@ class TritonConfig(BaseModel):
     nice: int = Field(0, ge=0, le=19)
     """Scheduling niceness of Triton and the runtime: >0 keeps the control plane (agent
     heartbeats) responsive on a CPU that inference saturates."""
+    device: str = Field("cpu", pattern=r"^(cpu|cuda:\d+)$")
+    """Where the models run: ``cpu`` (default) or ``cuda:N`` (``KIND_GPU`` on GPU N)."""
+    device_name: str | None = None
+    """The GPU's name (NVML), recorded with profiles measured on it."""
 
     @property
     def local_host(self) -> str:
@@ -472,17 +476,21 @@ class TritonServer:
         except Exception:  # noqa: BLE001
             return False
 
-    def infer(self, model_name: str, images: np.ndarray) -> np.ndarray:
-        """Logits of ``model_name`` for a batch of images (float32, N x 3 x H x W)."""
+    def infer(self, model_name: str, images: np.ndarray, input_name: str = "image",
+              output_name: str = "logits") -> np.ndarray:
+        """Output of ``model_name`` for a batch (float32, batch dimension first).
+
+        A generated model takes N x 3 x H x W images as ``image`` and answers ``logits``.
+        """
         import tritonclient.http as httpclient
 
         images = np.ascontiguousarray(images, dtype=np.float32)
-        tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+        tensor = httpclient.InferInput(input_name, list(images.shape), "FP32")
         tensor.set_data_from_numpy(images)
-        output = httpclient.InferRequestedOutput("logits")
+        output = httpclient.InferRequestedOutput(output_name)
         result = self._call(f"infer {model_name}", self._http().infer, model_name, [tensor],
                             outputs=[output])
-        return np.asarray(result.as_numpy("logits"))
+        return np.asarray(result.as_numpy(output_name))
 
     def inference_statistics(self, model_name: str) -> dict[str, Any]:
         """Triton's statistics of one model: request counts and durations, batches executed."""
@@ -495,6 +503,24 @@ class TritonServer:
         """Private resident memory of each (or only the named) loaded model's worker, MB."""
         return {w["model"]: float(w["private_mb"]) for w in self._runtime_workers(models=models)
                 if w.get("private_mb") is not None}
+
+    @property
+    def device_name(self) -> str:
+        """``cpu``, or the name of the GPU the models run on."""
+        if self.config.device == "cpu":
+            return "cpu"
+        return self.config.device_name or self.config.device
+
+    def model_device_memory_mb(self, models: list[str] | None = None) -> dict[str, float]:
+        """GPU memory each (or each named) loaded model's worker holds, MB; empty on the CPU."""
+        if self.config.device == "cpu":
+            return {}
+        from agent.gpu import process_memory_mb
+
+        workers = {w["pid"]: w["model"] for w in self._runtime_workers(memory=False)
+                   if models is None or w["model"] in models}
+        index = int(self.config.device.partition(":")[2] or 0)
+        return {workers[pid]: mb for pid, mb in process_memory_mb(workers, index).items()}
 
     def runtime_models(self) -> set[str]:
         """Models that have a live runtime worker (a listing: nothing is measured)."""

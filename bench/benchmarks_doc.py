@@ -319,6 +319,45 @@ connect storm ≤ 10 s, ≥ 200 apps/s, failover plan p50 ≤ 200 ms, warm notif
          ("list_apps_p50_ms", "GET /v1/apps, every app, p50 (ms)"),
          ("failover_plan_p50_ms", "failover plan p50 (ms)"),
          ("warm_notify_p99_ms", "warm notify p99 (ms)"))),
+    "real_models": Bench(
+        "The shipped digits family: profile and live failover", "python bench/real_models.py",
+        """\
+The real family that ships with the project (`model_repo/digits.py`: four classifiers of
+scikit-learn's digits, from a 6-unit MLP to a CNN, three as ONNX and one as TorchScript) is
+trained (cached) and imported with `understudy models import`'s code into a fresh store: each
+variant is loaded `--repeats` times on a real Triton through the per-server runtime (median
+load), its resident memory read from the runtime, its batch-1 latency measured over
+`--requests` requests (and the p50 of batches of 2, 4 and 8), and its top-1 measured by sending
+the held-out split (450 digits) through that Triton. Then a testbed (Redis, controller, two
+agents with Triton, two sites) serves two critical apps of the family, one per server, each with
+a warm backup on the other (40 % headroom: the backup is a smaller variant); the held-out split
+is sent to one app through the SDK and checked against its labels, a client thread keeps sending
+digits while the app's server is SIGKILLed, and once the app serves from the other server the
+split is sent again. `agreement_with_measured_top1` is 1 - |top-1 observed after the
+switch - the profile's measured top-1 of the variant that answered|: 1.0 means the backup
+answers exactly as its profile says.""",
+        (("variants.digits_mlp_xs.top1", "digits_mlp_xs: top-1 (measured)"),
+         ("variants.digits_mlp_xs.load_ms", "digits_mlp_xs: load (ms)"),
+         ("variants.digits_mlp_xs.memory_mb", "digits_mlp_xs: memory (MB)"),
+         ("variants.digits_mlp_xs.latency_ms_b1", "digits_mlp_xs: latency b1 p50 (ms)"),
+         ("variants.digits_mlp.top1", "digits_mlp: top-1 (measured)"),
+         ("variants.digits_mlp.load_ms", "digits_mlp: load (ms)"),
+         ("variants.digits_mlp.memory_mb", "digits_mlp: memory (MB)"),
+         ("variants.digits_mlp.latency_ms_b1", "digits_mlp: latency b1 p50 (ms)"),
+         ("variants.digits_cnn.top1", "digits_cnn: top-1 (measured)"),
+         ("variants.digits_cnn.load_ms", "digits_cnn: load (ms)"),
+         ("variants.digits_cnn.memory_mb", "digits_cnn: memory (MB)"),
+         ("variants.digits_cnn.latency_ms_b1", "digits_cnn: latency b1 p50 (ms)"),
+         ("variants.digits_cnn_xl.top1", "digits_cnn_xl: top-1 (measured)"),
+         ("variants.digits_cnn_xl.load_ms", "digits_cnn_xl: load (ms)"),
+         ("variants.digits_cnn_xl.memory_mb", "digits_cnn_xl: memory (MB)"),
+         ("variants.digits_cnn_xl.latency_ms_b1", "digits_cnn_xl: latency b1 p50 (ms)"),
+         ("failover.home_variant", "failover: variant before"),
+         ("failover.variant_after_switch", "failover: variant after the switch"),
+         ("failover.predictions_checked", "failover: predictions checked"),
+         ("failover.top1_after_switch", "failover: top-1 after the switch"),
+         ("failover.agreement_with_measured_top1", "failover: agreement with measured top-1"),
+         ("failover.during_failover.failed", "failover: requests failed during it"))),
 }
 
 HEAD = """\

@@ -64,7 +64,7 @@ from understudy.wire.bounds import MAX_ID_CHARS, NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
-ARTIFACT_FILES = ("manifest.json", "weights.pt")
+MANIFEST_NAME = "manifest.json"
 READY_CHECK_S = 2.0
 """How long /readyz waits for the records before it says not ready."""
 Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
@@ -374,14 +374,15 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
             name: str) -> FileResponse:
         from model_repo.artifacts import ArtifactError
 
-        if name not in ARTIFACT_FILES:
-            raise NotFoundError(f"no artifact named {name[:MAX_ID_CHARS]!r}")
         try:
             entry = await controller.artifacts.entry(variant)
         except ArtifactError as exc:
             # The store's message may name its directory; the caller learns only "unknown".
             logger.info("artifact %s/%s not served: %s", variant, name, exc)
             raise NotFoundError(f"unknown variant {variant!r}") from exc
+        # Only the manifest and the one artifact file it names (weights.pt, model.onnx, ...).
+        if name not in (MANIFEST_NAME, entry.manifest.weights_file):
+            raise NotFoundError(f"no artifact named {name[:MAX_ID_CHARS]!r}")
         return FileResponse(entry.directory / name)
 
 

@@ -73,7 +73,9 @@ class Controller:
         self.redis_server: RedisServer | None = None
         self.store: Store | None = None
         self.metrics = Metrics()
-        self.families = load_families(settings.profiles_dir)
+        # The packaged (synthetic) families, and the ones imported into the artifact store.
+        self.families = load_families(settings.profiles_dir,
+                                      stores=[settings.artifacts] if settings.artifacts else [])
         self.artifacts = ArtifactCatalog(settings.artifacts)
         self.ready = False
         self._gauges_at: int | None = None

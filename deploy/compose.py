@@ -95,7 +95,8 @@ def artifacts_service() -> dict[str, Any]:
     """One-shot job writing the model-variant artifacts into the shared ``artifacts`` volume."""
     return {
         **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
-        "command": ["understudy", "models", "build", "--out", ARTIFACTS_DIR],
+        # The synthetic families only: the compose topology registers apps of those.
+        "command": ["understudy", "models", "build", "--out", ARTIFACTS_DIR, "--no-digits"],
         "volumes": [f"artifacts:{ARTIFACTS_DIR}"],
         "restart": "no",
     }

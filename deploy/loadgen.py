@@ -5,7 +5,9 @@ which resends them across failovers, so a request is either answered (with the s
 variant that answered) or, after its deadline, recorded as failed with the reason. Records land
 in ``<out>/<app>.jsonl``. When ``stop`` is set the client is closed: requests still waiting end
 at once and are not recorded (they were cut short, not failed), so the process stops within
-two seconds even while the controller is unreachable.
+two seconds even while the controller is unreachable. Apps of a family with an evaluation set
+in the artifact store (``store``: the digits family) send its real inputs and record whether each
+answer's top-1 matches the label (``deploy.samples``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deploy.samples import LabelledSamples, check
 from understudy.sdk import Client, ClosedError, RequestRecord, SdkError
 
 logger = logging.getLogger(__name__)
@@ -28,8 +31,27 @@ JOIN_S = 0.5
 """How long the app threads get to return once the client is closed."""
 
 
+def _samples_of(controller_url: str, app_id: str, token: str | None,
+                store: Path | None) -> LabelledSamples | None:
+    """The labelled inputs of the app's family, when the store has them."""
+    if store is None:
+        return None
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(f"{controller_url.rstrip('/')}/v1/apps/{app_id}", headers=headers,
+                             timeout=10.0)
+        family = response.json()["spec"]["family"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("client %s: family unknown (%s); sending random images", app_id, exc)
+        return None
+    return LabelledSamples.from_store(store, family, seed=abs(hash(app_id)) % 2**32)
+
+
 def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
-                   stop: threading.Event, image_side: int = 224) -> None:
+                   stop: threading.Event, image_side: int = 224,
+                   samples: LabelledSamples | None = None) -> None:
     """Send requests for one app until ``stop`` is set (or the client is closed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     image = np.random.default_rng(abs(hash(app_id)) % 2**32).random(
@@ -38,16 +60,23 @@ def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
     with (out_dir / f"{app_id}.jsonl").open("a", encoding="utf-8") as log:
         next_at = time.monotonic()
         while not stop.is_set():
+            checked: dict[str, object] = {}
+            label = None
+            if samples is not None:
+                image, label = samples.next()
             try:
-                record = client.infer(app_id, {"image": image}, ["logits"],
-                                      timeout_s=REQUEST_TIMEOUT_S).record
+                result = client.infer(app_id, {"image": image}, ["logits"],
+                                      timeout_s=REQUEST_TIMEOUT_S)
+                record = result.record
+                if label is not None:
+                    checked = check(result.outputs["logits"], label)
             except ClosedError:
                 return
             except SdkError as exc:
                 record = exc.record or RequestRecord(time.time(), time.time(), False, 0,
                                                      error=str(exc), app_id=app_id,
                                                      reason=exc.reason)
-            log.write(json.dumps({**asdict(record), "app_id": app_id}) + "\n")
+            log.write(json.dumps({**asdict(record), "app_id": app_id, **checked}) + "\n")
             log.flush()
             next_at += interval
             delay = next_at - time.monotonic()
@@ -59,12 +88,14 @@ def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
 
 def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate: float,
                 out_dir: Path, stop: threading.Event, protocol: str = "http",
-                ca_file: str | None = None) -> None:
+                ca_file: str | None = None, store: Path | None = None) -> None:
     """Run one client thread per app until ``stop`` is set, then close the client."""
     client = Client(controller_url, token=token, ca_file=ca_file, protocol=protocol,
                     timeout_s=REQUEST_TIMEOUT_S)
     threads = [threading.Thread(target=run_app_client, name=f"client-{app_id}", daemon=True,
-                                args=(client, app_id, rate, out_dir, stop))
+                                args=(client, app_id, rate, out_dir, stop),
+                                kwargs={"samples": _samples_of(controller_url, app_id, token,
+                                                               store)})
                for app_id in app_ids]
     try:
         for thread in threads:

@@ -47,7 +47,7 @@ from deploy.workload import (
     wait_converged,
 )
 from model_repo.artifacts import DEFAULT_SCALE, build_store
-from model_repo.profiles import load_families
+from model_repo.profiles import family_from_document, load_family_documents
 from understudy.wire.ports import free_port
 
 logger = logging.getLogger(__name__)
@@ -258,10 +258,17 @@ class Testbed:
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        families = load_families()
         store = (artifacts or run_dir / "artifacts").resolve()
-        build_store(store, [families[f] for f in topology.families], scale=scale)
-        workload = generate_workload(topology, seed=seed, rate_rps=rate_rps)
+        docs = load_family_documents(stores=[store])
+        missing = sorted(set(topology.families) - set(docs))
+        if missing:
+            raise TestbedError(f"families {', '.join(missing)} are neither packaged nor in the "
+                               f"store {store} (`understudy models build` imports digits)")
+        # Imported families are in the store already; the synthetic ones are built (cached).
+        synthetic = [family_from_document(docs[f]) for f in topology.families
+                     if docs[f].origin == "synthetic"]
+        build_store(store, synthetic, scale=scale)
+        workload = generate_workload(topology, seed=seed, rate_rps=rate_rps, stores=[store])
         state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
                              token=token, artifacts=str(store), policy=policy,
                              artifact_mirror=artifact_mirror)
@@ -369,7 +376,8 @@ class Testbed:
         return _spawn(self.state, "clients", _understudy(
             "testbed", "client", "--controller-url", self.state.controller_url,
             "--token", self.state.token, "--app", app_ids, "--rate", str(rate),
-            "--out", str(Path(self.state.run_dir) / "requests")), nice=DATA_PLANE_NICE)
+            "--out", str(Path(self.state.run_dir) / "requests"),
+            "--store", self.state.artifacts), nice=DATA_PLANE_NICE)
 
     # --- failures -------------------------------------------------------------------------
 

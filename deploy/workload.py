@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,13 +76,16 @@ class Workload:
 
 
 def generate_workload(topology: Topology, seed: int = DEFAULT_SEED,
-                      rate_rps: tuple[float, float] = DEFAULT_RATE_RPS) -> Workload:
+                      rate_rps: tuple[float, float] = DEFAULT_RATE_RPS,
+                      stores: Sequence[Path] = ()) -> Workload:
     """The apps and server capacity of ``topology`` (deterministic for a given ``seed``).
+
+    ``stores``: artifact stores whose imported families (digits) the topology may name.
 
     With no apps to size for (``topology.apps == 0``: the user registers their own), the
     servers get this machine's real capacity (:func:`machine_capacity`), not nothing.
     """
-    families = load_families()
+    families = load_families(stores=stores)
     cluster = generate_cluster(families, servers=len(topology.servers),
                                sites=len(topology.sites), apps=topology.apps,
                                headroom=topology.headroom,

@@ -28,7 +28,7 @@ from typing import Any
 
 from model_repo.network import NetworkSpec, initial_state, seed_for, spec_for_size
 from policies.model import Family
-from understudy.wire.artifacts import STORE_SCHEMA_VERSION, Manifest
+from understudy.wire.artifacts import STORE_SCHEMA_VERSION, Manifest, TensorSpec
 from understudy.wire.bounds import check_name
 
 logger = logging.getLogger(__name__)
@@ -56,14 +56,34 @@ class StoreEntry:
     manifest: Manifest
 
 
+def _instance_group(device: str) -> str:
+    """One instance on the CPU, or on GPU ``N`` for ``device`` ``cuda:N``."""
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        return f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {index} ] }} ]\n"
+    return "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+
+
+def _parameter(key: str, value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'parameters {{ key: "{key}" value: {{ string_value: "{escaped}" }} }}\n'
+
+
+def _tensors(kind: str, tensors: Sequence[TensorSpec]) -> str:
+    items = ", ".join(f'{{ name: "{t.name}" data_type: TYPE_{t.data_type} '
+                      f'dims: [ {", ".join(str(d) for d in t.dims)} ] }}' for t in tensors)
+    return f"{kind} [ {items} ]\n"
+
+
 def render_config(model_name: str, spec: NetworkSpec, weights: str,
-                  max_batch_size: int = DEFAULT_MAX_BATCH, backend: str = "python") -> str:
-    """The ``config.pbtxt`` of one model (complete: Triton's auto-complete is off).
+                  max_batch_size: int = DEFAULT_MAX_BATCH, backend: str = "python",
+                  device: str = "cpu") -> str:
+    """The ``config.pbtxt`` of one generated model (complete: Triton's auto-complete is off).
 
     ``backend`` is ``python`` (``1/model.py``) or ``understudy`` (the native backend,
-    ``model_repo.native_backend``); both read the same parameters.
+    ``model_repo.native_backend``); both read the same parameters. ``device`` is ``cpu`` or
+    ``cuda:N`` (the instance is placed on that GPU: ``KIND_GPU``).
     """
-    spec_json = json.dumps(spec.to_dict(), sort_keys=True).replace('"', '\\"')
     side = spec.image_side
     return (
         f'name: "{model_name}"\n'
@@ -71,10 +91,40 @@ def render_config(model_name: str, spec: NetworkSpec, weights: str,
         f"max_batch_size: {max_batch_size}\n"
         f'input [ {{ name: "image" data_type: TYPE_FP32 dims: [ 3, {side}, {side} ] }} ]\n'
         f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {spec.num_classes} ] }} ]\n'
-        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
-        f'parameters {{ key: "weights" value: {{ string_value: "{weights}" }} }}\n'
-        f'parameters {{ key: "network_spec" value: {{ string_value: "{spec_json}" }} }}\n'
+        + _instance_group(device)
+        + "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+        + _parameter("weights", weights)
+        + _parameter("network_spec", json.dumps(spec.to_dict(), sort_keys=True))
+        + (_parameter("device", device) if device != "cpu" else "")
+    )
+
+
+def render_model_config(model_name: str, manifest: Manifest, weights: str,
+                        backend: str = "python", device: str = "cpu") -> str:
+    """The ``config.pbtxt`` of any wrapped variant: generated, ONNX or TorchScript.
+
+    An imported model keeps its own tensor names and shapes; the runtime serves it with
+    onnxruntime or torch (``model_repo.loaders``). A ``triton`` directory has its own config
+    (``model_repo.imported.unpack_triton_directory``), not this one.
+    """
+    if manifest.format == "synthetic":
+        return render_config(model_name, manifest.network, weights, manifest.max_batch_size,
+                             backend, device)
+    if manifest.format == "triton":
+        raise ArtifactError(f"{manifest.variant} is a Triton model directory served as it is; "
+                            "it has its own config")
+    (source,), (target,) = manifest.inputs, manifest.outputs
+    return (
+        f'name: "{model_name}"\n'
+        f'backend: "{backend}"\n'
+        f"max_batch_size: {manifest.max_batch_size}\n"
+        + _tensors("input", manifest.inputs) + _tensors("output", manifest.outputs)
+        + _instance_group(device)
+        + "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+        + _parameter("format", manifest.format) + _parameter("weights", weights)
+        + _parameter("input", source.name) + _parameter("output", target.name)
+        + _parameter("input_dims", json.dumps(list(source.dims)))
+        + (_parameter("device", device) if device != "cpu" else "")
     )
 
 
@@ -160,7 +210,12 @@ def _existing_manifest(directory: Path) -> Manifest | None:
         manifest = Manifest.model_validate_json((directory / MANIFEST_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return manifest if (directory / WEIGHTS_FILE).exists() else None
+    return manifest if (directory / manifest.weights_file).exists() else None
+
+
+def write_index(store: Path) -> None:
+    """Rewrite ``index.json`` from what the store holds."""
+    _write_index(store)
 
 
 def _write_index(store: Path) -> None:
@@ -168,7 +223,8 @@ def _write_index(store: Path) -> None:
     index: dict[str, Any] = {
         "schema_version": STORE_SCHEMA_VERSION,
         "variants": {e.variant: {"family": e.family, "weights_mb": e.manifest.weights_mb,
-                                 "scale": e.manifest.scale} for e in entries},
+                                 "scale": e.manifest.scale, "format": e.manifest.format}
+                     for e in entries},
         "total_mb": round(sum(e.manifest.weights_mb for e in entries), 1),
     }
     tmp = store / (INDEX_FILE + ".tmp")

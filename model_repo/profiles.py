@@ -17,9 +17,9 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -112,6 +112,12 @@ class Measurement(_Strict):
     resident_mb: float | None = Field(None, ge=0)
     """Private resident memory of the loaded model instance."""
     measured_on: str
+    latency_ms_by_batch: dict[str, float] | None = None
+    """p50 latency of one request of each batch size (``"1"``, ``"2"``, ...), where measured."""
+    device_mb: float | None = Field(None, ge=0)
+    """Memory the instance holds on its GPU (NVML), for a model placed on one."""
+    device: str | None = None
+    """Where the instance ran: ``cpu`` or a GPU's name (absent: cpu)."""
 
 
 class LoadTimeFit(_Strict):
@@ -125,12 +131,23 @@ class LoadTimeFit(_Strict):
     server_type: str
 
 
+AccuracySource = Literal["published", "measured", "declared"]
+"""Where a variant's top-1 comes from: a published table (torchvision), measured on the user's
+evaluation set through Triton, or declared in the family manifest."""
+FamilyOrigin = Literal["synthetic", "imported"]
+"""``synthetic``: served by generated networks with seeded weights (their accuracy is the
+published one of the real model they stand for); ``imported``: the user's own models."""
+
+
 class VariantProfile(_Strict):
     """One variant's profile as stored in a family document."""
 
     name: str = Field(min_length=1)
     accuracy: float = Field(gt=0, le=1)
     top1_pct: float | None = None
+    accuracy_source: AccuracySource = "published"
+    format: str | None = None
+    """The artifact's format for an imported variant (``onnx``, ``torchscript``, ``triton``)."""
     memory_mb: float = Field(gt=0)
     activation_mb: float | None = Field(None, ge=0)
     compute_per_rps: float = Field(ge=0)
@@ -146,6 +163,7 @@ class FamilyDocument(_Strict):
 
     schema_version: int
     family: str = Field(min_length=1)
+    origin: FamilyOrigin = "synthetic"
     source: dict[str, str] = Field(default_factory=dict)
     reference_gpu: dict[str, float | str] = Field(default_factory=dict)
     variants: list[VariantProfile] = Field(min_length=1)
@@ -377,8 +395,15 @@ def merge_measurements(fresh: Mapping[str, dict[str, Any]],
 # --- load ----------------------------------------------------------------------------------
 
 
+STORE_PROFILE_FILE = "profile.json"
+"""An imported family's profile document in an artifact store: ``STORE/<family>/profile.json``."""
+
+
 def load_family_document(path: str | Path) -> FamilyDocument:
-    """Read and validate one ``<family>.json``; its ``family`` must match the file name."""
+    """Read and validate one ``<family>.json`` (or a store's ``<family>/profile.json``).
+
+    Its ``family`` must match the file name (the folder's, for a store's profile).
+    """
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -393,20 +418,34 @@ def load_family_document(path: str | Path) -> FamilyDocument:
     if doc.schema_version != SCHEMA_VERSION:
         raise ProfileError(
             f"profile {path}: schema_version {doc.schema_version}, expected {SCHEMA_VERSION}")
-    if doc.family != path.stem:
-        raise ProfileError(f"profile {path} describes family {doc.family!r}, not {path.stem!r}")
+    expected = path.parent.name if path.name == STORE_PROFILE_FILE else path.stem
+    if doc.family != expected:
+        raise ProfileError(f"profile {path} describes family {doc.family!r}, not {expected!r}")
     return doc
 
 
-def load_family_documents(profile_dir: str | Path | None = None) -> dict[str, FamilyDocument]:
-    """Every ``*.json`` document in ``profile_dir`` (default: the packaged profiles), by family."""
+def load_family_documents(profile_dir: str | Path | None = None,
+                          stores: Sequence[str | Path] = ()) -> dict[str, FamilyDocument]:
+    """Every ``*.json`` document in ``profile_dir`` (default: the packaged profiles), by family.
+
+    The imported families of each artifact store in ``stores`` (``<family>/profile.json``,
+    written by ``understudy models import``) are added; a store's family may not take the
+    name of a packaged one.
+    """
     directory = PROFILE_DIR if profile_dir is None else Path(profile_dir)
     if not directory.is_dir():
         raise ProfileError(f"profile directory {directory} does not exist")
     paths = sorted(directory.glob("*.json"))
     if not paths:
         raise ProfileError(f"profile directory {directory} holds no *.json profile")
-    return {path.stem: load_family_document(path) for path in paths}
+    docs = {path.stem: load_family_document(path) for path in paths}
+    for store in stores:
+        for path in sorted(Path(store).glob(f"*/{STORE_PROFILE_FILE}")):
+            doc = load_family_document(path)
+            if doc.family in docs and docs[doc.family].origin != "imported":
+                raise ProfileError(f"{path}: family {doc.family!r} is also a packaged family")
+            docs[doc.family] = doc
+    return docs
 
 
 def family_from_document(doc: FamilyDocument) -> Family:
@@ -431,12 +470,15 @@ def family_from_document(doc: FamilyDocument) -> Family:
         raise ProfileError(f"profile of family {doc.family!r}: {exc}") from exc
 
 
-def load_families(profile_dir: str | Path | None = None) -> dict[str, Family]:
+def load_families(profile_dir: str | Path | None = None,
+                  stores: Sequence[str | Path] = ()) -> dict[str, Family]:
     """All families in ``profile_dir`` (default: the packaged profiles) as policy values.
+
+    With ``stores``, the families imported into those artifact stores too.
 
     Raises:
         ProfileError: the directory is missing or empty, or a file is unreadable, not JSON,
             does not match the schema, or describes an invalid family.
     """
-    docs = load_family_documents(profile_dir)
+    docs = load_family_documents(profile_dir, stores)
     return {name: family_from_document(doc) for name, doc in docs.items()}

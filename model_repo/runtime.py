@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 
 from model_repo.huge_pages import collapse_heap
-from model_repo.network import NetworkSpec, initial_state, meta_network
+from model_repo.loaders import (
+    LoadedModel,
+    LoadReport,
+    LoadSpec,
+    load_model,
+    load_spec,
+    preload_frameworks,
+)
+from model_repo.network import NetworkSpec, initial_state
 from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
 from understudy.wire.lifetime import die_with_parent, orphaned
 
@@ -113,25 +121,27 @@ def _array_from(header: dict[str, Any], payload: bytearray) -> np.ndarray:
 # --- the model side (inside the Triton stub) -------------------------------------------------
 
 
-@dataclass
-class LoadReport:
-    """What a worker reports once its model is ready."""
-
-    pid: int
-    read_s: float
-    build_s: float
-    warmup_s: float
-
-
 class RuntimeClient:
     """Runs one model in a runtime worker; used by the generated model.py."""
 
-    def __init__(self, socket_path: str, model_name: str, weights: Path, spec: NetworkSpec,
-                 threads: int = 1) -> None:
+    def __init__(self, socket_path: str, model_name: str, weights: Path | None = None,
+                 spec: NetworkSpec | None = None, threads: int = 1,
+                 config: dict[str, Any] | None = None, model_dir: Path | None = None) -> None:
+        """Spawn the worker of a generated network or of any model.
+
+        A generated network is given by ``weights`` and ``spec``; any other model by its
+        Triton ``config`` (as JSON) and ``model_dir``, as the native backend asks.
+        """
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(socket_path)
-        send_frame(self._sock, {"op": "spawn", "model": model_name, "weights": str(weights),
-                                "spec": spec.to_dict(), "threads": threads})
+        request: dict[str, Any] = {"op": "spawn", "model": model_name}
+        if config is not None:
+            request.update(config=config, model_dir=str(model_dir or "."))
+        elif weights is not None and spec is not None:
+            request.update(weights=str(weights), spec=spec.to_dict(), threads=threads)
+        else:
+            raise ValueError("a spawn needs weights and spec, or the model's config")
+        send_frame(self._sock, request)
         header, _ = recv_frame(self._sock)
         if not header.get("ok"):
             self._sock.close()
@@ -154,47 +164,32 @@ class RuntimeClient:
 
 
 class InProcessRunner:
-    """Runs the model inside the calling process (imports torch there)."""
+    """Runs the model inside the calling process (imports its framework there)."""
 
-    def __init__(self, weights: Path, spec: NetworkSpec, threads: int = 1) -> None:
-        self._model, self.report = _load_model(weights, spec, threads)
+    def __init__(self, weights: Path | None = None, spec: NetworkSpec | None = None,
+                 threads: int = 1, load: LoadSpec | None = None) -> None:
+        if load is None:
+            if weights is None or spec is None:
+                raise ValueError("an in-process runner needs weights and spec, or a LoadSpec")
+            load = synthetic_load(weights, spec, threads)
+        self._model: LoadedModel | None
+        self._model, self.report = load_model(load)
 
     def infer(self, images: np.ndarray) -> np.ndarray:
-        """Logits for a batch of images (float32, N x 3 x H x W)."""
-        return _forward(self._model, images)
+        """The output for a batch (float32, batch dimension first)."""
+        if self._model is None:
+            raise RuntimeError_("the model was closed")
+        return self._model.infer(images)
 
     def close(self) -> None:
         """Drop the model."""
         self._model = None
 
 
-def _load_model(weights: Path, spec: NetworkSpec, threads: int) -> tuple[Any, LoadReport]:
-    import torch
-
-    torch.set_num_threads(max(1, threads))
-    started = time.perf_counter()
-    # mmap: the weights stay file-backed pages (shared page cache, not private memory) and
-    # are not copied on the load path.
-    state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
-    read_done = time.perf_counter()
-    model = meta_network(spec)
-    model.load_state_dict(state, assign=True)
-    built = time.perf_counter()
-    _forward(model, np.zeros((1, 3, spec.image_side, spec.image_side), dtype=np.float32))
-    warmed = time.perf_counter()
-    # No memory figure here: reading smaps_rollup costs ~3 ms, on every load's critical path;
-    # the agent asks the runtime for it once the load has been answered (op "stats").
-    report = LoadReport(pid=os.getpid(), read_s=read_done - started, build_s=built - read_done,
-                        warmup_s=warmed - built)
-    return model, report
-
-
-def _forward(model: Any, images: np.ndarray) -> np.ndarray:
-    import torch
-
-    with torch.inference_mode():
-        tensor = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))
-        return np.ascontiguousarray(model(tensor).numpy(), dtype=np.float32)
+def synthetic_load(weights: Path, spec: NetworkSpec, threads: int = 1) -> LoadSpec:
+    """The load of a generated network."""
+    return LoadSpec(weights=Path(weights), spec=spec, threads=threads,
+                    input_dims=(3, spec.image_side, spec.image_side))
 
 
 def private_memory_mb(pid: int) -> float:
@@ -220,25 +215,20 @@ class _Worker:
     started: float = field(default_factory=time.time)
 
 
-def spawn_arguments(request: dict[str, Any]) -> tuple[Path, NetworkSpec, int]:
-    """Weights, network and threads of a spawn request.
+def spawn_arguments(request: dict[str, Any]) -> LoadSpec:
+    """What a spawn request asks to load (``model_repo.loaders``).
 
-    Two forms: the Python backend's model sends ``weights``, ``spec`` and ``threads``; the
-    native backend (``model_repo/native``) sends the model's whole Triton ``config`` (JSON, its
-    ``parameters`` as the config.pbtxt gives them) and ``model_dir``, which a relative
-    ``weights`` parameter is relative to.
+    Two forms: a generated network's ``weights``, ``spec`` and ``threads``; or, as the native
+    backend (``model_repo/native``) and the Python model send it, the model's whole Triton
+    ``config`` (JSON, its ``parameters`` as the config.pbtxt gives them) and ``model_dir``,
+    which a relative ``weights`` parameter is relative to.
     """
     if "config" not in request:
-        return (Path(request["weights"]), NetworkSpec.from_dict(request["spec"]),
-                int(request.get("threads", 1)))
+        return synthetic_load(Path(request["weights"]), NetworkSpec.from_dict(request["spec"]),
+                              int(request.get("threads", 1)))
     parameters = {key: value["string_value"]
                   for key, value in request["config"].get("parameters", {}).items()}
-    for required in ("weights", "network_spec"):
-        if required not in parameters:
-            raise ValueError(f"the model's config has no {required!r} parameter")
-    weights = Path(request.get("model_dir", ".")) / parameters["weights"]
-    spec = NetworkSpec.from_dict(json.loads(parameters["network_spec"]))
-    return weights.resolve(), spec, int(parameters.get("threads", "1"))
+    return load_spec(parameters, Path(request.get("model_dir", ".")))
 
 
 def _prepare_for_forks() -> None:
@@ -263,7 +253,8 @@ def _prepare_for_forks() -> None:
     with tempfile.TemporaryDirectory(prefix="understudy-runtime-") as scratch:
         weights = Path(scratch) / "warmup.pt"
         torch.save(initial_state(spec), weights)
-        _load_model(weights, spec, threads=1)
+        load_model(synthetic_load(weights, spec, threads=1))
+        logger.info("runtime preloaded %s", ", ".join(preload_frameworks(Path(scratch))))
     gc.collect()
     gc.freeze()
     report = collapse_heap()
@@ -278,11 +269,13 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, 0, max(-20, base_nice - LOADING_NICE_STEP))
     try:
-        model, report = _load_model(*spawn_arguments(request))
+        load = spawn_arguments(request)
+        model, report = load_model(load)
     except Exception as exc:  # noqa: BLE001 - any load failure is reported to the model
         send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
-    send_frame(conn, {"ok": True, "report": report.__dict__})
+    # The output's name: the native backend answers each request with a tensor of that name.
+    send_frame(conn, {"ok": True, "report": report.__dict__, "output": load.output_name})
     _yield_to_loads(base_nice)
     while True:
         try:
@@ -290,7 +283,7 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
         except (EOFError, OSError):
             return
         try:
-            logits = _forward(model, _array_from(header, payload))
+            logits = model.infer(_array_from(header, payload))
         except Exception as exc:  # noqa: BLE001 - a bad batch must not kill the worker
             send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             continue

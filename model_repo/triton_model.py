@@ -6,10 +6,10 @@ by the Triton wrapper) and are added as site directories before anything else is
 front of the base interpreter's own: a different NumPy there (2.x in pyenv's site-packages) makes
 the stub return empty output tensors.
 
-The model reads two parameters from its ``config.pbtxt``: ``weights`` (a path relative to the
-model directory) and ``network_spec`` (the JSON :class:`model_repo.network.NetworkSpec`). It serves
-through the per-server torch runtime when ``UNDERSTUDY_RUNTIME_SOCKET`` names one, and otherwise
-loads torch inside the stub.
+The model hands its ``config.pbtxt`` parameters to :mod:`model_repo.loaders` (a generated
+network's ``weights`` and ``network_spec``, or an imported ONNX or TorchScript file with its
+``format``, ``input`` and ``output`` names). It serves through the per-server runtime when
+``UNDERSTUDY_RUNTIME_SOCKET`` names one, and otherwise loads the model inside the stub.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ sys.path[:] = [p for p in sys.path if p not in _BASE_PATH] + _BASE_PATH
 import numpy as np  # noqa: E402 - only importable once the site directories are in place
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from model_repo.network import NetworkSpec  # noqa: E402
+from model_repo.loaders import load_spec  # noqa: E402
 from model_repo.runtime import (  # noqa: E402
     RUNTIME_SOCKET_ENV,
     InProcessRunner,
     RuntimeClient,
 )
-
-INPUT_NAME = "image"
-OUTPUT_NAME = "logits"
 
 
 class TritonPythonModel:
@@ -50,19 +47,20 @@ class TritonPythonModel:
         parameters = {key: value["string_value"]
                       for key, value in config.get("parameters", {}).items()}
         model_dir = Path(args["model_repository"])
-        weights = (model_dir / parameters["weights"]).resolve()
-        spec = NetworkSpec.from_dict(json.loads(parameters["network_spec"]))
-        threads = int(parameters.get("threads", "1"))
+        load = load_spec(parameters, model_dir)
+        self.input_name = load.input_name
+        self.output_name = load.output_name
         socket_path = os.environ.get(RUNTIME_SOCKET_ENV)
         if socket_path:
-            self.runner: Any = RuntimeClient(socket_path, args["model_name"], weights, spec,
-                                             threads)
+            self.runner: Any = RuntimeClient(socket_path, args["model_name"], config=config,
+                                             model_dir=model_dir)
         else:
-            self.runner = InProcessRunner(weights, spec, threads)
+            self.runner = InProcessRunner(load=load)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Run all requests of a dynamic batch as one forward pass, then split the logits."""
-        images = [pb_utils.get_input_tensor_by_name(r, INPUT_NAME).as_numpy() for r in requests]
+        images = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy()
+                  for r in requests]
         sizes = [batch.shape[0] for batch in images]
         try:
             logits = self.runner.infer(np.concatenate(images, axis=0))
@@ -72,7 +70,8 @@ class TritonPythonModel:
         responses = []
         start = 0
         for size in sizes:
-            tensor = pb_utils.Tensor(OUTPUT_NAME, np.ascontiguousarray(logits[start:start + size]))
+            tensor = pb_utils.Tensor(self.output_name,
+                                     np.ascontiguousarray(logits[start:start + size]))
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
             start += size
         return responses

@@ -62,7 +62,9 @@ def generate_cluster(families: Mapping[str, Family], *, servers: int = 6, sites:
     biggest = {r: max((d[r] for d in demands), default=0.0) for r in (MEMORY_MB, COMPUTE)}
 
     # Worst-fit can leave a little fragmentation; grow capacity by 1 % steps until all fit.
-    for attempt in range(50):
+    # Memory worst-fit places the largest models first: apps whose compute is large for their
+    # memory (a measured CPU family beside GPU-estimated ones) can need more than +50 %.
+    for attempt in range(200):
         grow = 1.0 + 0.01 * attempt
         capacity = Resources({r: max(needed[r] * grow, biggest[r]) for r in needed})
         server_list = tuple(

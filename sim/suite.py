@@ -45,9 +45,10 @@ def make_timing(families: Mapping[str, Family], profile_dir: str | None,
     return timing_for(families, load_times, fit)
 
 
-def _init_worker(profile_dir: str | None, load_times: str, knobs: MixKnobs) -> None:
+def _init_worker(profile_dir: str | None, load_times: str, knobs: MixKnobs,
+                 stores: tuple[str, ...] = ()) -> None:
     global _WORKER
-    families = load_families(profile_dir)
+    families = load_families(profile_dir, stores)
     _WORKER = (families, make_timing(families, profile_dir, load_times), knobs)
 
 
@@ -59,14 +60,16 @@ def _run_in_worker(unit: Unit) -> UnitResult:
 
 def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs: int = 1,
               progress: bool = True, profile_dir: str | None = None,
-              load_times: str = "profiles", knobs: MixKnobs = CALIBRATED) -> SuiteResult:
+              load_times: str = "profiles", knobs: MixKnobs = CALIBRATED,
+              stores: tuple[str, ...] = ()) -> SuiteResult:
     """Run ``names``' units for seeds 0..seeds-1, write every output under ``out``.
 
     Results are identical for any ``jobs``: units are independent and kept in order.
     ``knobs`` is the application mix (default: the calibrated one, ``sim.calibrate``).
+    ``stores``: artifact stores whose imported families join the packaged ones.
     """
     started = time.perf_counter()
-    families = load_families(profile_dir)
+    families = load_families(profile_dir, stores)
     timing = make_timing(families, profile_dir, load_times)
     todo = units(names, seeds, quick)
     total = sum(ticks(u) for u in todo)
@@ -79,7 +82,7 @@ def run_suite(names: Sequence[str], *, seeds: int, quick: bool, out: Path, jobs:
                                     knobs=knobs))
     else:
         with worker_pool(jobs, initializer=_init_worker,
-                         initargs=(profile_dir, load_times, knobs)) as pool:
+                         initargs=(profile_dir, load_times, knobs, stores)) as pool:
             for unit, result in zip(todo, pool.map(_run_in_worker, todo), strict=True):
                 bar.update(ticks(unit))
                 results.append(result)

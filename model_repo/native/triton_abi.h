@@ -83,6 +83,8 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(
 
 TRITONSERVER_Error* TRITONBACKEND_RequestInput(
     TRITONBACKEND_Request* request, const char* name, TRITONBACKEND_Input** input);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(
+    TRITONBACKEND_Request* request, const uint32_t index, TRITONBACKEND_Input** input);
 TRITONSERVER_Error* TRITONBACKEND_RequestRelease(
     TRITONBACKEND_Request* request, uint32_t release_flags);
 TRITONSERVER_Error* TRITONBACKEND_InputProperties(

@@ -1,5 +1,5 @@
-// Triton backend "understudy": serves a generated variant through the per-server torch runtime
-// (model_repo/runtime.py) without a Python stub.
+// Triton backend "understudy": serves a model (a generated variant, or an imported ONNX or
+// TorchScript file) through the per-server runtime (model_repo/runtime.py) without a Python stub.
 //
 // Why: with Triton's Python backend every model instance starts a stub process that boots an
 // interpreter and imports NumPy before our code runs: about 150 ms of CPU per load on the test
@@ -8,7 +8,7 @@
 // connection to the runtime, which forks a worker that already holds torch:
 //
 //   initialize  -> {"op":"spawn","model":NAME,"model_dir":DIR,"config":MODEL_CONFIG}
-//               <- {"ok":true,"report":{...}} | {"ok":false,"error":"..."}
+//               <- {"ok":true,"report":{...},"output":NAME} | {"ok":false,"error":"..."}
 //   execute     -> {"op":"infer","shape":[N,C,H,W],"dtype":"float32"} + N*C*H*W floats
 //               <- {"ok":true,"shape":[N,K],"dtype":"float32"} + N*K floats | {"ok":false,...}
 //   finalize    close the connection (the worker exits with it)
@@ -16,6 +16,8 @@
 // Frames are the runtime's: "!II" (big-endian header and payload lengths), a JSON header, the
 // raw payload. The socket path comes from UNDERSTUDY_RUNTIME_SOCKET in Triton's environment.
 // A dynamic batch of requests becomes one forward pass; its logits are split back by request.
+// A model has one FP32 input (whatever its name: the request's first) and one FP32 output,
+// named as the worker's spawn reply says.
 // Every request and batch is reported to Triton's statistics, as Triton's own backends do, so
 // the server's inference counters and durations (and its metrics endpoint) count them.
 
@@ -38,8 +40,7 @@
 
 namespace {
 
-constexpr const char* kInputName = "image";
-constexpr const char* kOutputName = "logits";
+constexpr const char* kDefaultOutputName = "logits";
 constexpr const char* kSocketEnv = "UNDERSTUDY_RUNTIME_SOCKET";
 constexpr uint32_t kMaxHeaderBytes = 1u << 20;
 
@@ -74,10 +75,11 @@ std::string JsonString(const std::string& value) {
 // its header holds "ok":true. The error text, if any, is the string after "error":.
 bool ReplyOk(const std::string& header) { return header.find("\"ok\":true") != std::string::npos; }
 
-std::string ReplyError(const std::string& header) {
-  const std::string key = "\"error\":\"";
+// The string value of `field` in a reply header ("" when absent).
+std::string ReplyString(const std::string& header, const std::string& field) {
+  const std::string key = "\"" + field + "\":\"";
   size_t at = header.find(key);
-  if (at == std::string::npos) return header;
+  if (at == std::string::npos) return "";
   std::string out;
   for (size_t i = at + key.size(); i < header.size(); ++i) {
     char c = header[i];
@@ -90,6 +92,11 @@ std::string ReplyError(const std::string& header) {
     }
   }
   return out;
+}
+
+std::string ReplyError(const std::string& header) {
+  std::string error = ReplyString(header, "error");
+  return error.empty() ? header : error;
 }
 
 // One blocking connection to the runtime, speaking its frames.
@@ -201,6 +208,7 @@ class RuntimeConnection {
 struct InstanceState {
   TRITONBACKEND_ModelInstance* instance = nullptr;
   std::string name;
+  std::string output_name = kDefaultOutputName;
   RuntimeConnection runtime;
 };
 
@@ -245,10 +253,12 @@ TRITONSERVER_Error* SpawnWorker(TRITONBACKEND_ModelInstance* instance, InstanceS
     return MakeError(TRITONSERVER_ERROR_INTERNAL,
                      "loading " + std::string(model_name) + " failed: " + ReplyError(reply));
   }
+  std::string output = ReplyString(reply, "output");
+  if (!output.empty()) state->output_name = output;
   return nullptr;
 }
 
-// The "image" input of one request: its shape and its (possibly several) CPU buffers.
+// The input of one request (its first and only one): its shape and its CPU buffers.
 struct RequestInput {
   std::vector<int64_t> shape;
   std::vector<std::pair<const void*, size_t>> buffers;
@@ -257,7 +267,7 @@ struct RequestInput {
 
 TRITONSERVER_Error* ReadInput(TRITONBACKEND_Request* request, RequestInput* out) {
   TRITONBACKEND_Input* input = nullptr;
-  TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(request, kInputName, &input);
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputByIndex(request, 0, &input);
   if (err != nullptr) return err;
   TRITONSERVER_DataType datatype;
   const int64_t* shape = nullptr;
@@ -268,13 +278,13 @@ TRITONSERVER_Error* ReadInput(TRITONBACKEND_Request* request, RequestInput* out)
   if (err != nullptr) return err;
   if (datatype != TRITONSERVER_TYPE_FP32 || dims < 2) {
     return MakeError(TRITONSERVER_ERROR_INVALID_ARG,
-                     "input 'image' must be FP32 with a batch dimension");
+                     "the input must be FP32 with a batch dimension");
   }
   out->shape.assign(shape, shape + dims);
   uint64_t expected = sizeof(float);
   for (int64_t d : out->shape) expected *= static_cast<uint64_t>(d);
   if (expected != out->byte_size) {
-    return MakeError(TRITONSERVER_ERROR_INVALID_ARG, "input 'image' holds " +
+    return MakeError(TRITONSERVER_ERROR_INVALID_ARG, "the input holds " +
                      std::to_string(out->byte_size) + " bytes, its shape needs " +
                      std::to_string(expected));
   }
@@ -337,8 +347,8 @@ void Finish(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
 }
 
 // Answers `request` with `rows` x `classes` logits, or with the error met on the way.
-void Respond(TRITONBACKEND_Request* request, const float* logits, int64_t rows,
-             int64_t classes, const Timing& timing) {
+void Respond(TRITONBACKEND_Request* request, const std::string& output_name,
+             const float* logits, int64_t rows, int64_t classes, const Timing& timing) {
   TRITONBACKEND_Response* response = nullptr;
   TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, request);
   if (err != nullptr) {
@@ -351,8 +361,8 @@ void Respond(TRITONBACKEND_Request* request, const float* logits, int64_t rows,
   const uint64_t bytes = static_cast<uint64_t>(rows * classes) * sizeof(float);
   TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
   int64_t memory_type_id = 0;
-  err = TRITONBACKEND_ResponseOutput(response, &output, kOutputName, TRITONSERVER_TYPE_FP32,
-                                     shape, 2);
+  err = TRITONBACKEND_ResponseOutput(response, &output, output_name.c_str(),
+                                     TRITONSERVER_TYPE_FP32, shape, 2);
   if (err == nullptr) {
     err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &memory_type, &memory_type_id);
   }
@@ -380,7 +390,7 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
       const auto& first = batch_inputs.front()->shape;
       if (!std::equal(first.begin() + 1, first.end(), inputs[r].shape.begin() + 1,
                       inputs[r].shape.end())) {
-        err = MakeError(TRITONSERVER_ERROR_INVALID_ARG, "image shape differs within a batch");
+        err = MakeError(TRITONSERVER_ERROR_INVALID_ARG, "input shape differs within a batch");
       }
     }
     if (err != nullptr) {
@@ -447,7 +457,7 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
   const float* at = reinterpret_cast<const float*>(logits.data());
   for (size_t r = 0; r < batch.size(); ++r) {
     const int64_t n = batch_inputs[r]->shape[0];
-    Respond(batch[r], at, n, classes, timing);
+    Respond(batch[r], state->output_name, at, n, classes, timing);
     at += n * classes;
   }
 }

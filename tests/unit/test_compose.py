@@ -322,7 +322,7 @@ def test_artifacts_job_fills_the_volume_the_controller_reads(doc: dict[str, Any]
                                                              services: dict[str, Any]) -> None:
     job, controller = services["artifacts"], services["controller"]
     assert job["image"] == controller["image"]
-    assert job["command"] == ["understudy", "models", "build", "--out", "/artifacts"]
+    assert job["command"] == ["understudy", "models", "build", "--out", "/artifacts", "--no-digits"]
     assert job["volumes"] == ["artifacts:/artifacts"]
     assert "artifacts" in doc["volumes"]
     assert "artifacts:/artifacts:ro" in controller["volumes"]

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -71,7 +72,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controller-url", default=None,
                         help="controller base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--capacity", default=None, type=parse_capacity,
-                        help="resources, e.g. memory_mb=8000,compute=100")
+                        help="resources, e.g. memory_mb=8000,compute=100 (default on a server "
+                             "with a GPU: its memory and compute, discovered with NVML)")
+    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
+                        help="where models run: auto (GPU 0 when NVML finds one that torch "
+                             "can use, else the CPU; the default), cpu, or gpu")
     parser.add_argument("--artifacts", default=None,
                         help="artifact store directory or HTTP base URL")
     parser.add_argument("--artifacts-mirror", type=Path, default=None,
@@ -101,6 +106,19 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="niceness of Triton and its runtime (0-19; >0 favours heartbeats)")
 
 
+def _discovered_capacity(device: str | None) -> dict[str, float] | None:
+    """The GPU's capacity where models go on one and none was given (else None)."""
+    if device == "cpu" or os.environ.get(f"{ENV_PREFIX}CAPACITY"):
+        return None
+    from agent.gpu import capacity, discover
+
+    gpus = discover()
+    if not gpus:
+        return None
+    logger.info("capacity from NVML: GPU 0 %s, %s", gpus[0].name, capacity(gpus[0]))
+    return capacity(gpus[0])
+
+
 def run(options: argparse.Namespace) -> int:
     """Run the agent until SIGINT/SIGTERM."""
     from agent.daemon import Agent, AgentConfig
@@ -109,7 +127,9 @@ def run(options: argparse.Namespace) -> int:
     try:
         config = resolve(AgentConfig, {
             "server_id": options.server_id, "site_id": options.site_id,
-            "controller_url": options.controller_url, "capacity": options.capacity,
+            "controller_url": options.controller_url,
+            "capacity": options.capacity or _discovered_capacity(options.device),
+            "device": options.device,
             "artifacts": options.artifacts, "artifacts_mirror": options.artifacts_mirror,
             "run_dir": options.run_dir, "token": options.token,
             "heartbeat_interval_ms": options.heartbeat_ms,

@@ -1,4 +1,10 @@
-"""``understudy models build|profile|list``: the artifact store and the profiler."""
+"""``understudy models build|import|train-digits|profile|list``: the artifact store.
+
+``build`` writes the synthetic families (generated networks with seeded weights) and, unless
+``--no-digits``, trains the real ``digits`` family and imports it (both cached); ``import``
+brings a user's family in from its manifest (``docs/models.md``); ``profile`` measures the
+synthetic variants on a real Triton; ``list`` says which variants are synthetic.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = Path("runs/artifacts")
+DEFAULT_DIGITS_DIR = Path("runs/digits")
 DEMO_FAMILIES = ("mobilenet_v3", "shufflenet_v2", "convnext", "efficientnet", "regnet_y")
 
 
@@ -34,9 +41,29 @@ def register(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--out", type=Path, default=DEFAULT_STORE,
                        help=f"artifact store directory (default {DEFAULT_STORE})")
     build.add_argument("--rebuild", action="store_true", help="rewrite existing weights")
+    build.add_argument("--no-digits", action="store_true",
+                       help="skip training and importing the real digits family")
+    build.add_argument("--digits-dir", type=Path, default=DEFAULT_DIGITS_DIR,
+                       help=f"where the digits family is trained (default {DEFAULT_DIGITS_DIR})")
+    imports = actions.add_parser("import", help="import a family of your models from its "
+                                 "manifest: check, store, profile on Triton, measure accuracy")
+    imports.add_argument("manifest", type=Path, help="the family manifest (YAML or JSON)")
+    imports.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                         help=f"artifact store directory (default {DEFAULT_STORE})")
+    imports.add_argument("--force", action="store_true",
+                         help="profile again even if the store is up to date")
+    imports.add_argument("--check", action="store_true",
+                         help="only check the manifest (no store, no Triton)")
+    _measure_options(imports, repeats=3, work_dir=Path("runs/import"))
+    digits = actions.add_parser("train-digits", help="train the digits family (scikit-learn's "
+                                "digits) and write its manifest, ONNX and TorchScript files")
+    digits.add_argument("--out", type=Path, default=DEFAULT_DIGITS_DIR,
+                        help=f"output folder (default {DEFAULT_DIGITS_DIR})")
+    digits.add_argument("--force", action="store_true", help="train again even if cached")
     listing = actions.add_parser("list", help="list the variants in an artifact store")
     listing.add_argument("--store", type=Path, default=DEFAULT_STORE)
-    profile = actions.add_parser("profile", help="measure variants on a real Triton")
+    profile = actions.add_parser("profile", help="measure the synthetic variants on a real "
+                                 "Triton")
     profile.add_argument("--store", type=Path, default=DEFAULT_STORE)
     profile.add_argument("--families", type=_csv, default=None)
     profile.add_argument("--variants", type=_csv, default=None)
@@ -50,18 +77,28 @@ def register(parser: argparse.ArgumentParser) -> None:
                          help="print the figures without updating the profile files")
 
 
+def _measure_options(parser: argparse.ArgumentParser, repeats: int, work_dir: Path) -> None:
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help=f"loads per variant, the median reported (default {repeats})")
+    parser.add_argument("--requests", type=int, default=50,
+                        help="batch-1 requests for the latency percentiles")
+    parser.add_argument("--work-dir", type=Path, default=work_dir,
+                        help=f"Triton's repository and logs (default {work_dir})")
+    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="where the models run (auto: GPU 0 when NVML finds one)")
+
+
 def run(options: argparse.Namespace) -> int:
     """Dispatch ``models`` actions; returns an exit status."""
+    from agent.triton import TritonError
     from model_repo.artifacts import ArtifactError
     from model_repo.profiles import ProfileError
 
+    actions = {"build": _build, "import": _import, "train-digits": _train_digits,
+               "list": lambda o: _list(o.store), "profile": _profile}
     try:
-        if options.models_command == "build":
-            return _build(options)
-        if options.models_command == "list":
-            return _list(options.store)
-        return _profile(options)
-    except (ArtifactError, ProfileError, ValueError) as exc:
+        return int(actions[options.models_command](options))
+    except (ArtifactError, ProfileError, TritonError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
 
@@ -78,7 +115,57 @@ def _build(options: argparse.Namespace) -> int:
                             scale=options.scale, variants=options.variants,
                             rebuild=options.rebuild)
     total = sum(m.weights_mb for m in manifests)
-    sys.stdout.write(f"{len(manifests)} variants, {total:.0f} MB of weights in {options.out}\n")
+    sys.stdout.write(f"{len(manifests)} synthetic variants, {total:.0f} MB of weights in "
+                     f"{options.out}\n")
+    if not options.no_digits:
+        from model_repo.digits import MANIFEST_NAME, train_digits
+
+        train_digits(options.digits_dir)
+        return _import(argparse.Namespace(
+            manifest=options.digits_dir / MANIFEST_NAME, store=options.out, force=False,
+            check=False, repeats=3, requests=30, work_dir=Path("runs/import"), device="auto"))
+    return 0
+
+
+def _train_digits(options: argparse.Namespace) -> int:
+    from model_repo.digits import MANIFEST_NAME, train_digits
+
+    record = train_digits(options.out, force=options.force)
+    for name, variant in record["variants"].items():
+        sys.stdout.write(f"{name:16} {variant['format']:12} {variant['parameters']:9d} params"
+                         f"  held-out top-1 {variant['top1']:.4f}\n")
+    sys.stdout.write(f"family manifest: {options.out / MANIFEST_NAME} "
+                     f"(understudy models import {options.out / MANIFEST_NAME})\n")
+    return 0
+
+
+def _import(options: argparse.Namespace) -> int:
+    from agent.model_import import import_family
+    from agent.profiler import ProfileSettings
+    from model_repo.family_manifest import load_family_manifest
+
+    family = load_family_manifest(options.manifest)
+    if options.check:
+        sys.stdout.write(f"{options.manifest}: family {family.family}, "
+                         f"{len(family.variants)} variants, evaluation set "
+                         f"{family.evaluation.count if family.evaluation else 'none'}: ok\n")
+        return 0
+
+    def show(result: Any) -> None:
+        m = result.measurement
+        top1 = (f"top-1 {result.top1:.4f} measured" if result.top1 is not None
+                else f"top-1 {result.declared_top1:.4f} declared")
+        sys.stdout.write(
+            f"{result.manifest.variant:24} {result.manifest.format:11} {m.weights_mb:8.3f} MB"
+            f"  load {m.load_s * 1000:7.1f} ms  resident {m.resident_mb or 0:7.1f} MB"
+            f"  p50 b1 {m.latency_p50_ms:6.2f} ms  {top1}\n")
+        sys.stdout.flush()
+
+    settings = ProfileSettings(repeats=options.repeats, latency_requests=options.requests)
+    outcome = import_family(options.manifest, options.store, options.work_dir, settings,
+                            force=options.force, device=options.device, progress=show)
+    verb = "up to date" if outcome.skipped else "imported"
+    sys.stdout.write(f"family {outcome.family} {verb}: profile {outcome.profile}\n")
     return 0
 
 
@@ -87,10 +174,17 @@ def _list(store: Path) -> int:
 
     entries = list_store(store)
     for entry in entries:
-        spec = entry.manifest.network
-        sys.stdout.write(f"{entry.family:16} {entry.variant:28} {entry.manifest.weights_mb:9.1f} MB"
-                         f"  width {spec.width:5} hidden {spec.hidden_layers:4}\n")
-    sys.stdout.write(f"{len(entries)} variants\n")
+        manifest = entry.manifest
+        if manifest.synthetic:
+            spec = manifest.network
+            detail = f"synthetic    width {spec.width:5} hidden {spec.hidden_layers:4}"
+        else:
+            detail = f"imported     {manifest.format}"
+        sys.stdout.write(f"{entry.family:16} {entry.variant:28} {manifest.weights_mb:9.3f} MB"
+                         f"  {detail}\n")
+    synthetic = sum(1 for e in entries if e.manifest.synthetic)
+    sys.stdout.write(f"{len(entries)} variants ({synthetic} synthetic: generated networks with "
+                     f"seeded weights; {len(entries) - synthetic} imported)\n")
     return 0
 
 

@@ -39,6 +39,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     experiment.add_argument("--no-progress", action="store_true", help="no progress bar")
     experiment.add_argument("--profiles", type=Path, default=None,
                             help="profile folder (default: the packaged profiles)")
+    experiment.add_argument("--store", type=Path, action="append", default=[],
+                            help="an artifact store whose imported families (e.g. digits, "
+                                 "from `understudy models build`) join the packaged ones; "
+                                 "repeatable")
     experiment.add_argument("--load-times", choices=("profiles", "paper"), default="profiles",
                             help="'profiles': measured load times, else the profiler's fit "
                                  "(default); 'paper': FailLite Fig. 5's line for every variant")
@@ -100,7 +104,8 @@ def run(options: argparse.Namespace) -> int:
     result = run_suite(names, seeds=seeds, quick=options.quick, out=options.out,
                        jobs=options.jobs, progress=not options.no_progress,
                        profile_dir=None if options.profiles is None else str(options.profiles),
-                       load_times=options.load_times, knobs=knobs)
+                       load_times=options.load_times, knobs=knobs,
+                       stores=tuple(str(path) for path in options.store))
     sys.stdout.write(f"report: {options.out / 'report.md'} ({result.wall_s:.1f} s)\n")
     sys.stdout.write(json.dumps(result.summary, sort_keys=True) + "\n")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     client.add_argument("--app", required=True, help="app id(s), comma-separated")
     client.add_argument("--rate", type=float, default=5.0)
     client.add_argument("--out", type=Path, default=Path("runs/requests"))
+    client.add_argument("--store", type=Path, default=None,
+                        help="artifact store: apps of a family with an evaluation set there "
+                        "(digits) send its real inputs and check the predictions")
     _sim_agents_arguments(actions.add_parser(
         "sim-agents", help="simulated agents (no Triton) driven by commands on stdin: "
         "crash, silence, stall, revive, restart (deploy/sim_control.py)"))
@@ -295,13 +299,32 @@ def _client(options: argparse.Namespace) -> int:
 
     app_ids = [a for a in options.app.split(",") if a]
     run_until_signal(lambda stop: run_clients(options.controller_url, app_ids, options.token,
-                                              options.rate, options.out, stop))
+                                              options.rate, options.out, stop,
+                                              store=options.store))
     return 0
 
 
 def _say(text: str) -> None:
     sys.stdout.write(f"\n== {text}\n")
     sys.stdout.flush()
+
+
+DEMO_FAMILIES = ("digits", "mobilenet_v3", "shufflenet_v2")
+"""The demo's apps: the real digits family (trained and imported by ``understudy models
+build``; its clients send held-out digits and check the answers) and two synthetic ones."""
+
+
+def _print_predictions(requests_dir: Path) -> None:
+    from deploy.samples import prediction_summary
+
+    summary = prediction_summary(requests_dir)
+    if not summary["predictions_checked"]:
+        return
+    _say(f"real predictions: {summary['apps']} digits apps, {summary['predictions_checked']} "
+         f"answers checked against their labels, top-1 {summary['top1']:.4f}")
+    for variant, counts in summary["by_variant"].items():
+        sys.stdout.write(f"  {variant:24} {counts['checked']:6d} answers  top-1 "
+                         f"{counts['top1']:.4f}\n")
 
 
 def _demo(options: argparse.Namespace) -> int:
@@ -315,8 +338,8 @@ def _demo(options: argparse.Namespace) -> int:
 
     shutil.rmtree(options.run_dir, ignore_errors=True)
     _say("starting Redis, the controller and 6 agents (each with its own Triton) in 3 sites; "
-         "registering 12 apps (half critical) ...")
-    topology = make_topology(6, 3, 12, 0.5, 0.2)
+         f"registering 12 apps (half critical) of the families {', '.join(DEMO_FAMILIES)} ...")
+    topology = replace(make_topology(6, 3, 12, 0.5, 0.2), families=DEMO_FAMILIES)
     testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
                          artifacts=options.artifacts, client_rate=5.0)
     try:
@@ -350,6 +373,7 @@ def _demo(options: argparse.Namespace) -> int:
              "kill is a false alarm, marked ! here and in orange on the plot)")
         report = argparse.Namespace(run_dir=options.run_dir, json=True)
         _report(report)
+        _print_predictions(options.run_dir / "requests")
     finally:
         _say("stopping the testbed")
         testbed.down()

@@ -9,7 +9,7 @@ network itself stays in ``model_repo.network``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,8 +63,29 @@ class NetworkSpec:
                                                   "image_side", "seed")})
 
 
+ArtifactFormat = Literal["synthetic", "onnx", "torchscript", "triton"]
+"""What a variant's artifact file is: ``synthetic`` (seeded weights of a generated network,
+``model_repo.network``), ``onnx`` or ``torchscript`` (a user's model, served through the
+per-server runtime), or ``triton`` (a user's whole Triton model directory, packed as a tar and
+served as it is by a Triton that has its backend)."""
+
+SYNTHETIC_WEIGHTS_FILE = "weights.pt"
+
+
+class TensorSpec(BaseModel):
+    """One input or output of a model, as Triton declares it (``dims`` without the batch)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128)
+    data_type: str = "FP32"
+    """Triton's name of the element type (``FP32``, ``INT64``, ...)."""
+    dims: tuple[int, ...]
+    """Shape of one item; -1 for a dimension of any size."""
+
+
 class Manifest(BaseModel):
-    """What the generator wrote for one variant; checked before the agent serves it."""
+    """What the generator or the importer wrote for one variant; checked before it is served."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -75,8 +96,22 @@ class Manifest(BaseModel):
     scale: float = Field(gt=0)
     weights_mb: float = Field(gt=0)
     weights_sha256: str
-    spec: dict[str, int]
+    spec: dict[str, int] = Field(default_factory=dict)
+    """The generated network's shape (``synthetic`` only)."""
     max_batch_size: int = Field(ge=1)
+    format: ArtifactFormat = "synthetic"
+    weights_file: str = Field(SYNTHETIC_WEIGHTS_FILE, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """The artifact's one file in the variant's directory (what agents fetch and verify)."""
+    inputs: tuple[TensorSpec, ...] = ()
+    """The model's inputs (imported formats; a synthetic network takes ``image``)."""
+    outputs: tuple[TensorSpec, ...] = ()
+    backend: str | None = None
+    """The Triton backend a ``triton`` directory needs (served as it is)."""
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the artifact is a generated network with seeded (random) weights."""
+        return self.format == "synthetic"
 
     @property
     def network(self) -> NetworkSpec:
