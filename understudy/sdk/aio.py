@@ -246,7 +246,8 @@ class AsyncClient:
             return False
         task = asyncio.ensure_future(attempt(route.serving, timeout_s))
         try:
-            done, _ = await asyncio.wait([task, closing], timeout=timeout_s,
+            waits: list[asyncio.Future[Any]] = [task, closing]
+            done, _ = await asyncio.wait(waits, timeout=timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
@@ -261,8 +262,9 @@ class AsyncClient:
 async def _unless_closed(call: Awaitable[T], closing: asyncio.Future[None], app_id: str) -> T:
     """``call``'s result; ClosedError if the client closes first (the call is cancelled)."""
     task = asyncio.ensure_future(call)
+    waits: list[asyncio.Future[Any]] = [task, closing]
     try:
-        await asyncio.wait([task, closing], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
 from understudy.sdk.board import RouteBoard
@@ -37,7 +37,7 @@ from understudy.sdk.transport import RetryableError
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Attempt = Callable[[Location, float], Awaitable[T]]
+Attempt = Callable[[Location, float], Coroutine[Any, Any, T]]
 """One try at one replica, given the seconds left; raises RetryableError or an SdkError."""
 
 
@@ -113,7 +113,8 @@ class Exchange(Generic[T]):
             raise ClosedError(f"{self.app_id}: the client was closed")
         task = asyncio.ensure_future(self.routes.resolve(self.app_id, self.deadline))
         try:
-            await asyncio.wait([task, self.closing], return_when=asyncio.FIRST_COMPLETED)
+            waits: list[asyncio.Future[Any]] = [task, self.closing]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
                 task.cancel()
