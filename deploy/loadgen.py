@@ -16,7 +16,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +53,14 @@ def _samples_of(controller_url: str, app_id: str, token: str | None,
 
 def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
                    stop: threading.Event, image_side: int = 224,
-                   samples: LabelledSamples | None = None) -> None:
-    """Send requests for one app until ``stop`` is set (or the client is closed)."""
+                   samples: Callable[[], LabelledSamples | None] | None = None) -> None:
+    """Send requests for one app until ``stop`` is set (or the client is closed).
+
+    ``samples`` looks up the app's labelled inputs; it runs in this thread, so that a slow
+    controller delays only this app's first request, never the stop.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
+    labelled = samples() if samples is not None else None
     image = np.random.default_rng(abs(hash(app_id)) % 2**32).random(
         (1, 3, image_side, image_side), dtype=np.float32)
     interval = 1.0 / rate
@@ -62,8 +69,8 @@ def run_app_client(client: Client, app_id: str, rate: float, out_dir: Path,
         while not stop.is_set():
             checked: dict[str, object] = {}
             label = None
-            if samples is not None:
-                image, label = samples.next()
+            if labelled is not None:
+                image, label = labelled.next()
             try:
                 result = client.infer(app_id, {"image": image}, ["logits"],
                                       timeout_s=REQUEST_TIMEOUT_S)
@@ -94,8 +101,8 @@ def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate
                     timeout_s=REQUEST_TIMEOUT_S)
     threads = [threading.Thread(target=run_app_client, name=f"client-{app_id}", daemon=True,
                                 args=(client, app_id, rate, out_dir, stop),
-                                kwargs={"samples": _samples_of(controller_url, app_id, token,
-                                                               store)})
+                                kwargs={"samples": partial(_samples_of, controller_url, app_id,
+                                                           token, store)})
                for app_id in app_ids]
     try:
         for thread in threads:
