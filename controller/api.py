@@ -18,9 +18,11 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controller.api_contract import allowed_methods, document_route_errors, routed
 from controller.declarations import Declaration
 from controller.errors import (
     ControllerError,
@@ -64,7 +66,8 @@ from understudy.wire.bounds import MAX_ID_CHARS, NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
-ARTIFACT_FILES = ("manifest.json", "weights.pt")
+ARTIFACT_FILES = {"manifest.json": "application/json", "weights.pt": "application/octet-stream"}
+"""The files of a variant an agent may download, with their media types."""
 READY_CHECK_S = 2.0
 """How long /readyz waits for the records before it says not ready."""
 Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
@@ -87,6 +90,12 @@ class ErrorBody(BaseModel):
     errors: list[FieldError] = Field(default_factory=list)
 
 
+class Readiness(BaseModel):
+    """Whether the controller can serve: started, Redis answering, the records readable."""
+
+    ready: bool
+
+
 def create_app(controller: Controller) -> FastAPI:
     """The FastAPI application over ``controller`` (started by the lifespan)."""
 
@@ -103,7 +112,8 @@ def create_app(controller: Controller) -> FastAPI:
     _install_error_handlers(app)
     # The last one added runs first: the token, size and Redis checks before the key's lookup.
     app.add_middleware(IdempotencyGuard,
-                       log=lambda: getattr(controller.store, "idempotency", None))
+                       log=lambda: getattr(controller.store, "idempotency", None),
+                       routed=lambda scope: routed(app.router.routes, scope))
     app.add_middleware(RequestGuard, token=lambda: controller.settings.token,
                        health=lambda: getattr(controller.store, "health", None))
 
@@ -153,6 +163,7 @@ def _use_error_body(schema: dict[str, Any]) -> None:
                                              "content": content})
             if method.upper() in MUTATING_METHODS and path.startswith("/v1/"):
                 _document_idempotency_key(operation, content)
+    document_route_errors(schema, content)
 
 
 def _document_idempotency_key(operation: dict[str, Any], content: dict[str, Any]) -> None:
@@ -191,13 +202,15 @@ def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], response_model=Readiness, responses={
+        503: {"model": Readiness, "description": "Not ready: starting, or Redis or the "
+                                                 "records unreadable"}})
     async def readyz() -> JSONResponse:
         ok = controller.ready and controller.store is not None and \
             await controller.store.ping() and await _records_readable(controller)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> Response:
         # In a Redis outage the gauges keep their last values; the outage's figures are here.
         with contextlib.suppress(RedisUnavailableError):
@@ -368,7 +381,9 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
         await websocket.accept()
         await controller.agents.serve(websocket)
 
-    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"])
+    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"],
+             response_class=FileResponse, responses={200: {
+                 "description": "The file", "content": {t: {} for t in ARTIFACT_FILES.values()}}})
     async def artifact(
             variant: Annotated[str, Path(max_length=MAX_ID_CHARS, pattern=NAME_PATTERN)],
             name: str) -> FileResponse:
@@ -382,10 +397,21 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
             # The store's message may name its directory; the caller learns only "unknown".
             logger.info("artifact %s/%s not served: %s", variant, name, exc)
             raise NotFoundError(f"unknown variant {variant!r}") from exc
-        return FileResponse(entry.directory / name)
+        return FileResponse(entry.directory / name, media_type=ARTIFACT_FILES[name])
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's 405 lists the methods of the first route that matched the path only.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(app.router.routes, request.url.path))
+        if exc.status_code in (204, 304):
+            return Response(status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code,
+                            headers=headers)
+
     @app.exception_handler(ControllerError)
     async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else \
