@@ -74,6 +74,10 @@ Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
 """A filter's id or name (bounded like every id)."""
 IdInPath = Annotated[str, Path(max_length=MAX_ID_CHARS)]
 """An app or server id in a path (an overlong one is a 422, not echoed back in a 404)."""
+MAX_SEQ = 2**63 - 1
+"""Largest sequence number (an event's is its Redis stream entry id, a 64-bit number: a
+larger ``since`` made Redis refuse the range, a 500)."""
+Since = Annotated[int, Query(ge=0, le=MAX_SEQ)]
 
 
 class FieldError(BaseModel):
@@ -326,19 +330,19 @@ def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list
 def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
 
     @app.get("/v1/events", tags=["events"])
-    async def events(since: Annotated[int, Query(ge=0)] = 0, app_id: Name = None,
+    async def events(since: Since = 0, app_id: Name = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[Event]:
         return await controller.store.events(since, app_id, limit)  # type: ignore[union-attr]
 
     @app.websocket("/v1/events/ws")
     async def event_stream(websocket: WebSocket,
-                           since: Annotated[int | None, Query(ge=0)] = None,
+                           since: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
                            app_id: Name = None) -> None:
         await websocket.accept()
         await _stream_events(websocket, controller.events.subscribe(app_id, since))
 
     @app.get("/v1/declarations", tags=["servers"])
-    async def declarations(since: Annotated[int, Query(ge=0)] = 0,
+    async def declarations(since: Since = 0,
                            limit: Annotated[int, Query(ge=1, le=1000)] = 1000
                            ) -> list[Declaration]:
         """Every failure declaration (true or false), oldest first, with the apps it moved."""

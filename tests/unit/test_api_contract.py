@@ -111,3 +111,12 @@ def test_a_method_the_path_lacks_is_a_405_whatever_its_idempotency_key() -> None
     refused = _call(routed_guard, "PUT", "/v1/apps", headers={"Idempotency-Key": "k1"},
                     json={})
     assert refused.status_code == 422 and "different request" in refused.text
+
+
+@pytest.mark.parametrize("path", ["/v1/events?since=18446744073709551616",
+                                  "/v1/declarations?since=9223372036854775808"])
+def test_a_sequence_number_past_64_bits_is_a_422(app: Any, path: str) -> None:
+    # Redis stream ids are 64-bit: the range of a larger one was refused by Redis (a 500).
+    response = _call(app, "GET", path, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == "query.since"
