@@ -411,6 +411,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(allowed_methods(app.router.routes, request.url.path))
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it could not parse at all (not UTF-8, nested past the
+            # recursion limit): bad input like any other, so the same 422 and body.
+            return JSONResponse({"detail": "invalid request", "errors": [
+                {"field": "body", "message": str(exc.detail)}]}, status_code=422)
         if exc.status_code in (204, 304):
             return Response(status_code=exc.status_code, headers=headers)
         return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code,

@@ -60,13 +60,17 @@ def document_route_errors(schema: dict[str, Any], content: dict[str, Any]) -> No
 
 
 def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
-    """Every method some route of ``path`` takes (for a 405's ``Allow``)."""
-    methods: set[str] = set()
-    for route in routes:
-        regex = getattr(route, "path_regex", None)
-        if getattr(route, "methods", None) and regex is not None and regex.match(path):
-            methods.update(route.methods)
-    return sorted(methods)
+    """Every method the routes of ``path`` take (for a 405's ``Allow``).
+
+    As OpenAPI reads paths, a concrete path is matched before a templated one: when a route
+    without parameters matches (``/v1/apps/batch``), only such routes count, not the ones that
+    would take it as a parameter (``/v1/apps/{app_id}``).
+    """
+    matching = [route for route in routes if getattr(route, "methods", None)
+                and getattr(route, "path_regex", None) is not None
+                and route.path_regex.match(path)]
+    concrete = [route for route in matching if not getattr(route, "param_convertors", None)]
+    return sorted({method for route in concrete or matching for method in route.methods})
 
 
 def routed(routes: Iterable[Any], scope: Any) -> bool:

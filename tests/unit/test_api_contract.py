@@ -74,6 +74,7 @@ def test_non_json_answers_are_documented_with_their_media_type(app: Any) -> None
     ("PUT", "/v1/apps/a1", "DELETE, GET"),
     ("OPTIONS", "/v1/graphs/g1", "DELETE, GET"),
     ("PUT", "/v1/apps", "GET, POST"),
+    ("OPTIONS", "/v1/apps/batch", "POST"),  # the concrete path, not /v1/apps/{app_id}
 ])
 def test_a_405_allows_every_method_of_the_path(app: Any, method: str, path: str,
                                                 allowed: str) -> None:
@@ -120,3 +121,12 @@ def test_a_sequence_number_past_64_bits_is_a_422(app: Any, path: str) -> None:
     response = _call(app, "GET", path, headers=AUTH)
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["field"] == "query.since"
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe\x00", b"[" * 200_000])
+def test_a_body_that_does_not_parse_is_a_422_like_other_bad_input(app: Any, body: bytes) -> None:
+    response = _call(app, "POST", "/v1/apps", content=body,
+                     headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "invalid request"
+    assert response.json()["errors"][0]["field"] == "body"
