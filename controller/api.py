@@ -18,9 +18,11 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controller.api_contract import allowed_methods, document_route_errors, routed
 from controller.declarations import Declaration
 from controller.errors import (
     ControllerError,
@@ -65,12 +67,20 @@ from understudy.wire.bounds import MAX_ID_CHARS, NAME_PATTERN
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+ARTIFACT_MEDIA_TYPES = {MANIFEST_NAME: "application/json"}
+"""Media types of a variant's files; its one artifact file (weights.pt, model.onnx, ...) is
+application/octet-stream."""
+OCTET_STREAM = "application/octet-stream"
 READY_CHECK_S = 2.0
 """How long /readyz waits for the records before it says not ready."""
 Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
 """A filter's id or name (bounded like every id)."""
 IdInPath = Annotated[str, Path(max_length=MAX_ID_CHARS)]
 """An app or server id in a path (an overlong one is a 422, not echoed back in a 404)."""
+MAX_SEQ = 2**63 - 1
+"""Largest sequence number (an event's is its Redis stream entry id, a 64-bit number: a
+larger ``since`` made Redis refuse the range, a 500)."""
+Since = Annotated[int, Query(ge=0, le=MAX_SEQ)]
 
 
 class FieldError(BaseModel):
@@ -85,6 +95,12 @@ class ErrorBody(BaseModel):
 
     detail: str
     errors: list[FieldError] = Field(default_factory=list)
+
+
+class Readiness(BaseModel):
+    """Whether the controller can serve: started, Redis answering, the records readable."""
+
+    ready: bool
 
 
 def create_app(controller: Controller) -> FastAPI:
@@ -103,7 +119,8 @@ def create_app(controller: Controller) -> FastAPI:
     _install_error_handlers(app)
     # The last one added runs first: the token, size and Redis checks before the key's lookup.
     app.add_middleware(IdempotencyGuard,
-                       log=lambda: getattr(controller.store, "idempotency", None))
+                       log=lambda: getattr(controller.store, "idempotency", None),
+                       routed=lambda scope: routed(app.router.routes, scope))
     app.add_middleware(RequestGuard, token=lambda: controller.settings.token,
                        health=lambda: getattr(controller.store, "health", None))
 
@@ -153,6 +170,7 @@ def _use_error_body(schema: dict[str, Any]) -> None:
                                              "content": content})
             if method.upper() in MUTATING_METHODS and path.startswith("/v1/"):
                 _document_idempotency_key(operation, content)
+    document_route_errors(schema, content)
 
 
 def _document_idempotency_key(operation: dict[str, Any], content: dict[str, Any]) -> None:
@@ -191,13 +209,15 @@ def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) ->
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], response_model=Readiness, responses={
+        503: {"model": Readiness, "description": "Not ready: starting, or Redis or the "
+                                                 "records unreadable"}})
     async def readyz() -> JSONResponse:
         ok = controller.ready and controller.store is not None and \
             await controller.store.ping() and await _records_readable(controller)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> Response:
         # In a Redis outage the gauges keep their last values; the outage's figures are here.
         with contextlib.suppress(RedisUnavailableError):
@@ -313,19 +333,19 @@ def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list
 def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
 
     @app.get("/v1/events", tags=["events"])
-    async def events(since: Annotated[int, Query(ge=0)] = 0, app_id: Name = None,
+    async def events(since: Since = 0, app_id: Name = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[Event]:
         return await controller.store.events(since, app_id, limit)  # type: ignore[union-attr]
 
     @app.websocket("/v1/events/ws")
     async def event_stream(websocket: WebSocket,
-                           since: Annotated[int | None, Query(ge=0)] = None,
+                           since: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
                            app_id: Name = None) -> None:
         await websocket.accept()
         await _stream_events(websocket, controller.events.subscribe(app_id, since))
 
     @app.get("/v1/declarations", tags=["servers"])
-    async def declarations(since: Annotated[int, Query(ge=0)] = 0,
+    async def declarations(since: Since = 0,
                            limit: Annotated[int, Query(ge=1, le=1000)] = 1000
                            ) -> list[Declaration]:
         """Every failure declaration (true or false), oldest first, with the apps it moved."""
@@ -368,7 +388,9 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
         await websocket.accept()
         await controller.agents.serve(websocket)
 
-    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"])
+    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"],
+             response_class=FileResponse, responses={200: {
+                 "description": "The file", "content": {"application/json": {}, OCTET_STREAM: {}}}})
     async def artifact(
             variant: Annotated[str, Path(max_length=MAX_ID_CHARS, pattern=NAME_PATTERN)],
             name: str) -> FileResponse:
@@ -383,10 +405,27 @@ def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating:
         # Only the manifest and the one artifact file it names (weights.pt, model.onnx, ...).
         if name not in (MANIFEST_NAME, entry.manifest.weights_file):
             raise NotFoundError(f"no artifact named {name[:MAX_ID_CHARS]!r}")
-        return FileResponse(entry.directory / name)
+        return FileResponse(entry.directory / name,
+                            media_type=ARTIFACT_MEDIA_TYPES.get(name, OCTET_STREAM))
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's 405 lists the methods of the first route that matched the path only.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(app.router.routes, request.url.path))
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it could not parse at all (not UTF-8, nested past the
+            # recursion limit): bad input like any other, so the same 422 and body.
+            return JSONResponse({"detail": "invalid request", "errors": [
+                {"field": "body", "message": str(exc.detail)}]}, status_code=422)
+        if exc.status_code in (204, 304):
+            return Response(status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code,
+                            headers=headers)
+
     @app.exception_handler(ControllerError)
     async def controller_error(_: Request, exc: ControllerError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else \

@@ -177,15 +177,19 @@ class _Recorder:
 class IdempotencyGuard:
     """ASGI middleware: mutating ``/v1`` calls with an ``Idempotency-Key`` run at most once."""
 
-    def __init__(self, app: Any, log: Callable[[], IdempotencyLog | None]) -> None:
+    def __init__(self, app: Any, log: Callable[[], IdempotencyLog | None],
+                 routed: Callable[[Any], bool] = lambda scope: True) -> None:
         self.app = app
         self.log = log
+        self.routed = routed
+        """Whether a route takes the request: one that none takes (a method its path does not
+        have: 405) is the router's to answer, whatever its key; and it applies nothing."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         log = self.log()
         key = Headers(scope=scope).get(HEADER) if scope["type"] == "http" else None
         if key is None or log is None or scope["method"] not in MUTATING_METHODS or \
-                not scope["path"].startswith("/v1/"):
+                not scope["path"].startswith("/v1/") or not self.routed(scope):
             await self.app(scope, receive, send)
             return
         if not KEY_PATTERN.match(key):

@@ -54,7 +54,8 @@ class _Doc(BaseModel):
 class AppSpec(BaseModel):
     """An application registration (the body of ``POST /v1/apps``)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: a body is JSON of the schema's types (0 is not false, "5" not a number).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     app_id: str = Field(pattern=ID_PATTERN, description="unique id; letters, digits, _ . -")
     family: str = Field(min_length=1, max_length=MAX_FAMILY_CHARS, pattern=NAME_PATTERN,
@@ -210,7 +211,7 @@ class RuntimeConfig(BaseModel):
 class ConfigPatch(BaseModel):
     """Body of ``PATCH /v1/config``: any subset of :class:`RuntimeConfig`."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     alpha: float | None = Field(None, ge=0, lt=1)
     heartbeat_interval_ms: HeartbeatIntervalMs | None = None

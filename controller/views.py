@@ -59,7 +59,7 @@ class AppView(BaseModel):
 class AppBatch(BaseModel):
     """Body of ``POST /v1/apps/batch``: up to 1000 app registrations."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     apps: list[AppSpec] = Field(min_length=1, max_length=MAX_BATCH)
 

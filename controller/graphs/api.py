@@ -28,7 +28,7 @@ MAX_VALUES = 1_000_000
 class TensorIn(BaseModel):
     """An input tensor as a flat list of numbers, with an optional shape."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     values: list[float] = Field(max_length=MAX_VALUES)
     shape: list[int] | None = None
@@ -53,7 +53,7 @@ class TensorIn(BaseModel):
 class GraphRequestIn(BaseModel):
     """Body of ``POST /v1/graphs/{name}/requests``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: dict[str, TensorIn]
     """Entry operator -> its input tensor."""

@@ -40,10 +40,11 @@ class GraphStatus(StrEnum):
 class GraphRegistration(BaseModel):
     """Body of ``POST /v1/graphs``: the graph and how to run it."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: JSON of the schema's types (0 is not false); the mode is a string on the wire.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     spec: GraphSpec
-    mode: Mode = Mode.NSPB
+    mode: Mode = Field(Mode.NSPB, strict=False)
     spares: int = Field(2, ge=0, le=32)
     """Hot standbys (blank replica processes) kept on live servers."""
     observe: bool = False

@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from controller.redis_server import RedisServer
 from deploy.testbed import wait_until
-from understudy.wire.artifacts import Manifest
+from tests.integration.hostile_fixtures import artifact_store
 from understudy.wire.ports import free_port
 from understudy.wire.protocol import AGENT_WS_PATH, MAX_FRAME_BYTES
 
@@ -43,8 +43,6 @@ BAD_SERVERS = {
 }
 GOOD_DECLARATION = {"seq": 1, "server_id": "s1", "reason": "missed heartbeats",
                     "detected_at": 10.0, "last_seen": 9.9}
-VARIANTS = {"mobilenet_v3": ("mobilenet_v3_small", "mobilenet_v3_large"),
-            "shufflenet_v2": ("shufflenet_v2_x0_5",)}
 
 
 @dataclass
@@ -76,20 +74,6 @@ def _seed(client: redis.Redis) -> None:
     client.set("us:declaration_seq", "2")
 
 
-def _artifact_store(root: Path) -> Path:
-    """A store of three variants (manifests and placeholder weights; nothing loads them)."""
-    for family, variants in VARIANTS.items():
-        for variant in variants:
-            directory = root / family / variant
-            directory.mkdir(parents=True)
-            (directory / "weights.pt").write_bytes(b"w")
-            (directory / "manifest.json").write_text(Manifest(
-                family=family, variant=variant, profiled_size_mb=1.0, scale=0.1,
-                weights_mb=0.1, weights_sha256="0" * 64, spec={"width": 8},
-                max_batch_size=1).model_dump_json())
-    return root
-
-
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     run_dir = tmp_path_factory.mktemp("hostile")
@@ -97,7 +81,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]
     server.start()
     client = redis.Redis.from_url(server.url, decode_responses=True)
     _seed(client)
-    artifacts = _artifact_store(run_dir / "artifacts")
+    artifacts = artifact_store(run_dir / "artifacts")
     port = free_port()
     log = run_dir / "controller.log"
     with log.open("w") as out:
