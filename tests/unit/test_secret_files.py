@@ -98,3 +98,23 @@ def test_redis_config_quotes_values_and_requires_the_password(tmp_path: Path) ->
     assert 'requirepass "p\\"w\\\\x"' in lines
     with pytest.raises(ValueError, match="control characters"):
         config_value("a\nrequirepass x")
+
+
+def test_the_controller_takes_the_redis_password_from_a_file_before_the_environment(
+        tmp_path: Path) -> None:
+    from controller.service import Controller, ControllerSettings
+    from understudy.cli.controller import ENV_PREFIX, REDIS_PASSWORD_ENV
+    from understudy.wire.settings import resolve
+
+    environ = {REDIS_PASSWORD_ENV: "from-env"}
+    flags = {"redis_url": "redis://10.0.0.5:6379/0", "run_dir": tmp_path}
+    settings = resolve(ControllerSettings, flags, ENV_PREFIX,
+                       env_names={"redis_password": REDIS_PASSWORD_ENV}, environ=environ)
+    assert "from-env" not in repr(settings)  # a SecretStr: not in a logged settings object
+    assert Controller(settings).redis_password() == "from-env"
+    file = write_secret_file(tmp_path / "password", "from-file\n")
+    settings = resolve(ControllerSettings, {**flags, "redis_password_file": file}, ENV_PREFIX,
+                       env_names={"redis_password": REDIS_PASSWORD_ENV}, environ=environ)
+    assert Controller(settings).redis_password() == "from-file"
+    settings = resolve(ControllerSettings, flags, ENV_PREFIX, environ={})
+    assert Controller(settings).redis_password() is None
