@@ -2,9 +2,10 @@
 
 Triton comes from the ``nvidia-pytriton`` wheel (``pytriton/tritonserver``). It runs in explicit
 model-control mode with ``--disable-auto-complete-config`` (a small model then loads in ~0.1 s
-instead of ~1.3 s), bound to 127.0.0.1 on the ports given. Beside it runs the per-server torch
-runtime (:mod:`model_repo.runtime`) that the generated models use, so that a model's load time
-is its own and not the cost of importing torch again.
+instead of ~1.3 s), bound to 127.0.0.1 (or the one address given) on the ports given. Beside it
+runs the per-server torch runtime (:mod:`model_repo.runtime`) that the generated models use, so
+that a model's load time is its own and not the cost of importing torch again.
+Model control is the agent's alone (:mod:`agent.triton_access`).
 
 Only this module calls ``tritonclient`` on behalf of the agent and the profiler.
 """
@@ -29,7 +30,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.processes import child_setup
+from agent.triton_access import (
+    MODEL_CONTROL_HEADER,
+    MODEL_CONTROL_KEY_FILE,
+    bind_address,
+    is_every_interface,
+    restriction_args,
+)
 from model_repo.native_backend import NATIVE_BACKEND, BackendChoice, resolve_backend
+from understudy.wire.secret_files import new_secret, write_secret_file
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +120,8 @@ class TritonConfig(BaseModel):
     grpc_port: int = Field(gt=0, lt=65536)
     metrics_port: int = Field(gt=0, lt=65536)
     host: str = "127.0.0.1"
-    """Address Triton binds to (0.0.0.0 in a container)."""
+    """Address Triton binds to: loopback by default, or one private interface's address or
+    host name (a name is resolved to its IPv4 address at start)."""
     advertise_host: str | None = None
     """Host name clients use to reach Triton (default: ``host``)."""
     model_load_threads: int = Field(2, ge=1)
@@ -150,6 +160,9 @@ class TritonConfig(BaseModel):
         """``host:port`` clients elsewhere use."""
         return f"{self.advertise_host or self.local_host}:{port}"
 
+    def bind_address(self) -> str:
+        """The IP address Triton listens on (a host name resolved)."""
+        return bind_address(self.host)
 
 
 
@@ -184,6 +197,9 @@ class TritonServer:
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = config.work_dir / "tritonserver.log"
         self.runtime_socket = config.work_dir / "torch-runtime.sock"
+        self.control_key_file = config.work_dir / MODEL_CONTROL_KEY_FILE
+        self._control_key = new_secret()
+        """Model control's key: new at every start, known to this object and the key file."""
         self.model_backend, self._native_library = resolve_backend(config.model_backend,
                                                                    config.use_runtime)
         """The backend name the models' config.pbtxt must carry on this server."""
@@ -222,17 +238,22 @@ class TritonServer:
         return env
 
     def command(self) -> list[str]:
-        """The ``tritonserver`` command line."""
+        """The ``tritonserver`` command line.
+
+        It holds the model-control key (see :func:`agent.triton_access.restriction_args`).
+        """
         c = self.config
+        address = c.bind_address()
         return [
             str(self.install.binary),
             f"--model-repository={c.model_repository}",
             "--model-control-mode=explicit",
             "--disable-auto-complete-config",
             f"--backend-directory={self._backend_dir()}",
-            f"--http-address={c.host}", f"--http-port={c.http_port}",
-            f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
-            f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
+            f"--http-address={address}", f"--http-port={c.http_port}",
+            f"--grpc-address={address}", f"--grpc-port={c.grpc_port}",
+            f"--metrics-address={address}", f"--metrics-port={c.metrics_port}",
+            *restriction_args(self._control_key),
             f"--model-load-thread-count={c.model_load_threads}",
             "--exit-timeout-secs=5",
             f"--log-verbose={c.log_verbose}",
@@ -245,6 +266,11 @@ class TritonServer:
         self.config.model_repository.mkdir(parents=True, exist_ok=True)
         if self.config.use_runtime:
             self._start_runtime()
+        self._control_key = new_secret()
+        write_secret_file(self.control_key_file, self._control_key + "\n")
+        if is_every_interface(self.config.bind_address()):
+            logger.warning("Triton listens on every interface (%s): every network this server "
+                           "is on reaches its inference endpoints", self.config.host)
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
@@ -418,10 +444,15 @@ class TritonServer:
             self._close_client()
             raise TritonUnavailableError(f"{what}: Triton did not answer ({exc})") from exc
 
+    def _control(self) -> dict[str, str]:
+        """Headers of a model-control call (this start's key)."""
+        return {MODEL_CONTROL_HEADER: self._control_key}
+
     def load(self, model_name: str) -> float:
         """Load (or reload) a model; returns the wall time of the load call in seconds."""
         started = time.perf_counter()
-        self._call(f"load {model_name}", self._http().load_model, model_name)
+        self._call(f"load {model_name}", self._http().load_model, model_name,
+                   headers=self._control())
         return time.perf_counter() - started
 
     def unload(self, model_name: str, wait: bool = True, timeout_s: float = 60.0) -> float:
@@ -432,7 +463,8 @@ class TritonServer:
         its worker (and the worker's memory) is gone.
         """
         started = time.perf_counter()
-        self._call(f"unload {model_name}", self._http().unload_model, model_name)
+        self._call(f"unload {model_name}", self._http().unload_model, model_name,
+                   headers=self._control())
         deadline = time.monotonic() + timeout_s
         while wait and self._still_loaded(model_name):
             if time.monotonic() > deadline:
@@ -457,7 +489,8 @@ class TritonServer:
         for attempt in range(3):
             try:
                 return list(self._call("repository index",
-                                       self._http().get_model_repository_index))
+                                       self._http().get_model_repository_index,
+                                       headers=self._control()))
             except ModelLoadError as exc:
                 if "failed to stat" not in str(exc) or attempt == 2:
                     raise

@@ -375,17 +375,22 @@ def run_fault(bed: Testbed, index: int, kind: str, rng: random.Random, sampler: 
 # --- the end: Tritons, leftovers ----------------------------------------------------------------
 
 
-def triton_ready(servers: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
-    """Server -> models its Triton reports READY (servers whose Triton did not answer: absent)."""
+def triton_ready(bed: Testbed, servers: Sequence[dict[str, Any]]) -> dict[str, set[str]]:
+    """Server -> models its Triton reports READY (servers whose Triton did not answer: absent).
+
+    The repository index is model control, which each Triton answers only with its agent's key
+    (read from the agent's run directory).
+    """
     held: dict[str, set[str]] = {}
     with httpx.Client(timeout=10.0) as http:
         for server in servers:
             if not server.get("http"):
                 continue
             try:
-                response = http.post(f"http://{server['http']}/v2/repository/index", json={})
+                response = http.post(f"http://{server['http']}/v2/repository/index", json={},
+                                     headers=bed.triton_control_headers(server["server_id"]))
                 response.raise_for_status()
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, OSError) as exc:
                 logger.warning("Triton of %s did not answer: %s", server["server_id"], exc)
                 continue
             held[server["server_id"]] = {e["name"] for e in response.json()
@@ -401,7 +406,7 @@ def final_check(bed: Testbed, sampler: Sampler) -> dict[str, Any]:
         if attempt:
             time.sleep(2.0)
         before = sampler.take()
-        held = triton_ready(bed.servers())
+        held = triton_ready(bed, bed.servers())
         after = sampler.take()
         if before is None or after is None:
             continue

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from controller.agents import AgentHub
 from controller.artifacts import ArtifactCatalog
@@ -29,11 +29,12 @@ from controller.orchestrator import Orchestrator
 from controller.prefetch import InterimPrefetcher
 from controller.reconciler import Reconciler
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
-from controller.redis_server import RedisServer
+from controller.redis_server import RedisServer, with_password
 from controller.returns import ServerReturns
 from controller.store import Store
 from controller.warm_plan import WarmPlanner
 from model_repo.profiles import load_families
+from understudy.wire.secret_files import read_secret_file, redact_url, url_has_password
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,13 @@ class ControllerSettings(BaseModel):
     port: int = Field(8000, ge=0, lt=65536)
     run_dir: Path = Path("runs/controller")
     redis_url: str | None = None
-    """None: start a private redis-server under ``run_dir/redis`` (the embedded default)."""
+    """None: start a private redis-server under ``run_dir/redis`` (the embedded default, with a
+    password generated into ``run_dir/redis/password``)."""
+    redis_password_file: Path | None = None
+    """File (mode 0600) with the password of the Redis at ``redis_url``."""
+    redis_password: SecretStr | None = None
+    """The password of the Redis at ``redis_url`` (from ``UNDERSTUDY_REDIS_PASSWORD``; a file
+    wins over it)."""
     token: str | None = None
     artifacts: Path | None = None
     """Artifact store served to agents at /v1/artifacts."""
@@ -87,6 +94,11 @@ class Controller:
             self.redis_server = RedisServer(self.settings.run_dir / "redis")
             await asyncio.to_thread(self.redis_server.start)
             url = self.redis_server.url
+        else:
+            url = with_password(url, self.redis_password())
+            if not url_has_password(url):
+                logger.warning("Redis at %s is used without a password: anyone who reaches it "
+                               "can rewrite the cluster's state (--redis-password-file)", url)
         self.store = Store(url)
         self.metrics.watch_redis(self.store.health.stats)
         config = await self.store.config() or RuntimeConfig()
@@ -146,8 +158,16 @@ class Controller:
             pace_collector(self.executor.no_urgent_loads))
         self._reconcile = asyncio.ensure_future(self.reconciler.run_forever())
         self.ready = True
-        logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", url,
+        logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", redact_url(url),
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
+
+    def redis_password(self) -> str | None:
+        """The external Redis's password: the file's, else the environment's, else none."""
+        if self.settings.redis_password_file is not None:
+            return read_secret_file(self.settings.redis_password_file)
+        if self.settings.redis_password is not None:
+            return self.settings.redis_password.get_secret_value()
+        return None
 
     async def _free_capacity(self) -> dict[str, dict[str, float]]:
         """Each live server's capacity left after its app placements (graph replicas' room)."""

@@ -44,6 +44,23 @@ TOKEN_REF = f"${{{TOKEN_ENV}:?{TOKEN_ENV} must be set}}"
 """Compose interpolation of the shared bearer token; ``docker compose`` refuses to start without it
 (an empty token must never reach the controller)."""
 
+REDIS_PASSWORD_ENV = "UNDERSTUDY_REDIS_PASSWORD"
+REDIS_PASSWORD_REF = f"${{{REDIS_PASSWORD_ENV}:?{REDIS_PASSWORD_ENV} must be set}}"
+"""Compose interpolation of the Redis password, given to the redis and controller containers in
+their environment (never on a command line); compose refuses to start without it."""
+
+_REDIS_START = (
+    # The password goes from the environment into a config file only the redis user reads;
+    # the image's entrypoint then runs redis-server as that user (exec: PID 1, so `docker stop`
+    # reaches it and the append-only file is flushed). `$$` is a literal `$` for compose.
+    "set -e; umask 077; "
+    'test -n "$$REDISCLI_AUTH" || { echo "no Redis password" >&2; exit 1; }; '
+    "printf 'requirepass \"%s\"\\n' \"$$REDISCLI_AUTH\" > /tmp/redis.conf; "
+    "chown redis /tmp/redis.conf; "
+    "exec docker-entrypoint.sh redis-server /tmp/redis.conf --appendonly yes"
+)
+"""The redis container's start script (``sh -c``)."""
+
 DEFAULT_CLIENT_RATE = 5.0
 """Requests per second each app's client sends."""
 
@@ -61,7 +78,7 @@ HEADER = """\
 # Regenerate with:  python -m deploy.compose > docker-compose.yml
 # (tests/unit/test_compose.py fails when this file and the generator disagree.)
 #
-# Start:  UNDERSTUDY_TOKEN=<secret> docker compose up --build
+# Start:  UNDERSTUDY_TOKEN=<secret> UNDERSTUDY_REDIS_PASSWORD=<secret> docker compose up --build
 # See README.md, section "Containers (docker-compose)".
 """
 
@@ -80,13 +97,20 @@ def _image(image: str, dockerfile: str, *, builds: bool) -> dict[str, Any]:
 
 
 def redis_service() -> dict[str, Any]:
-    """Redis with its append-only file on the ``redis-data`` volume (the durable state)."""
+    """Redis with its append-only file on the ``redis-data`` volume (the durable state).
+
+    It requires the password ``$UNDERSTUDY_REDIS_PASSWORD`` (``requirepass``, written into a
+    config file at start); ``REDISCLI_AUTH`` is the variable ``redis-cli`` takes it from, so the
+    health check authenticates without it on a command line. No port is published: only the
+    controller, on the compose network, reaches it.
+    """
     return {
         "image": "redis:7",
-        "command": ["redis-server", "--appendonly", "yes"],
+        "command": ["sh", "-c", _REDIS_START],
+        "environment": {"REDISCLI_AUTH": REDIS_PASSWORD_REF},
         "volumes": ["redis-data:/data"],
-        "healthcheck": {"test": ["CMD", "redis-cli", "ping"], "interval": "5s",
-                        "timeout": "3s", "retries": 10},
+        "healthcheck": {"test": ["CMD-SHELL", "redis-cli ping | grep -q PONG"],
+                        "interval": "5s", "timeout": "3s", "retries": 10},
         "restart": "unless-stopped",
     }
 
@@ -110,6 +134,7 @@ def controller_service() -> dict[str, Any]:
                     "--port", str(CONTROLLER_PORT), "--redis-url", REDIS_URL,
                     "--run-dir", CONTROLLER_RUN_DIR, "--artifacts", ARTIFACTS_DIR,
                     "--token", TOKEN_REF],
+        "environment": {REDIS_PASSWORD_ENV: REDIS_PASSWORD_REF},
         "ports": [f"{CONTROLLER_PORT}:{CONTROLLER_PORT}"],
         "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro", f"controller-state:{CONTROLLER_RUN_DIR}"],
         "depends_on": {
@@ -132,6 +157,9 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
     so six agents registering at once do not pull gigabytes through the controller.
     ``shm_size`` and ``ulimits`` are what NVIDIA recommends for Triton containers (the Python
     backend passes tensors through ``/dev/shm``, 64 MB by default in Docker).
+    Triton listens on the container's address on the compose network (its host name, resolved
+    by the agent), not on 0.0.0.0, and publishes no port: the clients reach it on the compose
+    network, and only its agent can load or unload models (``agent/triton.py``).
     """
     return {
         **_image(AGENT_IMAGE, AGENT_DOCKERFILE, builds=builds_image),
@@ -145,7 +173,8 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
                     "--http-port", str(TRITON_PORTS["http"]),
                     "--grpc-port", str(TRITON_PORTS["grpc"]),
                     "--metrics-port", str(TRITON_PORTS["metrics"]),
-                    "--triton-host", "0.0.0.0", "--advertise-host", agent_name(server)],
+                    "--triton-address", agent_name(server),
+                    "--advertise-host", agent_name(server)],
         "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro"],
         "expose": [str(port) for port in TRITON_PORTS.values()],
         "shm_size": "1gb",

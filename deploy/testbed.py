@@ -35,6 +35,8 @@ from typing import Any
 import httpx
 
 from agent.repository import CACHE_DIR
+from agent.triton_access import model_control_headers
+from controller.redis_server import redis_config, with_password
 from deploy.topology import Topology, capacity_arg
 from deploy.workload import (
     DEFAULT_RATE_RPS,
@@ -49,10 +51,13 @@ from deploy.workload import (
 from model_repo.artifacts import DEFAULT_SCALE, build_store
 from model_repo.profiles import family_from_document, load_family_documents
 from understudy.wire.ports import free_port
+from understudy.wire.secret_files import new_secret, read_secret_file, write_secret_file
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "testbed.json"
+REDIS_PASSWORD_FILE = "redis.password"
+REDIS_CONFIG_FILE = "redis.conf"
 DATA_PLANE_NICE = 5
 """Triton and the load generators run at this niceness: on a small shared CPU the control
 plane (heartbeats every 20 ms) must not queue behind inference."""
@@ -94,6 +99,8 @@ class TestbedState:
     policy: str = "understudy"
     artifact_mirror: bool = True
     """Agents link verified weights from the local store instead of downloading them."""
+    redis_password_file: str = ""
+    """The Redis password (mode 0600, new at each ``up``); the controller reads it from there."""
 
     def save(self) -> None:
         """Write atomically to ``<run_dir>/testbed.json``."""
@@ -288,15 +295,11 @@ class Testbed:
     @classmethod
     def _start_processes(cls, state: TestbedState, topology: Topology, heartbeat_ms: float,
                          timeout_s: float) -> Testbed:
-        run_dir = Path(state.run_dir)
-        _spawn(state, "redis", ["redis-server", "--bind", "127.0.0.1", "--port",
-                                str(state.redis_port), "--dir", str(run_dir),
-                                "--appendonly", "yes", "--appendfsync", "everysec",
-                                "--save", ""], nice=CONTROL_PLANE_NICE)
         port = free_port()
         state.controller_url = f"http://127.0.0.1:{port}"
         state.save()
         testbed = cls(state)
+        testbed.start_redis()
         testbed.start_controller(heartbeat_ms)
         for spec in topology.servers:
             state.servers[spec.server_id] = {"site_id": spec.site_id,
@@ -307,12 +310,28 @@ class Testbed:
                    timeout_s, 0.25)
         return testbed
 
+    def start_redis(self) -> ProcessInfo:
+        """Start Redis with a new password.
+
+        The password reaches redis-server in its config file and the controller in a file of
+        its own (both 0600 in the run directory), never on a command line.
+        """
+        run_dir = Path(self.state.run_dir)
+        password = new_secret()
+        self.state.redis_password_file = str(write_secret_file(run_dir / REDIS_PASSWORD_FILE,
+                                                               password + "\n"))
+        config = write_secret_file(run_dir / REDIS_CONFIG_FILE, redis_config(
+            bind="127.0.0.1", port=self.state.redis_port, data_dir=run_dir, password=password))
+        return _spawn(self.state, "redis", ["redis-server", str(config)],
+                      nice=CONTROL_PLANE_NICE)
+
     def start_controller(self, heartbeat_ms: float = 20.0) -> ProcessInfo:
         """Start (or restart) the controller and wait until it is ready."""
         port = self.state.controller_url.rsplit(":", 1)[1]
         info = _spawn(self.state, "controller", _understudy(
             "controller", "--port", port, "--run-dir", str(Path(self.state.run_dir) / "ctl"),
             "--redis-url", f"redis://127.0.0.1:{self.state.redis_port}/0",
+            "--redis-password-file", self.state.redis_password_file,
             "--token", self.state.token, "--artifacts", self.state.artifacts,
             "--heartbeat-ms", str(heartbeat_ms), "--policy", self.state.policy),
             nice=CONTROL_PLANE_NICE)
@@ -333,6 +352,18 @@ class Testbed:
             "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
             "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)),
             nice=CONTROL_PLANE_NICE)
+
+    def redis_url(self) -> str:
+        """The testbed Redis's URL with its password (for tools and tests; never log it)."""
+        url = f"redis://127.0.0.1:{self.state.redis_port}/0"
+        if not self.state.redis_password_file:
+            return url
+        return with_password(url, read_secret_file(Path(self.state.redis_password_file)))
+
+    def triton_control_headers(self, server_id: str) -> dict[str, str]:
+        """The header that lets a check control ``server_id``'s Triton (its current key)."""
+        work_dir = Path(self.state.run_dir) / "agents" / server_id / "triton"
+        return model_control_headers(work_dir)
 
     def _ready(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):

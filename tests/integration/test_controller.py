@@ -340,12 +340,12 @@ def test_the_reconciler_repairs_what_no_event_told_the_controller(testbed: Testb
                                              f'"{ghost}"'.encode())
             (repository / ghost / path.relative_to(source)).write_bytes(text)
     triton = _triton(testbed, server_id)
-    triton.load_model(ghost)
+    triton.load_model(ghost, headers=testbed.triton_control_headers(server_id))
     assert triton.is_model_ready(ghost)
     # A lost model: a warm backup unloaded from its Triton, the records still say ready.
     lost = f"{backup_app}__{backup['variant']}"
     backup_triton = _triton(testbed, backup["server_id"])
-    backup_triton.unload_model(lost)
+    backup_triton.unload_model(lost, headers=testbed.triton_control_headers(backup["server_id"]))
     wait_until("the lost backup to be gone", lambda: not backup_triton.is_model_ready(lost),
                30, 0.1)
     wait_until("the stray to be unloaded", lambda: not triton.is_model_ready(ghost), 60, 0.2)

@@ -322,7 +322,7 @@ def test_controller_crash_during_a_recovery_is_restored(testbed: Testbed) -> Non
     primary, backup = placement["primary"], placement["backup"]
     backup_pid = _replica_pid(testbed, "tally", backup)
     primary_pid = _replica_pid(testbed, "tally", primary)
-    store = redis.Redis(port=testbed.state.redis_port)
+    store = redis.Redis.from_url(testbed.redis_url())
 
     def stored() -> GraphRecord:
         return GraphRecord.model_validate_json(store.hget("us:graphs", "tally"))

@@ -87,7 +87,8 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]
     with log.open("w") as out:
         process = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "understudy.cli.main", "controller", "--port", str(port),
-             "--redis-url", server.url, "--token", TOKEN, "--startup-grace-s", "3600",
+             "--redis-url", server.redacted_url, "--redis-password-file",
+             str(server.password_file), "--token", TOKEN, "--startup-grace-s", "3600",
              "--artifacts", str(artifacts), "--run-dir", str(run_dir / "controller")],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=AUTH)

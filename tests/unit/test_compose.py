@@ -312,10 +312,61 @@ def test_generator_follows_other_topologies() -> None:
 def test_redis_is_durable(doc: dict[str, Any], services: dict[str, Any]) -> None:
     redis = services["redis"]
     assert redis["image"] == "redis:7"
-    assert redis["command"] == ["redis-server", "--appendonly", "yes"]
+    assert redis["command"][-1].endswith("redis-server /tmp/redis.conf --appendonly yes")
     volume, _, path = redis["volumes"][0].partition(":")
     assert path == "/data" and volume in doc["volumes"]
-    assert "redis-cli" in redis["healthcheck"]["test"]
+    assert "redis-cli ping" in redis["healthcheck"]["test"][-1]
+
+
+def test_redis_requires_the_password_from_the_environment(services: dict[str, Any]) -> None:
+    """requirepass from $UNDERSTUDY_REDIS_PASSWORD through a config file; the controller and the
+    health check get it from their environment; no command line holds it."""
+    redis, controller = services["redis"], services["controller"]
+    reference = "${UNDERSTUDY_REDIS_PASSWORD:?UNDERSTUDY_REDIS_PASSWORD must be set}"
+    assert compose.REDIS_PASSWORD_REF == reference
+    assert redis["environment"] == {"REDISCLI_AUTH": reference}
+    assert controller["environment"]["UNDERSTUDY_REDIS_PASSWORD"] == reference
+    script = redis["command"][-1]
+    assert redis["command"][:2] == ["sh", "-c"]
+    assert "requirepass" in script and "$$REDISCLI_AUTH" in script and "umask 077" in script
+    assert "exec docker-entrypoint.sh redis-server" in script, "redis-server must be PID 1"
+    assert "ports" not in redis
+    for name, service in services.items():
+        assert not any("UNDERSTUDY_REDIS_PASSWORD" in part for part in service["command"]), name
+
+
+def test_redis_start_script_writes_a_private_config(tmp_path: Path) -> None:
+    """The start script run by a shell (compose's ``$$`` unescaped, the entrypoint replaced):
+    the config it leaves is mode 0600 and requires the password."""
+    script = compose.redis_service()["command"][-1].replace("$$", "$")
+    script = script.replace("/tmp/redis.conf", str(tmp_path / "redis.conf"))
+    script = script.replace("chown redis", "true").replace(
+        "exec docker-entrypoint.sh redis-server", "echo started")
+    password = "s3cret-Value_1"
+    path = {"PATH": "/bin:/usr/bin"}
+    done = subprocess.run(["sh", "-c", script], env={"REDISCLI_AUTH": password, **path},  # noqa: S603, S607
+                          capture_output=True, text=True, timeout=10, check=True)
+    assert done.stdout.startswith("started")
+    config = tmp_path / "redis.conf"
+    assert config.read_text() == f'requirepass "{password}"\n'
+    assert config.stat().st_mode & 0o777 == 0o600
+    refused = subprocess.run(["sh", "-c", script], env=path,  # noqa: S603, S607
+                             capture_output=True, text=True, timeout=10, check=False)
+    assert refused.returncode != 0 and "no Redis password" in refused.stderr
+
+
+def test_triton_listens_on_the_compose_network_only(services: dict[str, Any]) -> None:
+    """Each agent binds Triton to its own host name (its compose-network address), never
+    0.0.0.0, and nothing of Triton's is published on the host."""
+    for name, service in agents(services).items():
+        options = flags(service["command"])
+        assert options["--triton-address"] == name == options["--advertise-host"]
+        assert service["hostname"] == name
+        assert "--triton-host" not in options
+        assert "ports" not in service, f"{name} publishes Triton's ports on the host"
+        assert not any("0.0.0.0" in part for part in service["command"]), name
+    published = {name: s["ports"] for name, s in services.items() if "ports" in s}
+    assert published == {"controller": ["8000:8000"]}
 
 
 def test_artifacts_job_fills_the_volume_the_controller_reads(doc: dict[str, Any],
@@ -333,7 +384,7 @@ def test_controller(services: dict[str, Any]) -> None:
     controller = services["controller"]
     assert controller["command"][:2] == ["understudy", "controller"]
     options = flags(controller["command"])
-    assert options == {"--host": "0.0.0.0", "--port": "8000",
+    assert options == {"--host": "0.0.0.0", "--port": "8000",  # noqa: S104 - the container's
                        "--redis-url": "redis://redis:6379/0", "--run-dir": "/var/lib/understudy",
                        "--artifacts": "/artifacts", "--token": options["--token"]}
     assert controller["depends_on"]["redis"] == {"condition": "service_healthy"}

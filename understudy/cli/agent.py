@@ -98,8 +98,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routine-load-slots", type=int, default=None,
                         help="load threads warm-backup, target and fail-back loads may use")
     parser.add_argument("--server-type", default=None)
-    parser.add_argument("--triton-host", default=None,
-                        help="address Triton binds to (0.0.0.0 in a container)")
+    parser.add_argument("--triton-address", "--triton-host", dest="triton_host", default=None,
+                        help="address (or host name) of the private interface Triton listens "
+                             "on (default 127.0.0.1: this machine only)")
     parser.add_argument("--advertise-host", default=None,
                         help="host name clients use to reach this Triton (default: bind host)")
     parser.add_argument("--triton-nice", type=int, default=None,

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
+REDIS_PASSWORD_ENV = "UNDERSTUDY_REDIS_PASSWORD"
 ENV_PREFIX = "UNDERSTUDY_CONTROLLER_"
 """Every controller setting may come from ``UNDERSTUDY_CONTROLLER_<FIELD>`` (see
 ``understudy.wire.settings`` for the precedence)."""
@@ -25,7 +26,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="run directory (default runs/controller)")
     parser.add_argument("--redis-url", default=None,
-                        help="use this Redis (default: start a private redis-server)")
+                        help="use this Redis (default: start a private redis-server with a "
+                             "generated password); no password in it: see --redis-password-file")
+    parser.add_argument("--redis-password-file", type=Path, default=None,
+                        help=f"file (mode 0600) with the password of --redis-url's Redis "
+                             f"(default ${REDIS_PASSWORD_ENV})")
     parser.add_argument("--token", default=None,
                         help=f"bearer token for mutating calls and agents (default ${TOKEN_ENV})")
     parser.add_argument("--artifacts", type=Path, default=None,
@@ -56,8 +61,14 @@ def run(options: argparse.Namespace) -> int:
     from controller.api import create_app
     from controller.records import ConfigPatch
     from controller.service import Controller, ControllerSettings
+    from understudy.wire.secret_files import SecretFileError, read_secret_file, url_has_password
     from understudy.wire.settings import resolve
 
+    if options.redis_url is not None and url_has_password(options.redis_url):
+        # Any local user reads a command line (/proc/PID/cmdline); the URL is not echoed.
+        logger.error("--redis-url carries a password: put it in --redis-password-file or "
+                     "$%s instead", REDIS_PASSWORD_ENV)
+        return 2
     overrides = {"heartbeat_interval_ms": options.heartbeat_ms,
                  "heartbeat_misses": options.heartbeat_misses, "alpha": options.alpha,
                  "solver": options.solver, "policy": options.policy}
@@ -67,12 +78,15 @@ def run(options: argparse.Namespace) -> int:
         settings = resolve(ControllerSettings, {
             "host": options.host, "port": options.port, "run_dir": options.run_dir,
             "redis_url": options.redis_url, "token": options.token,
+            "redis_password_file": options.redis_password_file,
             "artifacts": options.artifacts, "startup_grace_s": options.startup_grace_s,
             "config": patch, "graph_host": options.graph_host,
             "heartbeat_port": options.heartbeat_port,
             "heartbeat_advertise": options.heartbeat_advertise},
-            ENV_PREFIX, env_names={"token": TOKEN_ENV})
-    except ValidationError as exc:
+            ENV_PREFIX, env_names={"token": TOKEN_ENV, "redis_password": REDIS_PASSWORD_ENV})
+        if settings.redis_password_file is not None:
+            read_secret_file(settings.redis_password_file)  # refused now, not after start-up
+    except (ValidationError, SecretFileError) as exc:
         logger.error("invalid controller settings: %s", exc)
         return 2
     app = create_app(Controller(settings))

@@ -33,6 +33,7 @@ PROCESS_PREFIXES = ("UNDERSTUDY_CONTROLLER_", "UNDERSTUDY_AGENT_", "UNDERSTUDY_G
 
 OTHER_VARIABLES = frozenset({
     "UNDERSTUDY_TOKEN",
+    "UNDERSTUDY_REDIS_PASSWORD",
     "UNDERSTUDY_PYTHONPATH",
     "UNDERSTUDY_RUNTIME_SOCKET",
     "UNDERSTUDY_HEAP_HUGE_PAGES",
@@ -42,9 +43,9 @@ OTHER_VARIABLES = frozenset({
     "UNDERSTUDY_TRITON_BACKENDS",
     "UNDERSTUDY_TRITON_BIN",
 })
-"""Variables read outside the settings objects (the shared token; what a process hands its
-children: the model runtime's socket and import path; switches of the model runtime and the
-Triton launcher; a test switch)."""
+"""Variables read outside the settings objects or shared by name (the shared token, the
+controller's Redis password; what a process hands its children: the model runtime's socket and
+import path; switches of the model runtime and the Triton launcher; a test switch)."""
 
 Settings = TypeVar("Settings", bound=BaseModel)
 
