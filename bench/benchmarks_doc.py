@@ -358,6 +358,37 @@ answers exactly as its profile says.""",
          ("failover.top1_after_switch", "failover: top-1 after the switch"),
          ("failover.agreement_with_measured_top1", "failover: agreement with measured top-1"),
          ("failover.during_failover.failed", "failover: requests failed during it"))),
+    "parm_accuracy": Bench(
+        "Parity models (ParM): accuracy when a prediction is reconstructed",
+        "python bench/parm_accuracy.py", """\
+ParM §5's accuracy evaluation on the shipped digits family (`docs/parity.md`). For the deployed
+variant (`--variant`, default `digits_cnn`) and each encoder (addition, the paper's generic
+code; concatenation, its image-specific one of §5.2.3) a parity model is trained per k = 2, 3, 4
+with `understudy parity train`'s code (cached): the deployed architecture, MSE between its
+output on the encoded group and the sum of the deployed outputs, random k-groups of the training
+split, best weights by validation on a tenth of that split. On the held-out split (450 digits):
+`available_acc` (A_a) is the deployed variant's top-1; for `degraded_acc_k<k>` (A_d) the digits
+are placed at random into groups of k, each group's parity query goes through the parity model,
+and every member is made unavailable in turn and rebuilt by the subtraction decoder from the
+parity output and the k - 1 other deployed outputs; A_d is the top-1 of the rebuilt outputs,
+over `--groupings` random groupings (default 10). Both models run from their exported files
+through the per-server runtime's loaders. `default_acc` answers the training split's most
+common class to every query (a server without redundancy). Top-level `degraded_acc_k*` are the
+addition encoder's; `encoders` holds both, with A_o = 0.9 A_a + 0.1 A_d (§5.1 eq. 1, 10 % of
+predictions unavailable). Targets: A_d(k=2) at most 10 points below A_a, A_d falling with k
+(the paper's Fig. 8), every A_d far above the default response.""",
+        (("available_acc", "A_a: deployed model top-1"),
+         ("degraded_acc_k2", "A_d, k = 2 (addition)"),
+         ("degraded_acc_k3", "A_d, k = 3 (addition)"),
+         ("degraded_acc_k4", "A_d, k = 4 (addition)"),
+         ("default_acc", "default response top-1"),
+         ("encoders.concatenation.degraded_acc_k2", "A_d, k = 2 (concatenation)"),
+         ("encoders.concatenation.degraded_acc_k3", "A_d, k = 3 (concatenation)"),
+         ("encoders.concatenation.degraded_acc_k4", "A_d, k = 4 (concatenation)"),
+         ("k2_within_10_points", "A_d(k=2) within 10 points of A_a"),
+         ("falling_with_k", "A_d falls with k"),
+         ("min_margin_over_default", "smallest A_d minus default"),
+         ("variant", "deployed variant"))),
 }
 
 HEAD = """\

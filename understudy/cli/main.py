@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "testbed": ("understudy.cli.testbed", "local testbed: Redis, controller, agents"),
     "graph": ("understudy.cli.graph", "stateful service graphs with NSPB replication"),
     "gateway": ("understudy.cli.gateway", "inference gateway: KServe v2 endpoints per app"),
+    "parity": ("understudy.cli.parity", "parity models (ParM): train them for a deployed variant"),
 }
 """Top-level command -> (module, one-line help).
 
