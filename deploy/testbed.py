@@ -310,10 +310,15 @@ class Testbed:
         ``artifact_mirror`` (default) they link the weights from the store on this machine once
         the served sha256 matches, instead of all downloading gigabytes at once while they
         register (which starved heartbeats into false alarms on a small machine).
+
+        Credentials are made afresh in ``<run_dir>/credentials`` (one per role, one per agent;
+        :meth:`token_file`); with ``tls`` a CA and the controller's certificate in
+        ``<run_dir>/tls``, and every process verifies the controller with that CA.
         """
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        _make_credentials(run_dir, topology, tls)
         store = (artifacts or run_dir / "artifacts").resolve()
         docs = load_family_documents(stores=[store])
         missing = sorted(set(topology.families) - set(docs))
