@@ -37,6 +37,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from understudy.wire.bounds import Id, check_name
+from understudy.wire.secret_files import write_secret_file
 
 logger = logging.getLogger(__name__)
 
@@ -118,18 +119,12 @@ def _new_token(role: Role) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it atomically."""
+    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it atomically.
+
+    A directory made for it is its owner's only (0700).
+    """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(tmp, 0o600)  # a umask cannot widen it, but an existing file kept its mode
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_secret_file(path, text)
 
 
 class CredentialStore:

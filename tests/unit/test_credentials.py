@@ -119,8 +119,7 @@ def test_no_store_refuses_with_a_message_naming_the_fix(tmp_path: Path) -> None:
         CredentialStore(tmp_path / "none").authenticate("admin.x")
 
 
-def test_token_loading_precedence_and_file_checks(tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_token_loading_precedence_and_file_checks(tmp_path: Path) -> None:
     file = tmp_path / "t.token"
     file.write_text("from-file\n")
     file.chmod(0o600)
@@ -134,12 +133,13 @@ def test_token_loading_precedence_and_file_checks(tmp_path: Path,
     assert load_token(None, {}) is None
     assert bearer("t") == {"Authorization": "Bearer t"} and bearer(None) == {}
     (tmp_path / "empty").write_text("\n")
+    (tmp_path / "empty").chmod(0o600)
     with pytest.raises(CredentialFileError, match="empty"):
         read_token_file(tmp_path / "empty")
     with pytest.raises(CredentialFileError, match="cannot read"):
         read_token_file(tmp_path / "missing")
-    file.chmod(0o644)
-    assert read_token_file(file) == "from-file"
-    assert "readable by others" in caplog.text
+    file.chmod(0o644)  # others may read it: no longer a secret
+    with pytest.raises(CredentialFileError, match="chmod 600"):
+        read_token_file(file)
     assert ca_file_of(None, {"UNDERSTUDY_CA_FILE": "/x/ca.pem"}) == Path("/x/ca.pem")
     assert ca_file_of(Path("/y"), {"UNDERSTUDY_CA_FILE": "/x/ca.pem"}) == Path("/y")

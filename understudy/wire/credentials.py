@@ -7,7 +7,8 @@ highest first:
 2. ``$UNDERSTUDY_TOKEN_FILE``: names a file holding the token;
 3. ``$UNDERSTUDY_TOKEN``: holds the token itself.
 
-A token file holds one line; it should be readable by its owner only (a warning otherwise).
+A token file holds one line, readable by its owner only (mode 0600; one that others may read is
+refused, as every secret file is: ``understudy.wire.secret_files``).
 The CA that verifies the controller's TLS certificate comes from ``--ca-file`` or
 ``$UNDERSTUDY_CA_FILE``; without one, ``https://`` and ``wss://`` use the system's CAs.
 """
@@ -20,6 +21,8 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 
+from understudy.wire.secret_files import SecretFileError, read_secret_file
+
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "UNDERSTUDY_TOKEN"
@@ -29,26 +32,21 @@ MAX_TOKEN_FILE_BYTES = 4096
 
 
 class CredentialFileError(ValueError):
-    """A token or CA file that cannot be used (missing, empty, too large)."""
+    """A token or CA file that cannot be used (missing, empty, too large, readable by others)."""
 
 
 def read_token_file(path: Path) -> str:
     """The token in ``path`` (its first line, stripped)."""
     try:
-        stat = path.stat()
-        if stat.st_size > MAX_TOKEN_FILE_BYTES:
+        if path.stat().st_size > MAX_TOKEN_FILE_BYTES:
             raise CredentialFileError(f"token file {path} is larger than "
                                       f"{MAX_TOKEN_FILE_BYTES} bytes")
-        text = path.read_text(encoding="utf-8")
+        text = read_secret_file(path)
     except OSError as exc:
-        raise CredentialFileError(f"cannot read the token file {path}: {exc}") from exc
-    token = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not token:
-        raise CredentialFileError(f"token file {path} is empty")
-    if stat.st_mode & 0o077:
-        logger.warning("token file %s is readable by others (mode %o): chmod 600 it", path,
-                       stat.st_mode & 0o777)
-    return token
+        raise CredentialFileError(f"cannot read the token file {path}: {exc.strerror}") from exc
+    except SecretFileError as exc:
+        raise CredentialFileError(str(exc)) from exc
+    return text.splitlines()[0].strip()
 
 
 def load_token(token_file: Path | None = None,
