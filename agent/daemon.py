@@ -40,6 +40,7 @@ from agent.repository import (
 )
 from agent.triton import TritonConfig, TritonError, TritonServer
 from understudy.wire.bounds import MAX_DURATION_S, Capacities, HeartbeatIntervalMs, Id
+from understudy.wire.credentials import CA_FILE_ENV, TOKEN_ENV, bearer, client_ssl_context
 from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess
 from understudy.wire.ports import free_ports
 from understudy.wire.protocol import (
@@ -113,6 +114,10 @@ class AgentConfig(BaseModel):
     weights are linked from it instead of downloaded (``agent.repository``)."""
     run_dir: Path
     token: str | None = None
+    """This server's agent credential (``understudy credentials agent``); from a file or the
+    environment (``understudy.wire.credentials``), never a flag."""
+    ca_file: Path | None = None
+    """CA that verifies an ``https://`` controller (None: the system's CAs)."""
     server_type: Id = "testbed"
     heartbeat_interval_ms: HeartbeatIntervalMs = 20.0
     triton_restart: RestartPolicy = RestartPolicy.ALWAYS
@@ -149,6 +154,13 @@ class AgentConfig(BaseModel):
         return url + AGENT_WS_PATH
 
 
+def _replica_credentials(config: AgentConfig) -> dict[str, str]:
+    env = {TOKEN_ENV: config.token} if config.token else {}
+    if config.ca_file is not None:
+        env[CA_FILE_ENV] = str(config.ca_file.resolve())
+    return env
+
+
 def _error(code: str, exc: BaseException | str, retryable: bool = False) -> ErrorInfo:
     return ErrorInfo(code=code, message=str(exc), retryable=retryable)
 
@@ -174,6 +186,7 @@ class Agent:
         self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / CACHE_DIR, token=config.token,
+                                          ca_file=config.ca_file,
                                           mirror=config.artifacts_mirror,
                                           backend=self.triton.model_backend, device=device)
         self.models: dict[str, InventoryItem] = {}
@@ -181,7 +194,8 @@ class Agent:
         self.replicas = ReplicaSupervisor(config.run_dir, bind_host=config.triton_host,
                                           advertise_host=config.advertise_host,
                                           on_exit=self._on_replica_exit,
-                                          nice=config.triton_nice)
+                                          nice=config.triton_nice,
+                                          credentials=_replica_credentials(config))
         self.restarts = 0
         self._triton_started_at = time.monotonic()
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
@@ -319,12 +333,14 @@ class Agent:
         from websockets.exceptions import InvalidStatus, WebSocketException
 
         delay = self.config.reconnect_initial_s
-        headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        headers = bearer(self.config.token)
         url = self.config.websocket_url()
+        tls = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
+               else {})
         while not self._stop.is_set():
             try:
                 async with connect(url, additional_headers=headers, compression=None,
-                                   proxy=None, open_timeout=5, ping_interval=None,
+                                   proxy=None, open_timeout=5, ping_interval=None, **tls,
                                    max_size=16 * 1024 * 1024) as ws:
                     delay = self.config.reconnect_initial_s
                     await self._serve(ws)

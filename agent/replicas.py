@@ -94,6 +94,9 @@ class ReplicaSupervisor:
     """Absolute niceness of the replicas (0: inherit): data plane, like Triton, so heartbeats
     never queue behind a replica importing torch or computing a batch."""
     python: str = sys.executable
+    credentials: dict[str, str] = field(default_factory=dict)
+    """``UNDERSTUDY_TOKEN`` and ``UNDERSTUDY_CA_FILE`` for the replicas: a graph's Triton
+    operators resolve apps with the SDK under their agent's credential."""
 
     def __post_init__(self) -> None:
         self._running: dict[tuple[str, str], _Running] = {}
@@ -137,7 +140,7 @@ class ReplicaSupervisor:
                 "--log-level", command.log_level, "--parent-pid", str(os.getpid())]
         if command.observe_dir:
             args += ["--observe-dir", command.observe_dir]
-        env = dict(os.environ)
+        env = {**os.environ, **self.credentials}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         log_dir = self.run_dir / "replicas" / command.graph

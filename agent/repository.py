@@ -55,7 +55,8 @@ class ModelRepository:
 
     def __init__(self, source: str, repository: Path, cache: Path, token: str | None = None,
                  timeout_s: float = 120.0, mirror: Path | None = None,
-                 backend: str = "python", device: str = "cpu") -> None:
+                 backend: str = "python", device: str = "cpu",
+                 ca_file: Path | None = None) -> None:
         self.source = source
         self.backend = backend
         """The Triton backend models are written for (the server's ``model_backend``)."""
@@ -64,6 +65,8 @@ class ModelRepository:
         self.repository = repository
         self.cache = cache
         self.token = token
+        self.ca_file = ca_file
+        """CA that verifies an ``https://`` source (None: the system's CAs)."""
         self.timeout_s = timeout_s
         self.mirror = mirror
         """A local copy of the HTTP source's store (same host, shared filesystem): weights whose
@@ -175,7 +178,10 @@ class ModelRepository:
 
         with self._locks_guard:
             if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout_s, headers=headers)
+                from understudy.wire.credentials import client_ssl_context
+
+                self._client = httpx.Client(timeout=self.timeout_s, headers=headers,
+                                            verify=client_ssl_context(self.ca_file))
             return self._client
 
     def close(self) -> None:

@@ -4,8 +4,8 @@
 
 Builds the FastAPI application of ``controller/api.py`` over a controller object that is never
 started (no Redis, no port, no agents), reads its routes and ``app.openapi()``, and renders one
-section per route (method, path, token, query parameters, body, response, status) and one table
-per schema. ``--check`` exits 1 when the committed page differs from what it would write.
+section per route (method, path, credential, query parameters, body, response, status) and one
+table per schema. ``--check`` exits 1 when the committed page differs from what it would write.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ interactively at `/docs` and as JSON at `/openapi.json`.
 
 - **Base URL**: `http://HOST:PORT` (`understudy controller --host --port`, default
   `127.0.0.1:8000`; `understudy testbed up` picks a free port and prints the URL).
-- **Authentication**: reads are open. Every call marked *token* below (everything that changes
-  state, artifact downloads, graph requests) and the agent websocket need
-  `Authorization: Bearer TOKEN` when the controller has a token (`--token` or
-  `UNDERSTUDY_TOKEN`). A missing or wrong token is a 401.
+- **Authentication**: every route but the health checks and the schema needs
+  `Authorization: Bearer TOKEN`, a credential whose role the *credential* column lists
+  (`admin` may call everything; see [security.md](security.md) for the roles and how to get
+  a credential). No credential, or one the controller does not know: 401; a credential
+  whose role may not make the call: 403. A controller started with `--insecure` asks for
+  none. With `--tls-cert`/`--tls-key` the base URL is `https://`.
 - **Errors**: a JSON body `{"detail": "..."}`. Bad input is a 422 with the offending fields
   (`{"detail": "invalid request", "errors": [{"field", "message"}]}`), an unknown id a 404, a
   conflict (a taken id, a different spec under an existing id, too few servers) a 409, a graph
@@ -192,25 +194,27 @@ def render(app: Any) -> str:
 
     spec = app.openapi()
     schemas = spec.get("components", {}).get("schemas", {})
-    lines = [INTRO, "## Routes", "", "| method | path | token | summary |", "|---|---|---|---|"]
+    from controller.access import WEBSOCKET, roles_for
+
+    lines = [INTRO, "## Routes", "", "| method | path | credential | summary |",
+             "|---|---|---|---|"]
     sections: list[str] = []
     used: set[str] = set()
     for route in app.routes:
         if isinstance(route, APIWebSocketRoute):
-            lines.append(f"| WS | `{route.path}` | "
-                         f"{'yes' if route.path == '/v1/agents/connect' else ''} | "
-                         "websocket, see [websocket.md](websocket.md) |")
+            lines.append(f"| WS | `{route.path}` | {_roles(roles_for(WEBSOCKET, route.path))} "
+                         "| websocket, see [websocket.md](websocket.md) |")
             continue
         if not isinstance(route, APIRoute) or route.path not in spec["paths"]:
             continue
-        token = bool(route.dependencies)
         for method in sorted(route.methods or ()):
             operation = spec["paths"][route.path].get(method.lower())
             if operation is None:
                 continue
             summary = SUMMARIES.get((method, route.path), operation.get("summary", ""))
-            lines.append(f"| {method} | `{route.path}` | {'yes' if token else ''} | {summary} |")
-            sections += _operation(method, route.path, operation, token, schemas, used)
+            roles = _roles(roles_for(method, route.path))
+            lines.append(f"| {method} | `{route.path}` | {roles} | {summary} |")
+            sections += _operation(method, route.path, operation, roles, schemas, used)
     lines += ["", "## Operations", "", *sections, "## Schemas", ""]
     for name in sorted(schemas):
         if name in ("HTTPValidationError", "ValidationError"):
@@ -219,14 +223,19 @@ def render(app: Any) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _operation(method: str, path: str, operation: dict[str, Any], token: bool,
+def _roles(roles: Any) -> str:
+    """The roles allowed, as the page writes them (``none`` for an open route)."""
+    return ", ".join(sorted(r.value for r in roles)) if roles else "none"
+
+
+def _operation(method: str, path: str, operation: dict[str, Any], roles: str,
                schemas: dict[str, Any], used: set[str]) -> list[str]:
     body, status, response = _body_and_response(operation)
     out = [f"### {method} {path}", ""]
     if (method, path) in SUMMARIES:
         text = SUMMARIES[(method, path)]
         out += [text[0].upper() + text[1:] + ".", ""]
-    out.append(f"- token: {'required' if token else 'not needed'}")
+    out.append(f"- credential: {roles}")
     for param in operation.get("parameters", []):
         schema = param.get("schema", {})
         default = f", default `{schema['default']}`" if "default" in schema else ""

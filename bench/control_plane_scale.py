@@ -52,7 +52,6 @@ if str(REPO) not in sys.path:
 
 from deploy.sim_driver import ControllerProcess, SimAgentProcesses  # noqa: E402
 
-TOKEN = "scale-bench-token"
 PAGE = 10_000
 PLANNED = re.compile(r"failover of (\S+) planned in ([0-9.]+) ms")
 DECLARED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ERROR controller\.lifecycle: "
@@ -214,8 +213,9 @@ def time_list_apps(ctl: ControllerProcess, calls: int
 class EventRecorder:
     """Follows ``/v1/events/ws`` (live events only) on its own thread; receipt times."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
         self.url = url.replace("http://", "ws://") + "/v1/events/ws"
+        self.headers = headers or {}
         self.received: list[tuple[float, dict[str, Any]]] = []
         self.connected = threading.Event()
         self._stop = threading.Event()
@@ -227,7 +227,7 @@ class EventRecorder:
         from websockets.asyncio.client import connect
 
         async with connect(self.url, open_timeout=10, compression=None, proxy=None,
-                           max_size=None) as ws:
+                           max_size=None, additional_headers=self.headers) as ws:
             self.connected.set()
             while not self._stop.is_set():
                 try:
@@ -423,7 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one line
     shutil.rmtree(args.out, ignore_errors=True)
     specs, capacity = workload(args)
     say(f"{args.apps} apps generated; server capacity {capacity}")
-    ctl = ControllerProcess(args.out, token=TOKEN, heartbeat_ms=args.heartbeat_ms)
+    ctl = ControllerProcess(args.out, heartbeat_ms=args.heartbeat_ms)
     sims = None
     recorder = None
     try:
@@ -432,7 +432,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one line
         say(f"idle controller (nothing connected, no apps), {idle['wall_s']:.0f} s: "
             f"{idle['pct']:.1f} % of a core {_by(idle)}")
         sims = SimAgentProcesses(ctl.url, args.agents, args.processes, sites=args.sites,
-                                 capacity=capacity, log_dir=args.out, token=TOKEN, hold=True,
+                                 capacity=capacity, log_dir=args.out,
+                                 credentials_dir=ctl.credentials, hold=True,
                                  seed=args.seed)
         sims.wait_ready()
         storm_s = connect_storm(ctl, sims, args.agents, 120.0)
@@ -461,7 +462,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one line
         say(f"GET /v1/apps, every app: p50 {list_ms:.1f} ms until the body is in (then "
             f"{decode_ms:.1f} ms to decode it in the client); one default page ({page_size} "
             f"apps): p50 {page_ms:.1f} ms")
-        recorder = EventRecorder(ctl.url)
+        recorder = EventRecorder(ctl.url, ctl.auth)
         recorder.connected.wait(10)
         apps = walk(ctl, "/v1/apps")
         spare = f"site-{args.sites - 1:02d}"

@@ -95,6 +95,7 @@ from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
 from deploy.topology import Topology, make_topology  # noqa: E402
 from deploy.workload import Workload, generate_workload, list_all  # noqa: E402
 from model_repo.profiles import load_families  # noqa: E402
+from understudy.wire.credentials import bearer  # noqa: E402
 
 logger = logging.getLogger("bench.convergence")
 
@@ -148,12 +149,12 @@ class Sampler:
     Each sample is also written to ``path`` as a JSON line (its apps only when they changed).
     """
 
-    def __init__(self, controller_url: str, path: Path, interval_s: float = SAMPLE_INTERVAL_S
-                 ) -> None:
+    def __init__(self, controller_url: str, path: Path, interval_s: float = SAMPLE_INTERVAL_S,
+                 headers: dict[str, str] | None = None) -> None:
         self.samples: list[Sample] = []
         self.specs: dict[str, AppSpecObs] = {}
         self.errors = 0
-        self._http = httpx.Client(base_url=controller_url, timeout=5.0)
+        self._http = httpx.Client(base_url=controller_url, timeout=5.0, headers=headers)
         self._lock = threading.Lock()
         self._out = path.open("w", encoding="utf-8")
         self._last_apps: Any = None
@@ -479,7 +480,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the testbed, inject the faults one after another, collect what is judged."""
     rng = random.Random(args.seed)
     bed = start(args, rng)
-    sampler = Sampler(bed.state.controller_url, RUN_DIR / "samples.jsonl")
+    sampler = Sampler(bed.state.controller_url, RUN_DIR / "samples.jsonl",
+                      headers=bearer(bed.token("read")))
     started = time.time()
     faults: list[Fault] = []
     kinds: list[str] = []

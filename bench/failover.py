@@ -50,6 +50,7 @@ from deploy.report import recovery_from_records, serving_elsewhere, serving_on  
 from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
 from model_repo.profiles import load_families  # noqa: E402
+from understudy.wire.credentials import bearer  # noqa: E402
 
 SERVING = ("warm_switch", "interim_serving", "serving", "upgraded")
 
@@ -62,8 +63,9 @@ class EventRecorder:
     second thread, one more GIL hand-off before the clock was read).
     """
 
-    def __init__(self, controller_url: str) -> None:
+    def __init__(self, controller_url: str, headers: dict[str, str] | None = None) -> None:
         self.url = controller_url.replace("http://", "ws://") + "/v1/events/ws?since=0"
+        self.headers = headers or {}
         self.received: list[tuple[float, dict[str, Any]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._follow()),
@@ -77,7 +79,8 @@ class EventRecorder:
         while not self._stop.is_set():
             try:
                 url = self.url.replace("since=0", f"since={since}")
-                async with connect(url, open_timeout=5, compression=None, proxy=None) as ws:
+                async with connect(url, open_timeout=5, compression=None, proxy=None,
+                                   additional_headers=self.headers) as ws:
                     while not self._stop.is_set():
                         try:
                             raw = await asyncio.wait_for(ws.recv(), 0.5)
@@ -114,7 +117,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = REPO / "runs" / f"bench-failover-{policy}"
     bed = Testbed.up(run_dir, topology, seed=args.seed, policy=policy, clients=False,
                      artifacts=REPO / "runs" / "artifacts", timeout_s=600)
-    recorder = EventRecorder(bed.state.controller_url)
+    recorder = EventRecorder(bed.state.controller_url, bearer(bed.token("read")))
     failures = []
     try:
         servers = [s.server_id for s in topology.servers]

@@ -127,7 +127,8 @@ def live_failover(store: Path, run_dir: Path, variants: dict[str, Any],
         backups = [b["variant"] for b in app["backups"]]
         samples = LabelledSamples.from_store(store, FAMILY, seed=1)
         assert samples is not None  # noqa: S101 - the import copied the evaluation set
-        with UnderstudyClient(bed.state.controller_url, app_id) as client:
+        with UnderstudyClient(bed.state.controller_url, app_id,
+                              token_file=bed.token_file("client")) as client:
             before = pass_over(client, samples)
             sender = Sender(client, samples, rate)
             sender.start()

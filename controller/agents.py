@@ -88,10 +88,21 @@ class AgentHub:
         """Whether the server's agent is connected now."""
         return server_id in self._sockets
 
-    async def serve(self, websocket: Any) -> None:
-        """Handle one agent connection until it closes (FastAPI websocket)."""
+    async def serve(self, websocket: Any, credential_server: str | None = None) -> None:
+        """Handle one agent connection until it closes (FastAPI websocket).
+
+        ``credential_server``: the server the connection's credential speaks for; a hello for
+        another server is refused (None: any, when authentication is off).
+        """
         hello = await self._hello(websocket)
         if hello is None:
+            return
+        if credential_server is not None and hello.server_id != credential_server:
+            logger.warning("agent connection refused: its credential is %s's, its hello "
+                           "claims server %s", credential_server, hello.server_id)
+            await _refuse(websocket, POLICY_VIOLATION,
+                          f"this credential speaks for server {credential_server}, "
+                          f"not {hello.server_id}")
             return
         try:
             await asyncio.wait_for(self._admission.acquire(), ADMISSION_WAIT_S)
@@ -102,8 +113,9 @@ class AgentHub:
         server_id = hello.server_id
         previous = self._sockets.get(server_id)
         if previous is not None:
-            logger.warning("server %s connected again; dropping the older connection",
-                           server_id)
+            logger.warning("server %s connected again (%s); dropping the older connection",
+                           server_id, "with its own credential" if credential_server
+                           else "authentication off")
             await _close_quietly(previous)
         self._sockets[server_id] = websocket
         try:
@@ -175,10 +187,20 @@ class AgentHub:
             except ProtocolError as exc:
                 await self._bad_frame(server_id, websocket, exc)
                 return
-            self._route(server_id, message)
+            self._route(server_id, message, websocket)
 
-    def _route(self, server_id: str, message: Any) -> None:
-        """Hand one valid frame to whoever waits for it."""
+    def _route(self, server_id: str, message: Any, websocket: Any = None) -> None:
+        """Hand one valid frame to whoever waits for it.
+
+        A frame speaks for the connection's own server only; and once a newer connection of
+        that server replaced this one, only its command results still count (for commands
+        this connection was sent): what it says of Triton or replicas is stale.
+        """
+        if websocket is not None and self._sockets.get(server_id) is not websocket and \
+                not isinstance(message, CommandResult):
+            logger.warning("%s frame from a replaced connection of %s ignored",
+                           getattr(message, "type", "?"), server_id)
+            return
         if isinstance(message, CommandResult):
             pending = self._pending.get(message.command_id)
             if pending is None:

@@ -1,9 +1,9 @@
 """The REST and websocket API: decode, call the core, encode. Nothing else lives here.
 
-Reads are open; everything that changes state, and agent connections, need the bearer token
-(when the controller has one), checked before a body is read (``controller.http_guard``, which
-also bounds the body's size and answers 503 while Redis is unreachable). Mutating calls take an
-``Idempotency-Key`` (``controller.idempotency``). Errors map to HTTP statuses in one place
+Every route and websocket needs a credential whose role ``controller.access``'s table allows
+(health and the schema excepted), checked before a body is read (``controller.http_guard``,
+which also bounds the body's size and answers 503 while Redis is unreachable). Mutating calls
+take an ``Idempotency-Key`` (``controller.idempotency``). Errors map to HTTP statuses in one place
 (:func:`_install_error_handlers`), every error body is an :class:`ErrorBody` (bad input: 422
 with pydantic's message per field), and the OpenAPI schema says so (:func:`_document_errors`).
 """
@@ -16,22 +16,22 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
+from fastapi import FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controller.access import roles_for, uncovered
 from controller.api_contract import allowed_methods, document_route_errors, routed
 from controller.declarations import Declaration
 from controller.errors import (
     ControllerError,
     InvalidBatchError,
     NotFoundError,
-    UnauthorizedError,
 )
 from controller.graphs.api import graph_routes
-from controller.http_guard import MUTATING_METHODS, RequestGuard, bearer_ok, needs_redis
+from controller.http_guard import MUTATING_METHODS, RequestGuard, identity_of, needs_redis
 from controller.idempotency import IdempotencyGuard
 from controller.record_cache import RecordsView
 from controller.records import (
@@ -117,14 +117,18 @@ def create_app(controller: Controller) -> FastAPI:
     app = FastAPI(title="Understudy controller", version="1", lifespan=lifespan,
                   description="Failover control plane for ML model serving at the edge.")
     _install_error_handlers(app)
-    # The last one added runs first: the token, size and Redis checks before the key's lookup.
+    # The last one added runs first: the credential, size and Redis checks before the key's
+    # lookup.
     app.add_middleware(IdempotencyGuard,
                        log=lambda: getattr(controller.store, "idempotency", None),
                        routed=lambda scope: routed(app.router.routes, scope))
-    app.add_middleware(RequestGuard, token=lambda: controller.settings.token,
+    app.add_middleware(RequestGuard, gate=controller.gate,
                        health=lambda: getattr(controller.store, "health", None))
 
     _routes(app, controller)
+    missing = uncovered(app.routes)
+    if missing:  # a route the access table does not name would be open by omission
+        raise RuntimeError(f"routes missing from controller.access.ACCESS: {missing}")
     _document_errors(app)
     return app
 
@@ -133,8 +137,9 @@ def _document_errors(app: FastAPI) -> None:
     """Make the OpenAPI schema describe the error bodies the API really answers.
 
     FastAPI documents every 422 as its own ``HTTPValidationError`` (``detail`` a list), which
-    no answer of ours matches: each becomes an :class:`ErrorBody`, and the 401 and 413 that
-    ``RequestGuard`` answers on mutating routes are documented too.
+    no answer of ours matches: each becomes an :class:`ErrorBody`; the 401 and 403 that
+    ``RequestGuard`` answers on every route that needs a credential (with the roles allowed,
+    from ``controller.access``), and the 413 on mutating routes, are documented too.
     """
     fastapi_schema = app.openapi
 
@@ -147,7 +152,10 @@ def _document_errors(app: FastAPI) -> None:
 
 
 def _use_error_body(schema: dict[str, Any]) -> None:
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "a credential of the controller's store (docs/security.md)"}}
+    components = schema["components"].setdefault("schemas", {})
     error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
     components.update(error_schema.pop("$defs", {}))
     components["ErrorBody"] = error_schema
@@ -163,14 +171,31 @@ def _use_error_body(schema: dict[str, Any]) -> None:
                 responses.setdefault("503", {
                     "description": f"Redis is unreachable: retry after Retry-After "
                                    f"({RETRY_AFTER_S} s)", "content": content})
+            _document_access(operation, method.upper(), path, content)
             if method.upper() in MUTATING_METHODS:
-                responses.setdefault("401", {"description": "Missing or wrong bearer token",
-                                             "content": content})
                 responses.setdefault("413", {"description": "Request body too large",
                                              "content": content})
             if method.upper() in MUTATING_METHODS and path.startswith("/v1/"):
                 _document_idempotency_key(operation, content)
     document_route_errors(schema, content)
+
+
+def _document_access(operation: dict[str, Any], method: str, path: str,
+                     content: dict[str, Any]) -> None:
+    """The roles allowed (``controller.access``), and the 401 and 403 of the others."""
+    roles = roles_for(method, path)
+    if not roles:
+        operation["security"] = []
+        return
+    names = ", ".join(sorted(r.value for r in roles))
+    operation["security"] = [{"bearer": []}]
+    operation["description"] = (operation.get("description", "") +
+                                f"\n\nCredential: {names}.").strip()
+    responses = operation["responses"]
+    responses.setdefault("401", {"description": "Missing or unknown credential",
+                                 "content": content})
+    responses.setdefault("403", {"description": f"The credential's role may not call this "
+                                                f"(allowed: {names})", "content": content})
 
 
 def _document_idempotency_key(operation: dict[str, Any], content: dict[str, Any]) -> None:
@@ -189,21 +214,16 @@ def _document_idempotency_key(operation: dict[str, Any], content: dict[str, Any]
 
 
 def _routes(app: FastAPI, controller: Controller) -> None:
-    def authorised(request: Request) -> None:
-        if not bearer_ok(request.headers, controller.settings.token):
-            raise UnauthorizedError("missing or wrong bearer token")
-
-    mutating = [Depends(authorised)]
-    _health_routes(app, controller, mutating)
-    _apps_routes(app, controller, mutating)
-    _servers_routes(app, controller, mutating)
-    _config_and_plan_routes(app, controller, mutating)
-    _events_routes(app, controller, mutating)
-    _agents_and_artifacts_routes(app, controller, mutating)
-    graph_routes(app, controller, mutating)
+    _health_routes(app, controller)
+    _apps_routes(app, controller)
+    _servers_routes(app, controller)
+    _config_and_plan_routes(app, controller)
+    _events_routes(app, controller)
+    _agents_and_artifacts_routes(app, controller)
+    graph_routes(app, controller)
 
 
-def _health_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _health_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -235,18 +255,18 @@ async def _records_readable(controller: Controller) -> bool:
     return True
 
 
-def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _apps_routes(app: FastAPI, controller: Controller) -> None:
     rendered = RenderedViews()
 
     async def views() -> RecordsView:
         return await controller.store.view()  # type: ignore[union-attr]
 
-    @app.post("/v1/apps", status_code=201, dependencies=mutating, tags=["apps"])
+    @app.post("/v1/apps", status_code=201, tags=["apps"])
     async def register(spec: AppSpec, wait: bool = False) -> AppView:
         record = await controller.orchestrator.register(spec, wait=wait)
         return app_view(record, (await views()).servers)
 
-    @app.post("/v1/apps/batch", dependencies=mutating, tags=["apps"])
+    @app.post("/v1/apps/batch", tags=["apps"])
     async def register_batch(batch: AppBatch) -> BatchResult:
         created = await controller.orchestrator.register_many(batch.apps)
         return batch_result(batch.apps, created)
@@ -274,13 +294,13 @@ def _apps_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> N
             raise NotFoundError(f"app {app_id!r} is not registered")
         return Response(rendered.json(record, view.servers), media_type="application/json")
 
-    @app.delete("/v1/apps/{app_id}", status_code=204, dependencies=mutating, tags=["apps"])
+    @app.delete("/v1/apps/{app_id}", status_code=204, tags=["apps"])
     async def delete_app(app_id: IdInPath) -> Response:
         await controller.orchestrator.delete(app_id)
         return Response(status_code=204)
 
 
-def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _servers_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.get("/v1/servers", tags=["servers"])
     async def list_servers(
@@ -302,19 +322,19 @@ def _servers_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -
             raise NotFoundError(f"server {server_id!r} is unknown")
         return server
 
-    @app.post("/v1/servers/{server_id}/drain", status_code=202, dependencies=mutating,
+    @app.post("/v1/servers/{server_id}/drain", status_code=202,
               tags=["servers"])
     async def drain(server_id: IdInPath) -> ServerRecord:
         return await controller.lifecycle.drain(server_id)
 
 
-def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _config_and_plan_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.get("/v1/config", tags=["config"])
     async def get_config() -> RuntimeConfig:
         return controller.orchestrator.config
 
-    @app.patch("/v1/config", dependencies=mutating, tags=["config"])
+    @app.patch("/v1/config", tags=["config"])
     async def patch_config(patch: ConfigPatch) -> RuntimeConfig:
         return await controller.update_config(patch)
 
@@ -325,12 +345,12 @@ def _config_and_plan_routes(app: FastAPI, controller: Controller, mutating: list
             raise NotFoundError("no warm plan solved yet")
         return plan
 
-    @app.post("/v1/plan/solve", dependencies=mutating, tags=["plan"])
+    @app.post("/v1/plan/solve", tags=["plan"])
     async def solve() -> dict[str, Any]:
         return await controller.warm.replan()
 
 
-def _events_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _events_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.get("/v1/events", tags=["events"])
     async def events(since: Since = 0, app_id: Name = None,
@@ -377,18 +397,17 @@ async def _stream_events(websocket: WebSocket, events: AsyncIterator[Event]) -> 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _agents_and_artifacts_routes(app: FastAPI, controller: Controller, mutating: list[Any]) -> None:
+def _agents_and_artifacts_routes(app: FastAPI, controller: Controller) -> None:
 
     @app.websocket("/v1/agents/connect")
     async def agent_socket(websocket: WebSocket) -> None:
-        if not bearer_ok(websocket.headers, controller.settings.token):
-            await websocket.send_denial_response(
-                JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401))
-            return
+        # The guard let only agent credentials through (any caller with --insecure); an agent
+        # credential names the one server its holder may speak for.
+        identity = identity_of(websocket.scope)
         await websocket.accept()
-        await controller.agents.serve(websocket)
+        await controller.agents.serve(websocket, identity.server_id if identity else None)
 
-    @app.get("/v1/artifacts/{variant}/{name}", dependencies=mutating, tags=["artifacts"],
+    @app.get("/v1/artifacts/{variant}/{name}", tags=["artifacts"],
              response_class=FileResponse, responses={200: {
                  "description": "The file", "content": {"application/json": {}, OCTET_STREAM: {}}}})
     async def artifact(

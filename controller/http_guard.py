@@ -1,11 +1,13 @@
-"""What every HTTP request passes before any route reads its body: the size limit and the token.
+"""What every request passes before any route reads its body: the credential and the size limit.
 
 FastAPI reads and parses a request's body before it runs the route's dependencies, so a 10 MB
 malformed body used to be parsed before the bearer token was checked, and any body of any size
 was read into memory. This ASGI middleware answers first, from the headers alone:
 
-* 401 for a request that may change state (POST, PUT, PATCH, DELETE) without the token (when
-  the controller has one);
+* 401 for a call without a credential the controller knows, 403 for one whose role may not
+  make it (``controller.access``: the one table of routes and roles); a websocket is refused
+  the same way, before it is accepted. The caller's :class:`~controller.credentials.Identity`
+  is left in the scope (:func:`identity_of`) for the routes that need it (an agent's server);
 * 413 for a body larger than its route's limit, by ``Content-Length`` before a byte of it is
   read, or once a body sent without a length has passed the limit;
 * 503 with ``Retry-After`` for a ``/v1`` call while Redis is unreachable
@@ -21,7 +23,6 @@ instead of waiting for Redis to return. The error bodies are the API's (``{"deta
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -31,6 +32,8 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from controller.access import WEBSOCKET, Decision, Gate
+from controller.credentials import Identity
 from controller.redis_health import RETRY_AFTER_S, RedisHealth, RequestScope, request_scope
 
 logger = logging.getLogger(__name__)
@@ -44,16 +47,14 @@ _GRAPH_REQUEST = re.compile(r"^/v1/graphs/[^/]+/requests$")
 _NEEDS_NO_REDIS = re.compile(r"^/v1/(artifacts/|graphs/[^/]+/requests$)")
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 REDIS_DOWN = "redis is unreachable: the controller cannot serve this now"
+IDENTITY_KEY = "understudy.identity"
+"""Where the guard leaves the caller's identity in the ASGI scope."""
 
 
-def bearer_ok(headers: Any, expected: str | None) -> bool:
-    """Whether ``headers`` carry the bearer token ``expected`` (always, without one)."""
-    if not expected:
-        return True
-    header = headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(),
-                                                              expected.encode())
+def identity_of(scope: Any) -> Identity | None:
+    """The identity the guard found for this request or websocket (None on an open route)."""
+    identity = scope.get(IDENTITY_KEY)
+    return identity if isinstance(identity, Identity) else None
 
 
 def body_limit(path: str) -> int:
@@ -67,23 +68,28 @@ def needs_redis(path: str) -> bool:
 
 
 class RequestGuard:
-    """ASGI middleware: token, body size and Redis outages, checked before the body is read."""
+    """ASGI middleware: credential, body size and Redis outages, checked before the body is read."""
 
-    def __init__(self, app: Any, token: Callable[[], str | None],
+    def __init__(self, app: Any, gate: Gate,
                  health: Callable[[], RedisHealth | None] = lambda: None) -> None:
         self.app = app
-        self.token = token
+        self.gate = gate
         self.health = health
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if scope["method"] in MUTATING_METHODS and not bearer_ok(headers, self.token()):
-            await answer(send, 401, "missing or wrong bearer token",
-                         extra_headers=[(b"www-authenticate", b"Bearer")])
+        decision = self.gate.check(scope["method"], scope["path"], headers.get("authorization"))
+        if not decision.allowed:
+            await answer(send, decision.status, decision.detail,
+                         extra_headers=_challenge(decision))
             return
+        scope[IDENTITY_KEY] = decision.identity
         limit = body_limit(scope["path"])
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -98,6 +104,26 @@ class RequestGuard:
             else:
                 await self._cut_off_in_an_outage(health, request, scope,
                                                  _counted(receive, limit), send)
+
+    async def _websocket(self, scope: Any, receive: Any, send: Any) -> None:
+        """Refuse a websocket the caller may not open (an HTTP answer instead of the upgrade)."""
+        from starlette.responses import JSONResponse
+        from starlette.websockets import WebSocket
+
+        headers = Headers(scope=scope)
+        decision = self.gate.check(WEBSOCKET, scope["path"], headers.get("authorization"))
+        if decision.allowed:
+            scope[IDENTITY_KEY] = decision.identity
+            await self.app(scope, receive, send)
+            return
+        logger.info("websocket %s refused: %s", scope["path"][:200], decision.detail)
+        websocket = WebSocket(scope, receive, send)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await websocket.send_denial_response(JSONResponse(
+                {"detail": decision.detail}, status_code=decision.status,
+                headers={k.decode(): v.decode() for k, v in _challenge(decision)}))
+        else:  # a server without the denial extension: a close before accept is a 403
+            await websocket.close(code=1008, reason=decision.detail[:120])
 
     async def _cut_off_in_an_outage(self, health: RedisHealth, request: RequestScope,
                                     scope: Any, receive: Any, send: Any) -> None:
@@ -125,6 +151,11 @@ class RequestGuard:
             await answer(send, 503, REDIS_DOWN, retry_after=RETRY_AFTER_S)
         finally:
             health.untrack(request)
+
+
+def _challenge(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """The ``WWW-Authenticate`` header a 401 carries (RFC 6750)."""
+    return [(b"www-authenticate", b"Bearer")] if decision.status == 401 else []
 
 
 def _counted(receive: Any, limit: int) -> Any:

@@ -12,11 +12,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from controller.access import Gate
 from controller.agents import AgentHub
 from controller.artifacts import ArtifactCatalog
 from controller.collector import pace_collector
+from controller.credentials import CredentialStore
 from controller.declarations import DeclarationLog
 from controller.detector import FailureDetector
 from controller.events import EventHub
@@ -55,7 +57,14 @@ class ControllerSettings(BaseModel):
     redis_password: SecretStr | None = None
     """The password of the Redis at ``redis_url`` (from ``UNDERSTUDY_REDIS_PASSWORD``; a file
     wins over it)."""
-    token: str | None = None
+    credentials_dir: Path | None = None
+    """The credential store (``controller.credentials``); None: ``run_dir/credentials``,
+    created with a credential per role on first start."""
+    insecure: bool = False
+    """Authentication off: every caller may do everything (a warning at every start)."""
+    tls_cert: Path | None = None
+    """Serve HTTPS and WSS with this certificate (PEM, the chain after it) and ``tls_key``."""
+    tls_key: Path | None = None
     artifacts: Path | None = None
     """Artifact store served to agents at /v1/artifacts."""
     profiles_dir: Path | None = None
@@ -70,6 +79,22 @@ class ControllerSettings(BaseModel):
     graph_host: str = "127.0.0.1"
     """Address the service graphs' frontends and managers listen on; replica processes on the
     servers connect to it, so it must be reachable from them (not 0.0.0.0)."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ControllerSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
+
+    @property
+    def credentials_path(self) -> Path:
+        """Where the credential store is."""
+        return self.credentials_dir or self.run_dir / "credentials"
+
+    @property
+    def scheme(self) -> str:
+        """``https`` with a certificate, else ``http``."""
+        return "https" if self.tls_cert is not None else "http"
 
 
 class Controller:
@@ -86,9 +111,28 @@ class Controller:
         self.artifacts = ArtifactCatalog(settings.artifacts)
         self.ready = False
         self._gauges_at: int | None = None
+        # The store is opened (created on first start) by start(); until then no one gets in.
+        self.gate = Gate(None if settings.insecure else CredentialStore(settings.credentials_path))
+
+    def open_credentials(self) -> None:
+        """Create the credential store on first start; say where it is, or that there is none."""
+        store = self.gate.store
+        if store is None:
+            logger.warning("authentication is OFF (--insecure): anyone who reaches this "
+                           "controller may read and change everything and speak for any server")
+            return
+        created = store.init()
+        if created:
+            logger.warning("credentials generated in %s (mode 0600): %s; agents need one each: "
+                           "understudy credentials agent --dir %s --server-id ID",
+                           store.directory, ", ".join(p.name for p in created), store.directory)
+        else:
+            store.load()  # fails now, not at the first request, when it is unreadable
+            logger.info("credentials from %s", store.directory)
 
     async def start(self) -> None:
         """Start Redis (if embedded) and the core; reconcile with what Redis remembers."""
+        self.open_credentials()
         url = self.settings.redis_url
         if url is None:
             self.redis_server = RedisServer(self.settings.run_dir / "redis")
@@ -141,7 +185,8 @@ class Controller:
                                      self.metrics, busy=self.returns.reviving)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
-            controller_url=f"http://{self.settings.graph_host}:{self.settings.port}")
+            controller_url=f"{self.settings.scheme}://{self.settings.graph_host}:"
+                           f"{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
         # Graph replicas first: their recovery needs no agent command, only the signal.
         self.detector.listeners += [

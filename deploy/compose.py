@@ -1,7 +1,9 @@
 """Generate ``docker-compose.yml``: the testbed topology of :mod:`deploy.topology` in containers.
 
 Redis (append-only file on a volume), a one-shot ``artifacts`` job that writes the model-variant
-artifacts into a named volume, the controller (which serves that volume to the agents), one agent
+artifacts into a named volume, a one-shot ``credentials`` job that makes the controller's
+credential store (``understudy credentials init``) and each agent's credential in a volume of
+its own, the controller (which serves that volume to the agents), one agent
 per server in the official Triton image, a one-shot ``register`` job that registers the generated
 apps (``understudy testbed register``, the registration ``understudy testbed up`` does), and one
 load-generating client per app, started once the apps are registered::
@@ -39,10 +41,13 @@ AGENT_RUN_DIR = "/var/lib/understudy-agent"
 TRITON_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 """Triton's ports inside each agent container (each agent has its own network namespace)."""
 
-TOKEN_ENV = "UNDERSTUDY_TOKEN"
-TOKEN_REF = f"${{{TOKEN_ENV}:?{TOKEN_ENV} must be set}}"
-"""Compose interpolation of the shared bearer token; ``docker compose`` refuses to start without it
-(an empty token must never reach the controller)."""
+CREDENTIALS_DIR = "/credentials"
+"""The credential store in the controller's containers (the ``credentials`` volume)."""
+AGENT_TOKEN = f"{CREDENTIALS_DIR}/agent.token"
+"""Each agent's credential, in its own volume mounted read-only (it sees no other's)."""
+IMAGE_UID = "10001:10001"
+"""The ``understudy`` user of both images (deploy/Dockerfile.*), who must read the credentials
+the ``credentials`` job writes as root."""
 
 REDIS_PASSWORD_ENV = "UNDERSTUDY_REDIS_PASSWORD"
 REDIS_PASSWORD_REF = f"${{{REDIS_PASSWORD_ENV}:?{REDIS_PASSWORD_ENV} must be set}}"
@@ -78,8 +83,10 @@ HEADER = """\
 # Regenerate with:  python -m deploy.compose > docker-compose.yml
 # (tests/unit/test_compose.py fails when this file and the generator disagree.)
 #
-# Start:  UNDERSTUDY_TOKEN=<secret> UNDERSTUDY_REDIS_PASSWORD=<secret> docker compose up --build
-# See README.md, section "Containers (docker-compose)".
+# Start:  UNDERSTUDY_REDIS_PASSWORD=<secret> docker compose up --build
+#         (credentials are made on first start; the operator's:
+#         docker compose exec controller cat /credentials/admin.token)
+# See docs/testbed.md, "Containers (docker-compose)", and docs/security.md.
 """
 
 
@@ -126,6 +133,27 @@ def artifacts_service() -> dict[str, Any]:
     }
 
 
+def credentials_service(servers: Sequence[ServerSpec]) -> dict[str, Any]:
+    """One-shot job: the controller's credential store and one agent credential per server.
+
+    Idempotent (``init`` leaves a store that exists as it is; an agent's credential is derived,
+    the same each time). Each agent's credential goes to a volume of its own, which only that
+    agent mounts. It runs as root to write into the fresh volumes, and hands every file to the
+    images' user.
+    """
+    agent_args = [arg for s in servers for arg in ("--agent", s.server_id)]
+    return {
+        **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
+        "user": "0:0",
+        "command": ["understudy", "credentials", "init", "--dir", CREDENTIALS_DIR,
+                    *agent_args, "--owner", IMAGE_UID],
+        "volumes": [f"credentials:{CREDENTIALS_DIR}",
+                    *(f"{credentials_volume(s)}:{CREDENTIALS_DIR}/agents/{s.server_id}"
+                      for s in servers)],
+        "restart": "no",
+    }
+
+
 def controller_service() -> dict[str, Any]:
     """The controller: REST API, agents' websockets, artifact server (read-only volume)."""
     return {
@@ -133,13 +161,15 @@ def controller_service() -> dict[str, Any]:
         "command": ["understudy", "controller", "--host", "0.0.0.0",
                     "--port", str(CONTROLLER_PORT), "--redis-url", REDIS_URL,
                     "--run-dir", CONTROLLER_RUN_DIR, "--artifacts", ARTIFACTS_DIR,
-                    "--token", TOKEN_REF],
+                    "--credentials-dir", CREDENTIALS_DIR],
         "environment": {REDIS_PASSWORD_ENV: REDIS_PASSWORD_REF},
         "ports": [f"{CONTROLLER_PORT}:{CONTROLLER_PORT}"],
-        "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro", f"controller-state:{CONTROLLER_RUN_DIR}"],
+        "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro", f"controller-state:{CONTROLLER_RUN_DIR}",
+                    f"credentials:{CREDENTIALS_DIR}:ro"],
         "depends_on": {
             "redis": {"condition": "service_healthy"},
             "artifacts": {"condition": "service_completed_successfully"},
+            "credentials": {"condition": "service_completed_successfully"},
         },
         "healthcheck": {"test": ["CMD", "python", "-c", _CONTROLLER_HEALTHCHECK],
                         "interval": "5s", "timeout": "3s", "retries": 12,
@@ -169,13 +199,14 @@ def agent_service(server: ServerSpec, *, builds_image: bool) -> dict[str, Any]:
                     "--capacity", server.capacity_arg,
                     "--artifacts", f"{CONTROLLER_URL}/v1/artifacts",
                     "--artifacts-mirror", ARTIFACTS_DIR,
-                    "--run-dir", AGENT_RUN_DIR, "--token", TOKEN_REF,
+                    "--run-dir", AGENT_RUN_DIR, "--token-file", AGENT_TOKEN,
                     "--http-port", str(TRITON_PORTS["http"]),
                     "--grpc-port", str(TRITON_PORTS["grpc"]),
                     "--metrics-port", str(TRITON_PORTS["metrics"]),
                     "--triton-address", agent_name(server),
                     "--advertise-host", agent_name(server)],
-        "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro"],
+        "volumes": [f"artifacts:{ARTIFACTS_DIR}:ro",
+                    f"{credentials_volume(server)}:{CREDENTIALS_DIR}:ro"],
         "expose": [str(port) for port in TRITON_PORTS.values()],
         "shm_size": "1gb",
         "ulimits": {"memlock": -1, "stack": 67108864},
@@ -195,10 +226,12 @@ def register_service(topology: Topology, seed: int) -> dict[str, Any]:
     return {
         **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
         "command": ["understudy", "testbed", "register", "--controller-url", CONTROLLER_URL,
-                    "--token", TOKEN_REF, "--servers", str(len(topology.servers)),
+                    "--token-file", f"{CREDENTIALS_DIR}/admin.token",
+                    "--servers", str(len(topology.servers)),
                     "--sites", str(len(topology.sites)), "--apps", str(topology.apps),
                     "--headroom", f"{topology.headroom!r}",
                     "--critical", f"{topology.critical_fraction!r}", "--seed", str(seed)],
+        "volumes": [f"credentials:{CREDENTIALS_DIR}:ro"],
         "depends_on": {
             "controller": {"condition": "service_healthy"},
             **{agent_name(s): {"condition": "service_started"} for s in topology.servers},
@@ -212,7 +245,9 @@ def client_service(app: str, rate: float) -> dict[str, Any]:
     return {
         **_image(CONTROLLER_IMAGE, CONTROLLER_DOCKERFILE, builds=False),
         "command": ["understudy", "testbed", "client", "--controller-url", CONTROLLER_URL,
-                    "--token", TOKEN_REF, "--app", app, "--rate", f"{rate:g}"],
+                    "--token-file", f"{CREDENTIALS_DIR}/client.token", "--app", app,
+                    "--rate", f"{rate:g}"],
+        "volumes": [f"credentials:{CREDENTIALS_DIR}:ro"],
         "depends_on": {"register": {"condition": "service_completed_successfully"}},
         "restart": "on-failure",
     }
@@ -221,6 +256,11 @@ def client_service(app: str, rate: float) -> dict[str, Any]:
 def agent_name(server: ServerSpec) -> str:
     """Service name (and host name) of a server's agent: ``agent-s1``."""
     return f"agent-{server.server_id}"
+
+
+def credentials_volume(server: ServerSpec) -> str:
+    """The volume holding one agent's credential: ``credentials-s1``."""
+    return f"credentials-{server.server_id}"
 
 
 def client_name(app: str) -> str:
@@ -245,6 +285,7 @@ def build_compose(topology: Topology, rate: float = DEFAULT_CLIENT_RATE,
     services: dict[str, Any] = {
         "redis": redis_service(),
         "artifacts": artifacts_service(),
+        "credentials": credentials_service(sized.servers),
         "controller": controller_service(),
     }
     for i, server in enumerate(sized.servers):
@@ -255,7 +296,8 @@ def build_compose(topology: Topology, rate: float = DEFAULT_CLIENT_RATE,
     return {
         "name": "understudy",
         "services": services,
-        "volumes": {"redis-data": {}, "artifacts": {}, "controller-state": {}},
+        "volumes": {"redis-data": {}, "artifacts": {}, "controller-state": {}, "credentials": {},
+                    **{credentials_volume(s): {} for s in sized.servers}},
     }
 
 

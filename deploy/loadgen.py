@@ -34,16 +34,18 @@ JOIN_S = 0.5
 
 
 def _samples_of(controller_url: str, app_id: str, token: str | None,
-                store: Path | None) -> LabelledSamples | None:
+                store: Path | None, ca_file: str | None = None) -> LabelledSamples | None:
     """The labelled inputs of the app's family, when the store has them."""
     if store is None:
         return None
     import httpx
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    from understudy.wire.credentials import bearer, client_ssl_context
+
     try:
-        response = httpx.get(f"{controller_url.rstrip('/')}/v1/apps/{app_id}", headers=headers,
-                             timeout=10.0)
+        response = httpx.get(f"{controller_url.rstrip('/')}/v1/apps/{app_id}",
+                             headers=bearer(token), timeout=10.0,
+                             verify=client_ssl_context(Path(ca_file) if ca_file else None))
         family = response.json()["spec"]["family"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         logger.warning("client %s: family unknown (%s); sending random images", app_id, exc)
@@ -102,7 +104,7 @@ def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate
     threads = [threading.Thread(target=run_app_client, name=f"client-{app_id}", daemon=True,
                                 args=(client, app_id, rate, out_dir, stop),
                                 kwargs={"samples": partial(_samples_of, controller_url, app_id,
-                                                           token, store)})
+                                                           token, store, ca_file)})
                for app_id in app_ids]
     try:
         for thread in threads:

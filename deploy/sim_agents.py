@@ -37,12 +37,14 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from agent.load_slots import LoadSlots
 from deploy.sim_heartbeats import BeatEntry, HeartbeatPump
 from policies.model import Family, Variant
+from understudy.wire.credentials import bearer, client_ssl_context
 from understudy.wire.protocol import (
     AGENT_WS_PATH,
     CommandResult,
@@ -143,6 +145,9 @@ class SimAgentConfig:
     controller_url: str
     capacity: dict[str, float]
     token: str | None = None
+    """This server's agent credential."""
+    ca_file: Path | None = None
+    """CA that verifies a ``wss://`` controller."""
     server_type: str = "sim"
     heartbeat_interval_ms: float = 20.0
 
@@ -226,13 +231,16 @@ class SimAgent:
         from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
         delay = RECONNECT_INITIAL_S
-        headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        headers = bearer(self.config.token)
+        url = self.config.websocket_url()
+        tls = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
+               else {})
         while not self._stopping:
             await self._online.wait()
             if self._stopping:
                 break
             try:
-                async with connect(self.config.websocket_url(), additional_headers=headers,
+                async with connect(url, additional_headers=headers, **tls,
                                    compression=None, proxy=None, open_timeout=10,
                                    ping_interval=None, max_size=16 * 1024 * 1024) as ws:
                     delay = RECONNECT_INITIAL_S

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from deploy.sim_agents import LoadTimes, SimAgent, SimAgentConfig
@@ -115,7 +116,10 @@ class FleetSpec:
     count: int
     first: int = 0
     sites: int = 10
-    token: str | None = None
+    credentials_dir: Path | None = None
+    """The controller's credential store: each agent presents its own server's credential
+    (None: none, for a controller started with ``--insecure``)."""
+    ca_file: Path | None = None
     heartbeat_interval_ms: float = 20.0
     load_time_scale: float = 1.0
     seed: int = 0
@@ -132,11 +136,18 @@ class SimFleet:
         load_times = LoadTimes(load_families(), spec.load_time_scale)
         rng = random.Random(spec.seed + spec.first)
         self.agents: dict[str, SimAgent] = {}
+        store = None
+        if spec.credentials_dir is not None:
+            from controller.credentials import CredentialStore
+
+            store = CredentialStore(spec.credentials_dir)
         for index in range(spec.first, spec.first + spec.count):
+            server_id = server_name(index)
             config = SimAgentConfig(
-                server_id=server_name(index), site_id=site_name(index, spec.sites),
+                server_id=server_id, site_id=site_name(index, spec.sites),
                 controller_url=spec.controller_url, capacity=dict(spec.capacity),
-                token=spec.token, heartbeat_interval_ms=spec.heartbeat_interval_ms)
+                token=store.agent_token(server_id) if store is not None else None,
+                ca_file=spec.ca_file, heartbeat_interval_ms=spec.heartbeat_interval_ms)
             self.agents[config.server_id] = SimAgent(config, self.pump, load_times,
                                                      random.Random(rng.random()))
         self.sites = {name: agent.config.site_id for name, agent in self.agents.items()}

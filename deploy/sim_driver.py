@@ -98,7 +98,7 @@ class SimAgentProcesses:
     """``agents`` simulated servers in ``processes`` processes (see the module docstring)."""
 
     def __init__(self, controller_url: str, agents: int, processes: int, *, sites: int,
-                 capacity: dict[str, float], log_dir: Path, token: str | None = None,
+                 capacity: dict[str, float], log_dir: Path, credentials_dir: Path | None = None,
                  hold: bool = True, load_time_scale: float = 1.0, seed: int = 0) -> None:
         if agents < 1 or not 1 <= processes <= agents:
             raise ValueError("need at least one agent and 1 <= processes <= agents")
@@ -115,7 +115,7 @@ class SimAgentProcesses:
                                "--capacity", _capacity_arg(capacity),
                                "--load-time-scale", str(load_time_scale),
                                "--seed", str(seed))
-            args += ["--token", token] if token else []
+            args += ["--credentials-dir", str(credentials_dir)] if credentials_dir else []
             args += ["--hold"] if hold else []
             log = (log_dir / f"sim-agents-{index}.log").open("ab")
             self._logs.append(log)
@@ -180,22 +180,38 @@ class SimAgentProcesses:
 
 
 class ControllerProcess:
-    """``understudy controller`` on a free port, with its embedded Redis."""
+    """``understudy controller`` on a free port, with its embedded Redis.
 
-    def __init__(self, run_dir: Path, *, token: str | None = None, heartbeat_ms: float = 20.0,
+    Its credential store (``credentials``) is made here before it starts, so ``http`` carries
+    the admin credential from the first call; ``insecure`` starts it without authentication.
+    """
+
+    def __init__(self, run_dir: Path, *, insecure: bool = False, heartbeat_ms: float = 20.0,
                  log_level: str = "INFO", extra: Iterable[str] = ()) -> None:
+        from controller.credentials import CredentialStore
+        from understudy.wire.credentials import bearer, read_token_file
+
         run_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = run_dir / "controller.log"
         self._log = self.log_path.open("ab")
+        self.credentials = None if insecure else run_dir / "credentials"
+        auth = ["--insecure"]
+        headers: dict[str, str] = {}
+        if self.credentials is not None:
+            store = CredentialStore(self.credentials)
+            store.init()
+            auth = ["--credentials-dir", str(self.credentials)]
+            headers = bearer(read_token_file(store.token_path("admin")))
         args = _understudy("--log-level", log_level, "controller", "--port", str(self.port),
                            "--run-dir", str(run_dir / "ctl"), "--heartbeat-ms",
-                           str(heartbeat_ms), *(["--token", token] if token else []), *extra)
+                           str(heartbeat_ms), *auth, *extra)
         self.popen = subprocess.Popen(  # noqa: S603 - our own CLI
             args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.auth = headers
+        """The admin credential's header ({} with ``insecure``)."""
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:

@@ -36,6 +36,7 @@ import httpx
 
 from agent.repository import CACHE_DIR
 from agent.triton_access import model_control_headers
+from controller.credentials import CredentialStore
 from controller.redis_server import redis_config, with_password
 from deploy.topology import Topology, capacity_arg
 from deploy.workload import (
@@ -50,6 +51,7 @@ from deploy.workload import (
 )
 from model_repo.artifacts import DEFAULT_SCALE, build_store
 from model_repo.profiles import family_from_document, load_family_documents
+from understudy.wire.credentials import bearer, client_ssl_context, read_token_file
 from understudy.wire.ports import free_port
 from understudy.wire.secret_files import new_secret, read_secret_file, write_secret_file
 
@@ -90,7 +92,6 @@ class TestbedState:
     run_dir: str
     controller_url: str
     redis_port: int
-    token: str
     artifacts: str
     processes: dict[str, ProcessInfo] = field(default_factory=dict)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -101,6 +102,18 @@ class TestbedState:
     """Agents link verified weights from the local store instead of downloading them."""
     redis_password_file: str = ""
     """The Redis password (mode 0600, new at each ``up``); the controller reads it from there."""
+    tls: bool = False
+    """The controller serves HTTPS/WSS with a certificate of the testbed's own CA."""
+
+    @property
+    def credentials(self) -> Path:
+        """The controller's credential store, made by ``up`` (``controller.credentials``)."""
+        return Path(self.run_dir) / CREDENTIALS_DIR
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA that signed the controller's certificate (None without TLS)."""
+        return Path(self.run_dir) / TLS_DIR / CA_CERT if self.tls else None
 
     def save(self) -> None:
         """Write atomically to ``<run_dir>/testbed.json``."""
@@ -117,11 +130,15 @@ class TestbedState:
             raise TestbedError(f"no testbed in {run_dir} (run 'understudy testbed up' first)")
         data = json.loads(path.read_text(encoding="utf-8"))
         data["processes"] = {k: ProcessInfo(**v) for k, v in data["processes"].items()}
+        data.pop("token", None)  # a testbed from before credentials (a fixed shared token)
         return cls(**data)
 
 
+CREDENTIALS_DIR = "credentials"
+TLS_DIR = "tls"
+CA_CERT = "ca.pem"
 PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
-                        STATE_FILE)
+                        CREDENTIALS_DIR, TLS_DIR, STATE_FILE)
 """What a testbed leaves in its run directory that a new one must not inherit (Redis would
 reload the old apps from its append-only file). An artifact store there is kept."""
 
@@ -161,6 +178,22 @@ def _clear_agents_keeping_caches(agents: Path) -> None:
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
+
+
+def _make_credentials(run_dir: Path, topology: Topology, tls: bool) -> None:
+    """A credential per role and per server in ``run_dir/credentials``.
+
+    With ``tls``, a CA and the controller's certificate in ``run_dir/tls``.
+    """
+    store = CredentialStore(run_dir / CREDENTIALS_DIR)
+    store.init()
+    for spec in topology.servers:
+        store.issue_agent(spec.server_id)
+    if tls:
+        from controller.tls import make_ca_and_server_cert
+
+        make_ca_and_server_cert(run_dir / TLS_DIR, ["127.0.0.1", "localhost"],
+                                name="understudy testbed")
 
 
 def _set_niceness(nice: int) -> None:
@@ -242,17 +275,33 @@ class Testbed:
     def __init__(self, state: TestbedState) -> None:
         self.state = state
         self.http = httpx.Client(base_url=state.controller_url, timeout=10.0,
-                                 headers={"Authorization": f"Bearer {state.token}"})
+                                 headers=bearer(self.token("admin")),
+                                 verify=client_ssl_context(state.ca_file))
+
+    def token_file(self, name: str) -> Path:
+        """The file of a credential ``up`` made.
+
+        ``name``: ``admin``, ``read``, ``client`` or ``gateway``.
+        """
+        return CredentialStore(self.state.credentials).token_path(name)
+
+    def agent_token_file(self, server_id: str) -> Path:
+        """The file of a server's agent credential."""
+        return CredentialStore(self.state.credentials).agent_token_path(server_id)
+
+    def token(self, name: str) -> str:
+        """The credential in :meth:`token_file`."""
+        return read_token_file(self.token_file(name))
 
     # --- start ----------------------------------------------------------------------------
 
     @classmethod
     def up(cls, run_dir: Path, topology: Topology, *, seed: int = DEFAULT_SEED,
            scale: float = DEFAULT_SCALE, artifacts: Path | None = None,
-           token: str = "testbed-token", policy: str = "understudy", heartbeat_ms: float = 20.0,
+           policy: str = "understudy", heartbeat_ms: float = 20.0,
            rate_rps: tuple[float, float] = DEFAULT_RATE_RPS, clients: bool = True,
            client_rate: float = 5.0, timeout_s: float = 300.0, register: bool = True,
-           artifact_mirror: bool = True) -> Testbed:
+           artifact_mirror: bool = True, tls: bool = False) -> Testbed:
         """Start everything, register the apps, wait until all serve with their backups.
 
         With ``register=False`` only the processes start (servers sized for the generated
@@ -261,10 +310,15 @@ class Testbed:
         ``artifact_mirror`` (default) they link the weights from the store on this machine once
         the served sha256 matches, instead of all downloading gigabytes at once while they
         register (which starved heartbeats into false alarms on a small machine).
+
+        Credentials are made afresh in ``<run_dir>/credentials`` (one per role, one per agent;
+        :meth:`token_file`); with ``tls`` a CA and the controller's certificate in
+        ``<run_dir>/tls``, and every process verifies the controller with that CA.
         """
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        _make_credentials(run_dir, topology, tls)
         store = (artifacts or run_dir / "artifacts").resolve()
         docs = load_family_documents(stores=[store])
         missing = sorted(set(topology.families) - set(docs))
@@ -277,8 +331,8 @@ class Testbed:
         build_store(store, synthetic, scale=scale)
         workload = generate_workload(topology, seed=seed, rate_rps=rate_rps, stores=[store])
         state = TestbedState(run_dir=str(run_dir), controller_url="", redis_port=free_port(),
-                             token=token, artifacts=str(store), policy=policy,
-                             artifact_mirror=artifact_mirror)
+                             artifacts=str(store), policy=policy,
+                             artifact_mirror=artifact_mirror, tls=tls)
         testbed = cls(state)
         try:
             testbed = cls._start_processes(state, workload.sized(topology), heartbeat_ms,
@@ -296,7 +350,7 @@ class Testbed:
     def _start_processes(cls, state: TestbedState, topology: Topology, heartbeat_ms: float,
                          timeout_s: float) -> Testbed:
         port = free_port()
-        state.controller_url = f"http://127.0.0.1:{port}"
+        state.controller_url = f"{'https' if state.tls else 'http'}://127.0.0.1:{port}"
         state.save()
         testbed = cls(state)
         testbed.start_redis()
@@ -328,11 +382,15 @@ class Testbed:
     def start_controller(self, heartbeat_ms: float = 20.0) -> ProcessInfo:
         """Start (or restart) the controller and wait until it is ready."""
         port = self.state.controller_url.rsplit(":", 1)[1]
+        tls_dir = Path(self.state.run_dir) / TLS_DIR
+        tls = (["--tls-cert", str(tls_dir / "server.pem"), "--tls-key",
+                str(tls_dir / "server.key")] if self.state.tls else [])
         info = _spawn(self.state, "controller", _understudy(
             "controller", "--port", port, "--run-dir", str(Path(self.state.run_dir) / "ctl"),
             "--redis-url", f"redis://127.0.0.1:{self.state.redis_port}/0",
             "--redis-password-file", self.state.redis_password_file,
-            "--token", self.state.token, "--artifacts", self.state.artifacts,
+            "--credentials-dir", str(self.state.credentials), *tls,
+            "--artifacts", self.state.artifacts,
             "--heartbeat-ms", str(heartbeat_ms), "--policy", self.state.policy),
             nice=CONTROL_PLANE_NICE)
         wait_until("the controller to be ready", self._ready, 60, 0.1)
@@ -350,9 +408,13 @@ class Testbed:
             "--artifacts", f"{self.state.controller_url}/v1/artifacts",
             *(["--artifacts-mirror", self.state.artifacts] if self.state.artifact_mirror else []),
             "--run-dir", str(Path(self.state.run_dir) / "agents" / server_id),
-            "--token", self.state.token, "--triton-nice", str(DATA_PLANE_NICE)),
+            "--token-file", str(self.agent_token_file(server_id)), *self._ca_args(),
+            "--triton-nice", str(DATA_PLANE_NICE)),
             nice=CONTROL_PLANE_NICE)
 
+    def _ca_args(self) -> list[str]:
+        ca_file = self.state.ca_file
+        return ["--ca-file", str(ca_file)] if ca_file is not None else []
     def redis_url(self) -> str:
         """The testbed Redis's URL with its password (for tools and tests; never log it)."""
         url = f"redis://127.0.0.1:{self.state.redis_port}/0"
@@ -406,7 +468,8 @@ class Testbed:
         app_ids = ",".join(a["app_id"] for a in self.state.apps)
         return _spawn(self.state, "clients", _understudy(
             "testbed", "client", "--controller-url", self.state.controller_url,
-            "--token", self.state.token, "--app", app_ids, "--rate", str(rate),
+            "--token-file", str(self.token_file("client")), *self._ca_args(),
+            "--app", app_ids, "--rate", str(rate),
             "--out", str(Path(self.state.run_dir) / "requests"),
             "--store", self.state.artifacts), nice=DATA_PLANE_NICE)
 

@@ -119,12 +119,21 @@ def machine_capacity(servers: int) -> dict[str, float]:
 
 def wait_for_servers(http: httpx.Client, count: int, timeout_s: float,
                      interval_s: float = 0.5) -> None:
-    """Wait until ``count`` servers are up and connected (placement needs them all)."""
+    """Wait until ``count`` servers are up and connected (placement needs them all).
+
+    A refused credential (401, 403) fails at once: waiting would not change it.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             servers = list_all(http, "/v1/servers")
             up = sum(1 for s in servers if s["state"] == "up" and s["connected"])
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code in (401, 403):
+                raise RegistrationError(f"the controller refused the credential: "
+                                        f"{exc.response.status_code} "
+                                        f"{exc.response.text[:200]}") from exc
+            up = 0
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             up = 0
         if up >= count:

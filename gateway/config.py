@@ -31,7 +31,10 @@ class GatewayConfig(BaseModel):
     grpc_port: int | None = Field(None, ge=0, lt=65536)
     """gRPC port of the KServe v2 endpoint; None: no gRPC endpoint."""
     token: str | None = None
-    """Bearer token for the controller (reads need none; kept for controllers that ask)."""
+    """The gateway credential for the controller (``understudy.wire.credentials``: from a
+    file or the environment, never a flag)."""
+    ca_file: Path | None = None
+    """CA that verifies an ``https://`` controller (None: the system's CAs)."""
     run_dir: Path = Path("runs/gateway")
     """Where the routing table is persisted (``routes.json``)."""
     hedge_ms: dict[str, float] = Field(default_factory=dict)

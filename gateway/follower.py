@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from gateway.board import RouteBoard
+from understudy.wire.credentials import bearer, client_ssl_context
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +41,13 @@ class EventFollower:
 
     def __init__(self, controller_url: str, board: RouteBoard, token: str | None = None,
                  on_connected: Callable[[bool], None] | None = None,
-                 on_snapshot: Callable[[], None] | None = None) -> None:
+                 on_snapshot: Callable[[], None] | None = None,
+                 ca_file: Path | None = None) -> None:
         self.base = controller_url.rstrip("/")
         self.board = board
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = bearer(token)
+        self.tls = client_ssl_context(ca_file)
+        """Verifies an https:// controller (used only then)."""
         self.on_connected = on_connected or (lambda _: None)
         self.on_snapshot = on_snapshot or (lambda: None)
         self.connected = False
@@ -59,7 +64,7 @@ class EventFollower:
         """Follow the stream, reconnecting with back-off, until :meth:`stop`."""
         delay = BACKOFF_MIN_S
         async with httpx.AsyncClient(base_url=self.base, headers=self.headers,
-                                     timeout=10.0) as http:
+                                     timeout=10.0, verify=self.tls) as http:
             while not self._stop.is_set():
                 try:
                     await self._follow(http)
@@ -84,7 +89,9 @@ class EventFollower:
     async def _follow(self, http: httpx.AsyncClient) -> None:
         last = self.board.table.last_seq
         since = last if last > 0 else None
-        async with connect(self._ws_url(since), additional_headers=self.headers,
+        url = self._ws_url(since)
+        tls = {"ssl": self.tls} if url.startswith("wss://") else {}
+        async with connect(url, additional_headers=self.headers, **tls,
                            open_timeout=5, close_timeout=1, ping_interval=5, ping_timeout=5,
                            compression=None, proxy=None, max_size=None) as ws:
             self._set_connected(True)

@@ -58,7 +58,8 @@ class Gateway:
         self.queues = Queues(self.dispatcher.send, self._policy, self.metrics)
         self.plane = DataPlane(config, self.board, self.dispatcher, self.queues, self.metrics)
         self.follower = EventFollower(config.controller_url, self.board, config.token,
-                                      on_snapshot=self.metrics.snapshots.inc)
+                                      on_snapshot=self.metrics.snapshots.inc,
+                                      ca_file=config.ca_file)
         self.board.add_listener(self._on_change)
         self.metrics.controller_connected.set_function(lambda: float(self.follower.connected))
         self.metrics.last_seq.set_function(lambda: float(self.board.table.last_seq))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from understudy.sdk.locations import (
     location_of_replica,
     location_of_serving,
 )
+from understudy.wire.credentials import ca_file_of, load_token
 
 __all__ = ["NOWHERE_KINDS", "ClientError", "InferResult", "Location", "RequestRecord",
            "UnderstudyClient", "location_of_event", "location_of_replica",
@@ -44,10 +46,19 @@ class UnderstudyClient:
     """Inference client of one app (thread-safe: many threads may call :meth:`infer`)."""
 
     def __init__(self, controller_url: str, app_id: str, token: str | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None, *,
+                 token_file: Path | None = None, ca_file: Path | None = None) -> None:
+        """A client of ``app_id`` at ``controller_url``.
+
+        The client credential: ``token``, else ``token_file``, else ``$UNDERSTUDY_TOKEN_FILE``
+        or ``$UNDERSTUDY_TOKEN`` (docs/security.md). ``ca_file`` (else ``$UNDERSTUDY_CA_FILE``)
+        verifies an ``https://`` controller.
+        """
         self.controller_url = controller_url.rstrip("/")
         self.app_id = app_id
-        self.token = token
+        self.token = token if token is not None else load_token(token_file)
+        ca = ca_file_of(ca_file)
+        self.ca_file = str(ca) if ca is not None else None
         self.on_event = on_event
         self.records: list[RequestRecord] = []
         self._events: list[dict[str, Any]] = []
@@ -56,7 +67,7 @@ class UnderstudyClient:
     def start(self) -> UnderstudyClient:
         """Resolve the app (ClientError when unknown) and start following its events."""
         if self._client is None:
-            self._client = Client(self.controller_url, token=self.token,
+            self._client = Client(self.controller_url, token=self.token, ca_file=self.ca_file,
                                   on_record=self.records.append, on_event=self._on_event)
         try:
             self.resolve()

@@ -21,18 +21,19 @@ import httpx
 import pytest
 import redis
 
+from controller.credentials import CredentialStore
 from controller.records import AppRecord, AppSpec, AppStatus, Replica, ServerRecord
 from controller.redis_server import RedisServer
 from controller.store import Store
 from deploy.testbed import wait_until
 from deploy.workload import list_all
 from policies.model import Role
+from understudy.wire.credentials import bearer, read_token_file
 from understudy.wire.ports import free_port
 from understudy.wire.protocol import ModelState
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "apps-token"
 SITES = {"s1": "site-a", "s2": "site-a", "s3": "site-b", "s4": "site-b"}
 SEEDED = {"seed-a": ("s1", "mobilenet_v3", "mobilenet_v3_large"),
           "seed-b": ("s3", "shufflenet_v2", "shufflenet_v2_x1_0")}
@@ -75,15 +76,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     asyncio.run(_seed(server.url))
     port = free_port()
     log = run_dir / "controller.log"
+    credentials = CredentialStore(run_dir / "credentials")
+    credentials.init()
     with log.open("w") as out:
         process = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "understudy.cli.main", "controller", "--port", str(port),
              "--redis-url", server.redacted_url, "--redis-password-file",
-             str(server.password_file), "--token", TOKEN, "--startup-grace-s", "3600",
-             "--run-dir", str(run_dir / "controller")],
+             str(server.password_file), "--credentials-dir", str(credentials.directory),
+             "--startup-grace-s", "3600", "--run-dir", str(run_dir / "controller")],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                        headers={"Authorization": f"Bearer {TOKEN}"})
+                        headers=bearer(read_token_file(credentials.token_path("admin"))))
 
     def ready() -> bool:
         try:

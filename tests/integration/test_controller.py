@@ -122,7 +122,8 @@ def test_every_server_caches_the_interim_variants_before_any_failure(testbed: Te
 
 def test_client_gets_the_serving_endpoint_and_the_variant_answering(testbed: Testbed) -> None:
     app_id, app = next(iter(_apps(testbed).items()))
-    with UnderstudyClient(testbed.state.controller_url, app_id) as client:
+    with UnderstudyClient(testbed.state.controller_url, app_id,
+                          token_file=testbed.token_file("client")) as client:
         result = client.infer(np.zeros((1, 3, 224, 224), dtype=np.float32))
     assert result.logits.shape == (1, 1000)
     assert result.record.variant == app["serving"]["variant"]
@@ -134,7 +135,9 @@ class _Load:
 
     def __init__(self, bed: Testbed, app_ids: list[str]) -> None:
         self.stop = threading.Event()
-        self.clients = [UnderstudyClient(bed.state.controller_url, a).start() for a in app_ids]
+        self.clients = [UnderstudyClient(bed.state.controller_url, a,
+                                         token_file=bed.token_file("client")).start()
+                        for a in app_ids]
         image = np.zeros((1, 3, 224, 224), dtype=np.float32)
         self.threads = [threading.Thread(target=self._run, args=(c, image), daemon=True)
                         for c in self.clients]

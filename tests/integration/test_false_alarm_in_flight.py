@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from controller.credentials import CredentialStore
 from deploy.sim_agents import LoadTimes, SimAgent, SimAgentConfig
 from deploy.sim_driver import ControllerProcess
 from deploy.sim_heartbeats import HeartbeatPump
@@ -32,7 +33,6 @@ from understudy.wire.protocol import ModelState, UnloadCommand
 
 pytestmark = pytest.mark.timeout(120)
 
-TOKEN = "false-alarm-token"
 FAMILY, SMALL, LARGE = "mobilenet_v3", "mobilenet_v3_small", "mobilenet_v3_large"
 TARGET_LOAD_S = 8.0
 """Long enough for R to be declared failed, its failover planned, and R heard again."""
@@ -96,7 +96,9 @@ def wait_until(what: str, condition: Callable[[], Any], timeout_s: float = WAIT_
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    controller = ControllerProcess(tmp_path, token=TOKEN, log_level="INFO")
+    controller = ControllerProcess(tmp_path, log_level="INFO")
+    assert controller.credentials is not None
+    store = CredentialStore(controller.credentials)
     loop = LoopThread()
     pump = HeartbeatPump(0.02).start()
     load_times = ScriptedLoadTimes()
@@ -109,7 +111,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             for index in range(2):
                 config = SimAgentConfig(
                     server_id=f"sim-{index:04d}", site_id=f"site-{index:02d}",
-                    controller_url=controller.url, token=TOKEN,
+                    controller_url=controller.url,
+                    token=store.agent_token(f"sim-{index:04d}"),
                     capacity={"memory_mb": 4000.0, "compute": 100.0})
                 agent = agents[config.server_id] = SimAgent(config, pump, load_times)
                 unload = agent._unload

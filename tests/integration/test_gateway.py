@@ -70,7 +70,8 @@ class GatewayProcess:
 
 
 def start_gateway(run_dir: Path, controller_url: str, grpc: bool = False,
-                  wait_ready: bool = True, extra: tuple[str, ...] = ()) -> GatewayProcess:
+                  wait_ready: bool = True, extra: tuple[str, ...] = (),
+                  token_file: Path | None = None) -> GatewayProcess:
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     grpc_port = free_port() if grpc else None
@@ -78,7 +79,8 @@ def start_gateway(run_dir: Path, controller_url: str, grpc: bool = False,
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
          "--controller-url", controller_url, "--port", str(port), "--run-dir", str(run_dir),
-         *(["--grpc-port", str(grpc_port)] if grpc_port else []), *extra],
+         *(["--grpc-port", str(grpc_port)] if grpc_port else []),
+         *(["--token-file", str(token_file)] if token_file else []), *extra],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                                              "PYTHONUNBUFFERED": "1"})
     gateway = GatewayProcess(process, port, run_dir, grpc_port)
@@ -113,7 +115,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
 def gateway(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[GatewayProcess]:
     process = start_gateway(tmp_path_factory.mktemp("gateway"), testbed.state.controller_url,
-                            grpc=True)
+                            grpc=True, token_file=testbed.token_file("gateway"))
     try:
         yield process
     finally:
@@ -331,7 +333,8 @@ def test_a_hedge_answers_from_the_warm_backup_while_the_primary_hangs(
     primary = app["serving"]["server_id"]
     backups = {b["server_id"] for b in app["backups"] if b["state"] == "ready"}
     hedging = start_gateway(tmp_path / "hedging", testbed.state.controller_url,
-                            extra=("--hedge-ms", f"{app_id}=30"))
+                            extra=("--hedge-ms", f"{app_id}=30"),
+                            token_file=testbed.token_file("gateway"))
     triton = _triton_pid(testbed, primary)
     try:
         load = Load(hedging.url, [app_id]).start()
@@ -388,7 +391,8 @@ def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
     # A gateway started while the controller is down routes from the table it persisted.
     copy = tmp_path / "restarted"
     shutil.copytree(gateway.run_dir, copy, ignore=shutil.ignore_patterns("*.log"))
-    second = start_gateway(copy, testbed.state.controller_url)
+    second = start_gateway(copy, testbed.state.controller_url,
+                           token_file=testbed.token_file("gateway"))
     try:
         second_load = Load(second.url, affected[:1]).start()
         wait_until("answers from a gateway started without a controller",

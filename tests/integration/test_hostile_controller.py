@@ -23,16 +23,16 @@ import redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
 from deploy.testbed import wait_until
 from tests.integration.hostile_fixtures import artifact_store
+from understudy.wire.credentials import bearer, read_token_file
 from understudy.wire.ports import free_port
 from understudy.wire.protocol import AGENT_WS_PATH, MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "hostile-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOOD_SERVER = {"server_id": "s1", "site_id": "site-a",
                "capacity": {"memory_mb": 100000.0, "compute": 1000.0}}
 GOOD_APP = {"spec": {"app_id": "seed-a", "family": "mobilenet_v3"}}
@@ -52,6 +52,15 @@ class Controller:
     port: int
     log: Path
     artifacts: Path
+    credentials: CredentialStore
+
+    def auth(self, name: str) -> dict[str, str]:
+        """The header presenting a named credential (``read`` ...)."""
+        return bearer(read_token_file(self.credentials.token_path(name)))
+
+    def agent_auth(self, server_id: str) -> dict[str, str]:
+        """The header presenting a server's agent credential."""
+        return bearer(self.credentials.agent_token(server_id))
 
 
 def _seed(client: redis.Redis) -> None:
@@ -84,14 +93,18 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]
     artifacts = artifact_store(run_dir / "artifacts")
     port = free_port()
     log = run_dir / "controller.log"
+    credentials = CredentialStore(run_dir / "credentials")
+    credentials.init()
     with log.open("w") as out:
         process = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "understudy.cli.main", "controller", "--port", str(port),
              "--redis-url", server.redacted_url, "--redis-password-file",
-             str(server.password_file), "--token", TOKEN, "--startup-grace-s", "3600",
+             str(server.password_file), "--credentials-dir", str(credentials.directory),
+             "--startup-grace-s", "3600",
              "--artifacts", str(artifacts), "--run-dir", str(run_dir / "controller")],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=AUTH)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                        headers=bearer(read_token_file(credentials.token_path("admin"))))
 
     def ready() -> bool:
         assert process.poll() is None, f"the controller exited: {log.read_text()[-3000:]}"
@@ -102,7 +115,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]
 
     try:
         wait_until("the controller", ready, 60)
-        yield Controller(http, client, port, log, artifacts)
+        yield Controller(http, client, port, log, artifacts, credentials)
     finally:
         process.terminate()
         try:
@@ -139,9 +152,12 @@ def test_start_up_quarantines_every_record_it_cannot_use(controller: Controller)
     assert "quarantined us:servers field 's-nan'" in log and "Traceback" not in log
 
 
-async def _refusal(port: int, frames: list[str]) -> tuple[int | None, str]:
-    """Send ``frames`` as an agent; the close code and reason the controller answered with."""
-    async with connect(f"ws://127.0.0.1:{port}{AGENT_WS_PATH}", additional_headers=AUTH,
+async def _refusal(controller: Controller, frames: list[str],
+                   server_id: str = "g-1") -> tuple[int | None, str]:
+    """Send ``frames`` as ``server_id``'s agent; the close code and reason the controller
+    answered with."""
+    async with connect(f"ws://127.0.0.1:{controller.port}{AGENT_WS_PATH}",
+                       additional_headers=controller.agent_auth(server_id),
                        max_size=None) as ws:
         try:
             for frame in frames:
@@ -172,7 +188,7 @@ def _hello(server_id: str, capacity: str = '{"memory_mb": 1000.0}', **extra: Any
         "not JSON"])
 def test_a_hostile_hello_closes_its_connection_and_leaves_no_trace(
         controller: Controller, frame: str, code: int) -> None:
-    closed_with, reason = asyncio.run(_refusal(controller.port, [frame]))
+    closed_with, reason = asyncio.run(_refusal(controller, [frame]))
     assert closed_with == code and reason, (closed_with, reason)
     assert not any(s.startswith("h-") or s == "" for s in controller.redis.hkeys("us:servers"))
     http = controller.http
@@ -182,7 +198,7 @@ def test_a_hostile_hello_closes_its_connection_and_leaves_no_trace(
 
 
 def test_after_hostile_hellos_apps_still_register(controller: Controller) -> None:
-    asyncio.run(_refusal(controller.port, [_hello("", '{"memory_mb": NaN}')]))
+    asyncio.run(_refusal(controller, [_hello("", '{"memory_mb": NaN}')]))
     created = controller.http.post("/v1/apps", json={"app_id": "after-hostile",
                                                      "family": "mobilenet_v3"})
     assert created.status_code == 201, created.text
@@ -191,7 +207,7 @@ def test_after_hostile_hellos_apps_still_register(controller: Controller) -> Non
 def test_a_bad_frame_after_a_good_hello_closes_the_connection(controller: Controller) -> None:
     bad_result = ('{"v": 1, "type": "result", "command_id": "c1", "ok": true, '
                   '"timings": {"load_s": NaN}}')
-    code, reason = asyncio.run(_refusal(controller.port, [_hello("g-1"), bad_result]))
+    code, reason = asyncio.run(_refusal(controller, [_hello("g-1"), bad_result]))
     assert code == 1008 and "bad frame" in reason
     record = controller.http.get("/v1/servers/g-1").json()  # the valid hello was recorded
     assert record["capacity"] == {"memory_mb": 1000.0}
@@ -254,10 +270,11 @@ def test_artifact_names_are_names_not_patterns(controller: Controller) -> None:
     assert str(controller.artifacts) not in unknown.text
 
 
-async def _event_stream_refused(port: int, query: str) -> bool:
+async def _event_stream_refused(port: int, query: str, auth: dict[str, str]) -> bool:
     """Whether the events websocket refuses these query parameters (before sending anything)."""
     try:
-        async with connect(f"ws://127.0.0.1:{port}/v1/events/ws?{query}") as ws:
+        async with connect(f"ws://127.0.0.1:{port}/v1/events/ws?{query}",
+                           additional_headers=auth) as ws:
             await asyncio.wait_for(ws.recv(), 0.5)
     except (InvalidStatus, ConnectionClosed):
         return True
@@ -268,14 +285,16 @@ async def _event_stream_refused(port: int, query: str) -> bool:
 
 def test_the_event_stream_refuses_bad_query_parameters(controller: Controller) -> None:
     port = controller.port
-    assert asyncio.run(_event_stream_refused(port, "since=-1"))
-    assert asyncio.run(_event_stream_refused(port, "app_id=" + "x" * 200))
-    assert not asyncio.run(_event_stream_refused(port, "since=1000000&app_id=seed-a"))
+    read = controller.auth("read")
+    assert asyncio.run(_event_stream_refused(port, "since=-1", read))
+    assert asyncio.run(_event_stream_refused(port, "app_id=" + "x" * 200, read))
+    assert not asyncio.run(_event_stream_refused(port, "since=1000000&app_id=seed-a", read))
 
 
-async def _frame_to_event_stream(port: int, size: int = 100_000) -> tuple[int | None, str]:
-    async with connect(f"ws://127.0.0.1:{port}/v1/events/ws?since=1000000",
-                       max_size=None) as ws:
+async def _frame_to_event_stream(controller: Controller, size: int = 100_000
+                                 ) -> tuple[int | None, str]:
+    async with connect(f"ws://127.0.0.1:{controller.port}/v1/events/ws?since=1000000",
+                       additional_headers=controller.auth("read"), max_size=None) as ws:
         await ws.send("x" * size)
         try:
             await asyncio.wait_for(ws.recv(), 10)
@@ -285,14 +304,14 @@ async def _frame_to_event_stream(port: int, size: int = 100_000) -> tuple[int | 
 
 
 def test_the_event_stream_takes_no_frames(controller: Controller) -> None:
-    code, reason = asyncio.run(_frame_to_event_stream(controller.port))
+    code, reason = asyncio.run(_frame_to_event_stream(controller))
     assert (code, reason) == (1008, "the event stream takes no frames")
 
 
 def test_a_frame_over_the_protocol_limit_is_refused_by_the_server(controller: Controller) -> None:
     # The event stream's own refusal of any frame is 1008; uvicorn (ws_max_size) closes 1009
     # before the frame reaches it. With uvicorn's default (16 MiB) the frame was read whole.
-    code, _ = asyncio.run(_frame_to_event_stream(controller.port, MAX_FRAME_BYTES + 1))
+    code, _ = asyncio.run(_frame_to_event_stream(controller, MAX_FRAME_BYTES + 1))
     assert code == 1009
 
 

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -150,14 +149,14 @@ def test_an_app_of_imported_models_answers_correctly_before_and_after_a_failover
     assert app["serving"]["variant"] == f"{FAMILY}_large"  # its best variant serves
     assert app["backups"][0]["server_id"] != home
 
-    with UnderstudyClient(testbed.state.controller_url, app_id) as client:
+    with UnderstudyClient(testbed.state.controller_url, app_id,
+                          token_file=testbed.token_file("client")) as client:
         correct, servers = _answers_correct(client, 20)
         assert correct == 20 and servers == {home}
 
         testbed.fail([home])
         wait_until("the app to serve elsewhere", lambda: (
-            (a := httpx.get(f"{testbed.state.controller_url}/v1/apps/{app_id}",
-                            timeout=5).json())["serving"] is not None
+            (a := http.get(f"/v1/apps/{app_id}", timeout=5).json())["serving"] is not None
             and a["serving"]["server_id"] != home), 120, 0.1)
 
         correct, servers = _answers_correct(client, 20)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
 from deploy import testbed as tb
 from deploy.testbed import Testbed, wait_until
@@ -28,7 +29,6 @@ from understudy.wire.secret_files import read_secret_file, write_secret_file
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "redis-auth-token"
 
 
 def _raw(port: int, command: bytes) -> bytes:
@@ -110,7 +110,7 @@ def _controller(run_dir: Path, *args: str) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "controller",
-             "--token", TOKEN, "--run-dir", str(run_dir / "ctl"), *args],
+             "--run-dir", str(run_dir / "ctl"), *args],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()
@@ -190,7 +190,8 @@ def test_the_testbed_redis_requires_its_password(tmp_path: Path) -> None:
     artifacts.mkdir()
     state = tb.TestbedState(run_dir=str(tmp_path),
                             controller_url=f"http://127.0.0.1:{free_port()}",
-                            redis_port=free_port(), token=TOKEN, artifacts=str(artifacts))
+                            redis_port=free_port(), artifacts=str(artifacts))
+    CredentialStore(state.credentials).init()  # what Testbed.up makes first
     testbed = Testbed(state)
     try:
         redis_info = testbed.start_redis()

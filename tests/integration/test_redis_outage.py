@@ -23,14 +23,14 @@ import pytest
 import uvicorn
 
 from controller.api import create_app
+from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
 from controller.service import Controller, ControllerSettings
 from understudy.cli.controller import server_options
+from understudy.wire.credentials import bearer, read_token_file
 from understudy.wire.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
-TOKEN = "outage-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OUTAGE_CALLS = [("GET", "/v1/apps", None), ("GET", "/v1/servers", None),
                 ("GET", "/v1/config", None), ("GET", "/v1/events", None),
                 ("POST", "/v1/apps", {"app_id": "during", "family": "mobilenet_v3"}),
@@ -101,15 +101,18 @@ async def _scenario(tmp_path: Path) -> None:
     redis = RedisServer(tmp_path / "redis", appendfsync="always")
     await asyncio.to_thread(redis.start)
     port = free_port()
+    store = CredentialStore(tmp_path / "credentials")
+    store.init()
+    auth = bearer(read_token_file(store.token_path("admin")))
     controller = Controller(ControllerSettings(
-        port=port, run_dir=tmp_path / "controller", redis_url=redis.url, token=TOKEN,
-        startup_grace_s=3600))
+        port=port, run_dir=tmp_path / "controller", redis_url=redis.url,
+        credentials_dir=store.directory, startup_grace_s=3600))
     server = uvicorn.Server(uvicorn.Config(create_app(controller), host="127.0.0.1", port=port,
                                            log_config=None, **server_options()))
     serving = asyncio.ensure_future(server.serve())
     try:
         await _until("the controller", lambda: _started(server, serving), 60)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=AUTH,
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=auth,
                                      timeout=10) as http:
             await _outage_and_return(controller, redis, http)
             # A second outage, and the controller stops in it (nothing waits for Redis).

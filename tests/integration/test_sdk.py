@@ -80,11 +80,12 @@ def answer_ok(meta: ModelMetadata, outputs: dict[str, np.ndarray]) -> bool:
 class Load:
     """A sync HTTP client (a thread per app) and an asyncio gRPC client (a task per app)."""
 
-    def __init__(self, controller_url: str, app_ids: list[str]) -> None:
+    def __init__(self, controller_url: str, app_ids: list[str], token: str) -> None:
         self.records: list[RequestRecord] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
-        self.sync = Client(controller_url, protocol="http", timeout_s=120)
+        self.token = token
+        self.sync = Client(controller_url, protocol="http", timeout_s=120, token=token)
         self.meta = {a: self.sync.metadata(a) for a in app_ids}
         self.inputs = {a: inputs_from(m, i) for i, (a, m) in enumerate(self.meta.items())}
         self.threads = [threading.Thread(target=self._sync, args=(a,), daemon=True)
@@ -111,7 +112,8 @@ class Load:
             self.stop.wait(0.02)
 
     async def _async(self, controller_url: str, app_ids: list[str]) -> None:
-        async with AsyncClient(controller_url, protocol="grpc", timeout_s=120) as client:
+        async with AsyncClient(controller_url, protocol="grpc", timeout_s=120,
+                               token=self.token) as client:
 
             async def loop(app_id: str) -> None:
                 while not self.stop.is_set():
@@ -138,7 +140,7 @@ class Load:
 
 def test_sync_http_and_asyncio_grpc_clients_survive_a_server_kill(testbed: Testbed) -> None:
     victim, affected = victim_and_apps(testbed)
-    load = Load(testbed.state.controller_url, affected)
+    load = Load(testbed.state.controller_url, affected, testbed.token("client"))
     wait_until("answers before the kill", lambda: load.answered_since(0, "http") >= 2 * len(
         affected) and load.answered_since(0, "grpc") >= 2 * len(affected), 60, 0.05)
     killed_at = testbed.fail([victim])
@@ -166,7 +168,7 @@ def test_requests_held_by_a_frozen_server_are_cancelled_and_resent(testbed: Test
     apps."""
     testbed.wait_converged(240)
     victim, affected = victim_and_apps(testbed)
-    load = Load(testbed.state.controller_url, affected)
+    load = Load(testbed.state.controller_url, affected, testbed.token("client"))
     wait_until("answers", lambda: load.answered_since(0) >= 4 * len(affected), 60, 0.05)
     group = testbed.state.processes[f"agent-{victim}"].pid
     os.killpg(group, signal.SIGSTOP)
@@ -185,11 +187,13 @@ def test_requests_held_by_a_frozen_server_are_cancelled_and_resent(testbed: Test
     testbed.wait_converged(240)
 
 
-def start_client(controller_url: str, app_ids: list[str], out: Path) -> subprocess.Popen[bytes]:
+def start_client(controller_url: str, app_ids: list[str], out: Path,
+                 token_file: Path) -> subprocess.Popen[bytes]:
     out.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "testbed",
          "client", "--controller-url", controller_url, "--app", ",".join(app_ids),
+         "--token-file", str(token_file),
          "--rate", "20", "--out", str(out)],
         cwd=REPO, stdout=(out / "client.log").open("ab"), stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -231,7 +235,7 @@ def test_a_client_process_stops_within_two_seconds_of_sigterm_with_the_controlle
     silent.listen(16)
     try:
         hung = start_client(f"http://127.0.0.1:{silent.getsockname()[1]}", ["a"],
-                            tmp_path / "hung")
+                            tmp_path / "hung", testbed.token_file("client"))
         wait_until("the client to reach the silent controller",
                    lambda: _connections(silent) >= 1, 30, 0.05)
         took_hung = stop_within(hung)
@@ -242,7 +246,8 @@ def test_a_client_process_stops_within_two_seconds_of_sigterm_with_the_controlle
     testbed.wait_converged(240)
     app_id = sorted(apps(testbed))[0]
     out = tmp_path / "running"
-    running = start_client(testbed.state.controller_url, [app_id], out)
+    running = start_client(testbed.state.controller_url, [app_id], out,
+                           testbed.token_file("client"))
     wait_until("answers", lambda: answered(out, app_id) >= 5, 60, 0.05)
     testbed.kill_process("controller", signal.SIGKILL)
     down = answered(out, app_id)

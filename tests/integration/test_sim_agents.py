@@ -20,20 +20,20 @@ from deploy.testbed import wait_until
 pytestmark = pytest.mark.timeout(120)
 
 AGENTS = 300
-TOKEN = "sim-test-token"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ControllerProcess, SimAgentProcesses]]:
     run_dir: Path = tmp_path_factory.mktemp("sim-agents")
-    controller = ControllerProcess(run_dir, token=TOKEN, log_level="WARNING")
+    controller = ControllerProcess(run_dir, log_level="WARNING")
     sims = None
     try:
         controller.wait_ready()
         sims = SimAgentProcesses(controller.url, AGENTS, 2, sites=3,
                                  capacity={"memory_mb": 4000.0, "compute": 100.0},
-                                 log_dir=run_dir, token=TOKEN, hold=True)
+                                 log_dir=run_dir, credentials_dir=controller.credentials,
+                                 hold=True)
         sims.wait_ready()
         yield controller, sims
     finally:

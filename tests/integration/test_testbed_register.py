@@ -2,7 +2,8 @@
 
 Redis, the controller and two agents with real Triton start through the testbed with the apps
 left unregistered; the command, run as its own process as compose runs it, must register exactly
-the apps ``testbed up`` would, be idempotent, and refuse a conflicting or unauthorised run.
+the apps ``testbed up`` would, be idempotent, and refuse a conflicting or unauthorised run. Its
+credential comes from ``--token-file``, ``$UNDERSTUDY_TOKEN_FILE`` or ``$UNDERSTUDY_TOKEN``.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         bed.down()
 
 
-def _register(bed: Testbed, *extra: str, token: str | None = None,
+def _register(bed: Testbed, *extra: str, env_vars: dict[str, str] | None = None,
               seed: int = SEED) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "UNDERSTUDY_TOKEN"}
-    if token is not None:
-        env["UNDERSTUDY_TOKEN"] = token
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("UNDERSTUDY_TOKEN", "UNDERSTUDY_TOKEN_FILE")}
+    env.update(env_vars or {})
     return subprocess.run(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "testbed", "register",
          "--controller-url", bed.state.controller_url, "--servers", str(SERVERS),
@@ -50,11 +51,13 @@ def _register(bed: Testbed, *extra: str, token: str | None = None,
 
 def test_register_creates_the_testbeds_apps_once(testbed: Testbed) -> None:
     assert testbed.apps() == []
-    refused = _register(testbed)  # no token: the controller answers 401
+    refused = _register(testbed)  # no credential: the controller answers 401
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "401" in refused.stderr and testbed.apps() == []
+    reader = _register(testbed, "--token-file", str(testbed.token_file("read")))
+    assert reader.returncode == 1 and "403" in reader.stderr and testbed.apps() == []
 
-    first = _register(testbed, token=testbed.state.token)
+    first = _register(testbed, "--token-file", str(testbed.token_file("admin")))
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"{APPS} apps registered, 0 already there" in first.stdout
     workload = generate_workload(make_topology(SERVERS, SITES, APPS, CRITICAL, HEADROOM),
@@ -69,11 +72,13 @@ def test_register_creates_the_testbeds_apps_once(testbed: Testbed) -> None:
     for server in servers.values():  # the agents were sized for these apps, as testbed up does
         assert server["capacity"] == pytest.approx(workload.capacity)
 
-    again = _register(testbed, token=testbed.state.token)
+    again = _register(testbed, env_vars={
+        "UNDERSTUDY_TOKEN_FILE": str(testbed.token_file("admin"))})
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"0 apps registered, {APPS} already there" in again.stdout
     assert sorted(a["app_id"] for a in testbed.apps()) == sorted(workload.app_ids)
 
-    other = _register(testbed, "--no-wait", token=testbed.state.token, seed=SEED + 1)
+    other = _register(testbed, "--no-wait", env_vars={"UNDERSTUDY_TOKEN": testbed.token("admin")},
+                      seed=SEED + 1)
     assert other.returncode == 1
     assert "registered with another spec" in other.stderr

@@ -16,8 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from controller.access import Gate
 from controller.api import create_app
 from controller.api_contract import ROUTE_ERRORS, allowed_methods
+from controller.credentials import Role
 from controller.idempotency import IdempotencyGuard
 
 TOKEN = "contract"
@@ -34,7 +36,7 @@ class UnreadableStore:
 
 @pytest.fixture()
 def app() -> Any:
-    controller = SimpleNamespace(settings=SimpleNamespace(token=TOKEN), ready=True,
+    controller = SimpleNamespace(gate=Gate.with_tokens({TOKEN: Role.ADMIN}), ready=True,
                                  store=UnreadableStore())
     return create_app(controller)  # type: ignore[arg-type]
 

@@ -5,8 +5,9 @@ generator writes, checked against PyYAML wherever both are there) and compared w
 ``understudy testbed up --servers 6 --sites 3 --apps 12 --headroom 0.2 --critical 0.5`` runs: one
 agent per server with its site and the capacity the generator sized, a ``register`` job with the
 same generator arguments, one client per app id that job creates (started after it), Redis with
-its append-only file, the controller's health check, one token variable. The file must also
-equal ``python -m deploy.compose`` so that it cannot drift from the generator.
+its append-only file, the controller's health check, credentials made by a one-shot job (each
+agent sees only its own). The file must also equal ``python -m deploy.compose`` so that it
+cannot drift from the generator.
 """
 
 from __future__ import annotations
@@ -205,7 +206,9 @@ def test_one_agent_per_server(services: dict[str, Any], topology: Topology) -> N
         assert options["--controller-url"] == "http://controller:8000"
         assert options["--artifacts"] == "http://controller:8000/v1/artifacts"
         assert options["--artifacts-mirror"] == "/artifacts"  # as testbed up: weights linked
-        assert service["volumes"] == ["artifacts:/artifacts:ro"]
+        assert service["volumes"] == ["artifacts:/artifacts:ro",
+                                      f"credentials-{server.server_id}:/credentials:ro"]
+        assert options["--token-file"] == "/credentials/agent.token"
         assert options["--run-dir"] == "/var/lib/understudy-agent"
         assert (options["--http-port"], options["--grpc-port"], options["--metrics-port"]) \
             == ("8000", "8001", "8002")
@@ -248,7 +251,8 @@ def test_register_job_generates_what_testbed_up_generates(services: dict[str, An
     for name in ("servers", "sites", "apps", "headroom", "critical", "seed"):
         assert getattr(options, name) == getattr(testbed_up, name), name
     assert options.controller_url == "http://controller:8000"
-    assert options.token == compose.TOKEN_REF
+    assert str(options.token_file) == "/credentials/admin.token"
+    assert register["volumes"] == ["credentials:/credentials:ro"]
 
 
 def test_register_job_runs_once_the_controller_and_agents_are_up(services: dict[str, Any],
@@ -276,6 +280,7 @@ def test_one_client_per_registered_app(services: dict[str, Any]) -> None:
         command = flags(service["command"])
         assert command["--app"] == app
         assert command["--controller-url"] == "http://controller:8000"
+        assert command["--token-file"] == "/credentials/client.token"
         assert float(command["--rate"]) > 0
         assert service["depends_on"] == {
             "register": {"condition": "service_completed_successfully"}}
@@ -287,8 +292,8 @@ def test_client_ids_follow_the_generator() -> None:
 
 
 def test_nothing_but_the_topology(services: dict[str, Any], topology: Topology) -> None:
-    assert len(services) == 4 + len(topology.servers) + topology.apps
-    assert {"redis", "artifacts", "controller", "register"} <= set(services)
+    assert len(services) == 5 + len(topology.servers) + topology.apps
+    assert {"redis", "artifacts", "credentials", "controller", "register"} <= set(services)
 
 
 def test_generator_follows_other_topologies() -> None:
@@ -307,7 +312,7 @@ def test_generator_follows_other_topologies() -> None:
             register["--headroom"], register["--seed"]) == ("4", "2", "3", "0.3", "2")
 
 
-# --- redis, artifacts, controller, token -------------------------------------------------------
+# --- redis, artifacts, controller, credentials -------------------------------------------------
 
 def test_redis_is_durable(doc: dict[str, Any], services: dict[str, Any]) -> None:
     redis = services["redis"]
@@ -386,18 +391,37 @@ def test_controller(services: dict[str, Any]) -> None:
     options = flags(controller["command"])
     assert options == {"--host": "0.0.0.0", "--port": "8000",  # noqa: S104 - the container's
                        "--redis-url": "redis://redis:6379/0", "--run-dir": "/var/lib/understudy",
-                       "--artifacts": "/artifacts", "--token": options["--token"]}
+                       "--artifacts": "/artifacts", "--credentials-dir": "/credentials"}
+    assert "--insecure" not in controller["command"]
+    assert "credentials:/credentials:ro" in controller["volumes"]
     assert controller["depends_on"]["redis"] == {"condition": "service_healthy"}
+    assert controller["depends_on"]["credentials"] == {
+        "condition": "service_completed_successfully"}
     test = controller["healthcheck"]["test"]
     assert test[0] == "CMD" and any("http://127.0.0.1:8000/healthz" in part for part in test)
     assert controller["ports"] == ["8000:8000"]
 
 
-def test_one_token_variable_everywhere(services: dict[str, Any]) -> None:
-    tokens = {name: flags(s["command"]).get("--token") for name, s in services.items()
-              if s["command"][0] == "understudy" and s["command"][1] != "models"}
-    assert set(tokens.values()) == {compose.TOKEN_REF}, tokens
-    assert re.fullmatch(r"\$\{UNDERSTUDY_TOKEN(:\?[^}]*)?\}", compose.TOKEN_REF)
+def test_credentials_come_from_files_each_agent_seeing_only_its_own(
+        doc: dict[str, Any], services: dict[str, Any], topology: Topology) -> None:
+    job = services["credentials"]
+    assert job["command"][:3] == ["understudy", "credentials", "init"]
+    options = _parse(job["command"][1:])
+    assert str(options.dir) == "/credentials" and options.owner == compose.IMAGE_UID
+    assert options.agent == list(topology.server_ids)
+    assert job["volumes"] == ["credentials:/credentials", *(
+        f"credentials-{s}:/credentials/agents/{s}" for s in topology.server_ids)]
+    for name, service in services.items():
+        command = service["command"]
+        assert "--token" not in command, name  # never a credential on the command line
+        assert not any("UNDERSTUDY_TOKEN" in part for part in command), name
+        mounts = [v for v in service.get("volumes", []) if v.startswith("credentials")]
+        if name.startswith("agent-"):  # its own credential, nothing else
+            assert mounts == [f"credentials-{name.removeprefix('agent-')}:/credentials:ro"]
+        elif name != "credentials" and mounts:
+            assert mounts == ["credentials:/credentials:ro"], name
+    assert {"credentials", *(f"credentials-{s}" for s in topology.server_ids)} \
+        <= set(doc["volumes"])
 
 
 def test_each_image_is_built_by_one_service(services: dict[str, Any]) -> None:
@@ -473,19 +497,14 @@ def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
     (tmp_path / "docker-compose.yml").write_text(
         re.sub(r"^name: .*\n", "", text, flags=re.MULTILINE), encoding="utf-8")
     shutil.copytree(ROOT / "deploy", tmp_path / "deploy")  # build contexts are checked
-    env = {**os.environ, "UNDERSTUDY_TOKEN": "secret"}
+    env = dict(os.environ)
     checked = subprocess.run(["docker-compose", "config", "-q"], cwd=tmp_path, env=env,  # noqa: S603, S607
                              capture_output=True, text=True, timeout=120, check=False)
     assert checked.returncode == 0, checked.stderr
     services = subprocess.run(["docker-compose", "config", "--services"], cwd=tmp_path,  # noqa: S603, S607
                               env=env, capture_output=True, text=True, timeout=120, check=True)
-    expected = {"redis", "artifacts", "controller", "register"} | {
+    expected = {"redis", "artifacts", "credentials", "controller", "register"} | {
         f"agent-{s.server_id}" for s in make_topology(servers=6, sites=3, apps=12,
                                                       critical_fraction=0.5,
                                                       headroom=0.2).servers}
     assert expected <= set(services.stdout.split())
-    # Without the token the file refuses to start, with a message saying why.
-    env.pop("UNDERSTUDY_TOKEN")
-    refused = subprocess.run(["docker-compose", "config", "-q"], cwd=tmp_path, env=env,  # noqa: S603, S607
-                             capture_output=True, text=True, timeout=120, check=False)
-    assert refused.returncode != 0 and "UNDERSTUDY_TOKEN must be set" in refused.stderr

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from controller.access import Gate
 from controller.api import create_app
+from controller.credentials import Role
 from controller.http_guard import MAX_BODY_BYTES
 
 TOKEN = "front-gate"
@@ -55,7 +57,7 @@ class CountingApp:
 
 @pytest.fixture()
 def api() -> Iterator[tuple[CountingApp, Any]]:
-    controller = SimpleNamespace(settings=SimpleNamespace(token=TOKEN), ready=True,
+    controller = SimpleNamespace(gate=Gate.with_tokens({TOKEN: Role.ADMIN}), ready=True,
                                  store=UnreadableStore(), orchestrator=Untouchable(),
                                  graphs=Untouchable(), lifecycle=Untouchable())
     app = create_app(controller)  # type: ignore[arg-type]
@@ -77,7 +79,7 @@ def test_a_huge_malformed_body_without_the_token_is_refused_unread(
     body = b"{" * 10_000_000
     response = _call(counting, "POST", "/v1/apps", content=body)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
-    assert response.json() == {"detail": "missing or wrong bearer token"}
+    assert response.json() == {"detail": "missing or unknown credential"}
     assert counting.body_reads == 0
 
 

@@ -19,7 +19,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import controller.redis_health as redis_health
+from controller.access import Gate
 from controller.api import create_app
+from controller.credentials import Role
 from controller.metrics import Metrics
 from controller.redis_health import (
     CUT_OFF_S,
@@ -168,7 +170,7 @@ def _api(health: RedisHealth) -> tuple[Any, Blocked, Metrics]:
         raise RedisUnavailableError("no records in an outage")
 
     store = SimpleNamespace(health=health, idempotency=None)
-    controller = SimpleNamespace(settings=SimpleNamespace(token=TOKEN), ready=True,
+    controller = SimpleNamespace(gate=Gate.with_tokens({TOKEN: Role.ADMIN}), ready=True,
                                  store=store, orchestrator=core, metrics=metrics,
                                  refresh_gauges=no_gauges)
     return create_app(controller), core, metrics  # type: ignore[arg-type]
@@ -216,7 +218,7 @@ def test_health_and_metrics_answer_in_an_outage_and_show_it() -> None:
         health.failed(RedisConnectionError("connection refused"))
         app, _, _ = _api(health)
         async for client in _client(app):
-            answers = (await client.get("/healthz"), await client.get("/metrics"),
+            answers = (await client.get("/healthz"), await client.get("/metrics", headers=AUTH),
                        await client.post("/v1/apps", json={}))  # no token: 401 first
             health.close()
             return answers

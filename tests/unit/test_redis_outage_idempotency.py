@@ -17,6 +17,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from controller.access import Gate
 from controller.http_guard import RequestGuard
 from controller.idempotency import IdempotencyGuard, IdempotencyLog
 from controller.redis_scripts import CLAIM_LUA, REPLACE_LUA
@@ -83,7 +84,7 @@ class Things:
 
 def _served(things: Things, log: IdempotencyLog) -> Any:
     things.app.add_middleware(IdempotencyGuard, log=lambda: log)
-    things.app.add_middleware(RequestGuard, token=lambda: None)
+    things.app.add_middleware(RequestGuard, gate=Gate(None))
     return things.app
 
 

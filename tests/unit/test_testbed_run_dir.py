@@ -13,7 +13,7 @@ from deploy import testbed as tb
 
 def _previous(run_dir: Path, pid: int) -> None:
     state = tb.TestbedState(run_dir=str(run_dir), controller_url="http://127.0.0.1:1", redis_port=1,
-                         token="t", artifacts=str(run_dir / "artifacts"),
+                         artifacts=str(run_dir / "artifacts"),
                          processes={"redis": tb.ProcessInfo("redis", pid, "log", ["redis-server"])})
     run_dir.mkdir(parents=True, exist_ok=True)
     state.save()
@@ -24,6 +24,8 @@ def _previous(run_dir: Path, pid: int) -> None:
     (run_dir / "agents" / "s1" / "repository").mkdir()
     (run_dir / "artifacts" / "mobilenet_v3").mkdir(parents=True)
     (run_dir / "report.png").write_bytes(b"png")
+    (run_dir / "credentials").mkdir()
+    (run_dir / "credentials" / "admin.token").write_text("old")
 
 
 def _dead_pid() -> int:
@@ -36,6 +38,7 @@ def test_a_stopped_testbeds_state_is_removed_and_artifacts_kept(tmp_path: Path) 
     _previous(tmp_path, _dead_pid())
     tb._clear_previous_run(tmp_path)
     assert not (tmp_path / "appendonlydir").exists()
+    assert not (tmp_path / "credentials").exists()  # a new testbed makes new credentials
     assert not (tmp_path / "agents" / "s1" / "repository").exists()
     assert (tmp_path / "agents" / "s1" / "artifact-cache" / "v" / "weights.pt").exists()
     assert not (tmp_path / "testbed.json").exists()

@@ -17,7 +17,6 @@ from understudy.wire.bounds import MAX_CAPACITY, MAX_RESOURCES, check_name
 
 logger = logging.getLogger(__name__)
 
-TOKEN_ENV = "UNDERSTUDY_TOKEN"
 ENV_PREFIX = "UNDERSTUDY_AGENT_"
 """Every agent setting may come from ``UNDERSTUDY_AGENT_<FIELD>`` (JSON for the capacity; see
 ``understudy.wire.settings`` for the precedence); the ones without a default are required
@@ -84,8 +83,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "weights matching the served sha256 are linked, not downloaded")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="where Triton's repository, logs and caches live")
-    parser.add_argument("--token", default=None,
-                        help=f"bearer token for the controller (default ${TOKEN_ENV})")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file holding this server's agent credential (default "
+                             "$UNDERSTUDY_TOKEN_FILE, else $UNDERSTUDY_TOKEN)")
+    parser.add_argument("--ca-file", type=Path, default=None,
+                        help="CA that verifies an https:// controller (default "
+                             "$UNDERSTUDY_CA_FILE)")
     parser.add_argument("--heartbeat-ms", type=float, default=None)
     parser.add_argument("--triton-restart", choices=["always", "never"], default=None)
     parser.add_argument("--max-restarts", type=int, default=None)
@@ -123,8 +126,14 @@ def _discovered_capacity(device: str | None) -> dict[str, float] | None:
 def run(options: argparse.Namespace) -> int:
     """Run the agent until SIGINT/SIGTERM."""
     from agent.daemon import Agent, AgentConfig
+    from understudy.wire.credentials import CA_FILE_ENV, CredentialFileError, load_token
     from understudy.wire.settings import resolve
 
+    try:
+        token = load_token(options.token_file)
+    except CredentialFileError as exc:
+        logger.error("%s", exc)
+        return 2
     try:
         config = resolve(AgentConfig, {
             "server_id": options.server_id, "site_id": options.site_id,
@@ -132,7 +141,7 @@ def run(options: argparse.Namespace) -> int:
             "capacity": options.capacity or _discovered_capacity(options.device),
             "device": options.device,
             "artifacts": options.artifacts, "artifacts_mirror": options.artifacts_mirror,
-            "run_dir": options.run_dir, "token": options.token,
+            "run_dir": options.run_dir, "token": token, "ca_file": options.ca_file,
             "heartbeat_interval_ms": options.heartbeat_ms,
             "triton_restart": options.triton_restart, "max_restarts": options.max_restarts,
             "http_port": options.http_port, "grpc_port": options.grpc_port,
@@ -141,7 +150,7 @@ def run(options: argparse.Namespace) -> int:
             "routine_load_slots": options.routine_load_slots,
             "server_type": options.server_type, "triton_nice": options.triton_nice,
             "triton_host": options.triton_host, "advertise_host": options.advertise_host},
-            ENV_PREFIX, env_names={"token": TOKEN_ENV})
+            ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid agent settings: %s", exc)
         return 2

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
-TOKEN_ENV = "UNDERSTUDY_TOKEN"
 REDIS_PASSWORD_ENV = "UNDERSTUDY_REDIS_PASSWORD"
 ENV_PREFIX = "UNDERSTUDY_CONTROLLER_"
 """Every controller setting may come from ``UNDERSTUDY_CONTROLLER_<FIELD>`` (see
@@ -31,8 +30,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-password-file", type=Path, default=None,
                         help=f"file (mode 0600) with the password of --redis-url's Redis "
                              f"(default ${REDIS_PASSWORD_ENV})")
-    parser.add_argument("--token", default=None,
-                        help=f"bearer token for mutating calls and agents (default ${TOKEN_ENV})")
+    parser.add_argument("--credentials-dir", type=Path, default=None,
+                        help="credential store (default RUN_DIR/credentials, created with a "
+                             "credential per role on first start; see docs/security.md)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="authentication off: anyone who reaches the controller may do "
+                             "anything (a warning at every start)")
+    parser.add_argument("--tls-cert", type=Path, default=None,
+                        help="serve HTTPS/WSS with this certificate (PEM; with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, default=None,
+                        help="the certificate's private key (PEM)")
     parser.add_argument("--artifacts", type=Path, default=None,
                         help="artifact store served to agents at /v1/artifacts")
     parser.add_argument("--heartbeat-ms", type=float, default=None)
@@ -77,13 +84,15 @@ def run(options: argparse.Namespace) -> int:
                  if any(v is not None for v in overrides.values()) else None)
         settings = resolve(ControllerSettings, {
             "host": options.host, "port": options.port, "run_dir": options.run_dir,
-            "redis_url": options.redis_url, "token": options.token,
+            "redis_url": options.redis_url, "credentials_dir": options.credentials_dir,
+            "insecure": options.insecure, "tls_cert": options.tls_cert,
+            "tls_key": options.tls_key,
             "redis_password_file": options.redis_password_file,
             "artifacts": options.artifacts, "startup_grace_s": options.startup_grace_s,
             "config": patch, "graph_host": options.graph_host,
             "heartbeat_port": options.heartbeat_port,
             "heartbeat_advertise": options.heartbeat_advertise},
-            ENV_PREFIX, env_names={"token": TOKEN_ENV, "redis_password": REDIS_PASSWORD_ENV})
+            ENV_PREFIX, env_names={"redis_password": REDIS_PASSWORD_ENV})
         if settings.redis_password_file is not None:
             read_secret_file(settings.redis_password_file)  # refused now, not after start-up
     except (ValidationError, SecretFileError) as exc:
@@ -96,7 +105,9 @@ def run(options: argparse.Namespace) -> int:
     # the loop makes the planner, wait up to 5 ms per hand-off: on the failover path that
     # is time between detection and the interim loads. 1 ms keeps both within a millisecond.
     sys.setswitchinterval(0.001)
-    uvicorn.run(app, host=settings.host, port=settings.port, **server_options())
+    tls = ({"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
+           if settings.tls_cert is not None else {})
+    uvicorn.run(app, host=settings.host, port=settings.port, **server_options(), **tls)
     return 0
 
 

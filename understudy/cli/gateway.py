@@ -13,7 +13,6 @@ from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
-TOKEN_ENV = "UNDERSTUDY_TOKEN"
 ENV_PREFIX = "UNDERSTUDY_GATEWAY_"
 """Every gateway setting may come from ``UNDERSTUDY_GATEWAY_<FIELD>`` (JSON for ``hedge_ms``;
 see ``understudy.wire.settings`` for the precedence)."""
@@ -41,7 +40,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=None,
                         help="gRPC port of the KServe v2 endpoint (default: none)")
     parser.add_argument("--token-file", type=Path, default=None,
-                        help=f"file holding the controller's bearer token (default ${TOKEN_ENV})")
+                        help="file holding the gateway credential for the controller (default "
+                             "$UNDERSTUDY_TOKEN_FILE, else $UNDERSTUDY_TOKEN)")
+    parser.add_argument("--ca-file", type=Path, default=None,
+                        help="CA that verifies an https:// controller (default "
+                             "$UNDERSTUDY_CA_FILE)")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="where the routing table is kept across restarts "
                              "(default runs/gateway)")
@@ -56,32 +59,28 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="per app: requests sent to Triton at once (default 64)")
 
 
-def _token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    return path.read_text(encoding="utf-8").strip() or None
-
-
 def run(options: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
     from gateway.config import GatewayConfig
     from gateway.service import Gateway
+    from understudy.wire.credentials import CA_FILE_ENV, CredentialFileError, load_token
     from understudy.wire.settings import resolve
 
     try:
-        token = _token(options.token_file)
-    except OSError as exc:
-        logger.error("cannot read the token file: %s", exc)
+        token = load_token(options.token_file)
+    except CredentialFileError as exc:
+        logger.error("%s", exc)
         return 2
     try:
         config = resolve(GatewayConfig, {
             "controller_url": options.controller_url, "host": options.host,
             "port": options.port, "grpc_port": options.grpc_port, "token": token,
+            "ca_file": options.ca_file,
             "run_dir": options.run_dir,
             "hedge_ms": dict(options.hedge_ms) if options.hedge_ms else None,
             "default_deadline_s": options.deadline_s,
             "max_in_flight": options.max_in_flight},
-            ENV_PREFIX, env_names={"token": TOKEN_ENV})
+            ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid gateway settings: %s", exc)
         return 2

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "graph": ("understudy.cli.graph", "stateful service graphs with NSPB replication"),
     "gateway": ("understudy.cli.gateway", "inference gateway: KServe v2 endpoints per app"),
     "parity": ("understudy.cli.parity", "parity models (ParM): train them for a deployed variant"),
+    "credentials": ("understudy.cli.credentials",
+                    "credentials of the controller and its clients; a TLS CA and certificate"),
 }
 """Top-level command -> (module, one-line help).
 

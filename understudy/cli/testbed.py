@@ -13,7 +13,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUN_DIR = Path("runs/testbed")
-TOKEN_ENV = "UNDERSTUDY_TOKEN"
+TOKEN_HELP = "(default $UNDERSTUDY_TOKEN_FILE, else $UNDERSTUDY_TOKEN)"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--no-artifact-mirror", action="store_true",
                     help="agents download every weight over HTTP instead of linking it from "
                     "the local store")
+    up.add_argument("--tls", action="store_true",
+                    help="the controller serves HTTPS/WSS with a certificate of a CA made in "
+                    "RUN_DIR/tls; every process verifies it with that CA")
     fail = actions.add_parser("fail", help="SIGKILL a server (agent + Triton) or a site")
     fail.add_argument("server", nargs="?")
     fail.add_argument("--site", default=None)
@@ -51,8 +54,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "register", help="register the generated apps with a running controller (the compose "
         "register job); idempotent")
     registration.add_argument("--controller-url", required=True)
-    registration.add_argument("--token", default=None,
-                              help=f"bearer token (default ${TOKEN_ENV})")
+    _credential_arguments(registration, "an admin credential")
     _workload_arguments(registration)
     registration.add_argument("--timeout-s", type=float, default=300.0,
                               help="for the servers to connect, and again for convergence")
@@ -61,7 +63,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                               "backups")
     client = actions.add_parser("client", help="run load-generating clients (foreground)")
     client.add_argument("--controller-url", required=True)
-    client.add_argument("--token", default=None)
+    _credential_arguments(client, "a client credential")
     client.add_argument("--app", required=True, help="app id(s), comma-separated")
     client.add_argument("--rate", type=float, default=5.0)
     client.add_argument("--out", type=Path, default=Path("runs/requests"))
@@ -78,6 +80,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         actions.choices[name].add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
 
 
+def _credential_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help=f"file holding {what} {TOKEN_HELP}")
+    parser.add_argument("--ca-file", type=Path, default=None,
+                        help="CA that verifies an https:// controller (default "
+                             "$UNDERSTUDY_CA_FILE)")
+
+
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     """The topology and generator arguments; ``up`` and ``register`` must agree on them."""
     parser.add_argument("--servers", type=int, default=6)
@@ -92,7 +102,12 @@ def _sim_agents_arguments(parser: argparse.ArgumentParser) -> None:
     from understudy.cli.agent import parse_capacity
 
     parser.add_argument("--controller-url", required=True)
-    parser.add_argument("--token", default=None, help=f"bearer token (default ${TOKEN_ENV})")
+    parser.add_argument("--credentials-dir", type=Path, default=None,
+                        help="the controller's credential store: each simulated agent presents "
+                        "its own server's credential, derived from it (default: none, for a "
+                        "controller started with --insecure)")
+    parser.add_argument("--ca-file", type=Path, default=None,
+                        help="CA that verifies an https:// controller")
     parser.add_argument("--agents", type=int, default=250, help="simulated servers here")
     parser.add_argument("--first", type=int, default=0,
                         help="number of the first server (sim-NNNN), for several processes")
@@ -130,10 +145,11 @@ def _up(options: argparse.Namespace) -> int:
                          scale=options.scale or DEFAULT_SCALE, policy=options.policy,
                          artifacts=options.artifacts,
                          clients=not options.no_clients, client_rate=options.rate,
-                         artifact_mirror=not options.no_artifact_mirror)
+                         artifact_mirror=not options.no_artifact_mirror, tls=options.tls)
     _print_apps(testbed)
     sys.stdout.write(f"testbed up in {options.run_dir}; controller {testbed.state.controller_url}"
-                     "\n")
+                     f"\ncredentials in {testbed.state.credentials}"
+                     + (f"; CA {testbed.state.ca_file}" if testbed.state.ca_file else "") + "\n")
     return 0
 
 
@@ -243,8 +259,6 @@ def _down(options: argparse.Namespace) -> int:
 
 def _register(options: argparse.Namespace) -> int:
     """Register the apps ``testbed up`` would, with the controller at ``--controller-url``."""
-    import os
-
     import httpx
 
     from deploy.topology import make_topology
@@ -255,13 +269,25 @@ def _register(options: argparse.Namespace) -> int:
         wait_converged,
         wait_for_servers,
     )
+    from understudy.wire.credentials import (
+        CredentialFileError,
+        bearer,
+        ca_file_of,
+        client_ssl_context,
+        load_token,
+    )
 
     topology = make_topology(options.servers, options.sites, options.apps, options.critical,
                              options.headroom)
     workload = generate_workload(topology, seed=options.seed)
-    token = options.token or os.environ.get(TOKEN_ENV)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=options.controller_url, headers=headers, timeout=10.0) as http:
+    try:
+        headers = bearer(load_token(options.token_file))
+        tls = client_ssl_context(ca_file_of(options.ca_file))
+    except CredentialFileError as exc:
+        logger.error("%s", exc)
+        return 2
+    with httpx.Client(base_url=options.controller_url, headers=headers, timeout=10.0,
+                      verify=tls) as http:
         try:
             wait_for_servers(http, len(topology.servers), options.timeout_s)
             created = register_apps(http, workload.specs, load_timeout_s=options.timeout_s)
@@ -278,7 +304,6 @@ def _register(options: argparse.Namespace) -> int:
 def _sim_agents(options: argparse.Namespace) -> int:
     """Run simulated agents until stdin closes (or ``quit``)."""
     import asyncio
-    import os
 
     from deploy.sim_control import FleetSpec, run_fleet
 
@@ -287,7 +312,7 @@ def _sim_agents(options: argparse.Namespace) -> int:
         return 2
     spec = FleetSpec(controller_url=options.controller_url, capacity=options.capacity,
                      count=options.agents, first=options.first, sites=options.sites,
-                     token=options.token or os.environ.get(TOKEN_ENV),
+                     credentials_dir=options.credentials_dir, ca_file=options.ca_file,
                      load_time_scale=options.load_time_scale, seed=options.seed)
     return asyncio.run(run_fleet(spec, hold=options.hold))
 
@@ -296,10 +321,18 @@ def _client(options: argparse.Namespace) -> int:
     """Run the clients until SIGTERM or SIGINT; stops within 2 s, controller reachable or not."""
     from deploy.loadgen import run_clients
     from understudy.sdk import run_until_signal
+    from understudy.wire.credentials import CredentialFileError, ca_file_of, load_token
 
+    try:
+        token = load_token(options.token_file)
+    except CredentialFileError as exc:
+        logger.error("%s", exc)
+        return 2
+    ca_file = ca_file_of(options.ca_file)
     app_ids = [a for a in options.app.split(",") if a]
-    run_until_signal(lambda stop: run_clients(options.controller_url, app_ids, options.token,
+    run_until_signal(lambda stop: run_clients(options.controller_url, app_ids, token,
                                               options.rate, options.out, stop,
+                                              ca_file=str(ca_file) if ca_file else None,
                                               store=options.store))
     return 0
 

@@ -5,7 +5,8 @@ Precedence, highest first:
 1. an explicit command-line flag (argparse leaves the flags not given as ``None``);
 2. the environment: ``UNDERSTUDY_<PROCESS>_<FIELD>`` (e.g. ``UNDERSTUDY_CONTROLLER_PORT``,
    ``UNDERSTUDY_AGENT_HEARTBEAT_INTERVAL_MS``), or a variable a field names for itself
-   (``token`` reads ``UNDERSTUDY_TOKEN``, shared by the controller and its agents);
+   (``ca_file`` reads ``UNDERSTUDY_CA_FILE``; credentials come from
+   ``understudy.wire.credentials``: ``UNDERSTUDY_TOKEN_FILE`` or ``UNDERSTUDY_TOKEN``);
 3. the settings model's default.
 
 Environment values are validated like flags (the model's types and bounds); a value that starts
@@ -34,6 +35,8 @@ PROCESS_PREFIXES = ("UNDERSTUDY_CONTROLLER_", "UNDERSTUDY_AGENT_", "UNDERSTUDY_G
 OTHER_VARIABLES = frozenset({
     "UNDERSTUDY_TOKEN",
     "UNDERSTUDY_REDIS_PASSWORD",
+    "UNDERSTUDY_TOKEN_FILE",
+    "UNDERSTUDY_CA_FILE",
     "UNDERSTUDY_PYTHONPATH",
     "UNDERSTUDY_RUNTIME_SOCKET",
     "UNDERSTUDY_HEAP_HUGE_PAGES",
@@ -43,9 +46,10 @@ OTHER_VARIABLES = frozenset({
     "UNDERSTUDY_TRITON_BACKENDS",
     "UNDERSTUDY_TRITON_BIN",
 })
-"""Variables read outside the settings objects or shared by name (the shared token, the
-controller's Redis password; what a process hands its children: the model runtime's socket and
-import path; switches of the model runtime and the Triton launcher; a test switch)."""
+"""Variables read outside the settings objects or shared by name (the credential and the CA of
+``understudy.wire.credentials``, the controller's Redis password; what a process hands its
+children: the model runtime's socket and import path; switches of the model runtime and the
+Triton launcher; a test switch)."""
 
 Settings = TypeVar("Settings", bound=BaseModel)
 
