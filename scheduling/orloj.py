@@ -26,12 +26,15 @@ import heapq
 import itertools
 import logging
 import math
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from scheduling.distribution import Distribution, max_of
 from scheduling.hull import UpperHull
 from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
@@ -60,6 +63,10 @@ class OrlojConfig(BaseModel):
     """Estimate a request's batch latency with its own app's distribution for itself and the
     mixture for the others (ours), instead of the mixture for all (§4.3)."""
     selection: Literal["earliest-deadline", "goodput"] = "earliest-deadline"
+    partial_batches: bool = False
+    """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
+    more than the next smaller size (ours: the batch runs at the size it has); False: only
+    full queues are ready."""
     refresh_every: int = Field(default=512, ge=1)
     """Profiler measurements between two profile refreshes."""
     rebase_after: float = Field(default=500.0, gt=0, le=700)
@@ -125,8 +132,8 @@ class Orloj:
         if self.delay_s <= 0:  # a model whose requests take no time: any scale will do
             self.delay_s = 1e-3
         self._curves: dict[tuple[str | None, int], Curve] = {}
-        self._expected: dict[int, float] = {
-            n: profile.batch_latency(n).mean() for n in cfg.batch_sizes}
+        self._compositions: dict[tuple[str, ...], Distribution] = {}
+        self._mixes: dict[int, Distribution] = {}
 
     def curve(self, app: str | None, n: int) -> Curve:
         """Eq. 2's curve for a batch of ``n`` (per app when request-aware)."""
@@ -169,12 +176,11 @@ class Orloj:
         for queue in self._queues:
             self._advance(queue, now_s)
         drops, self._drops = tuple(self._drops), []
-        ready = [q for q in self._queues if len(q.members) >= q.size]
+        ready = self._ready()
         if not ready:
             return Decision(drops=drops)
-        queue = self._choose(ready, now_s)
-        batch = self._take(queue, now_s)
-        return Decision(batch, drops, expected_latency_s=self._expected[queue.size])
+        _, keys, expected = self._choose(ready, now_s)
+        return Decision(self._take(keys), drops, expected_latency_s=expected)
 
     def completed(self, done: BatchDone) -> None:
         self.profiler.batch(len(done.batch), done.latency_s)
@@ -246,11 +252,37 @@ class Orloj:
                 curve = self.curve(request.app, queue.size)
                 queue.hull.insert(key, *curve.point(member.regime, request.deadline_s - now_s))
 
-    def _choose(self, ready: list[_SizeQueue], now_s: float) -> _SizeQueue:
+    def _choose(self, ready: list[_SizeQueue],
+                now_s: float) -> tuple[_SizeQueue, list[Hashable], float]:
+        """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
-            return max(ready, key=lambda q: (self._goodput(q, now_s), q.size))
+            best: tuple[float, int, _SizeQueue, list[Hashable], float] | None = None
+            for queue in ready:
+                keys = self._top(queue, now_s)
+                value, expected = self._goodput(queue, keys, now_s)
+                if best is None or (value, queue.size) > best[:2]:
+                    best = (value, queue.size, queue, keys, expected)
+            assert best is not None  # ready is not empty
+            return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
-        return max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
+        queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
+        keys = self._top(queue, now_s)
+        return queue, keys, self._mix_latency(len(keys)).mean()
+
+    def _ready(self) -> list[_SizeQueue]:
+        """The sizes a batch can be formed at.
+
+        A full queue, or (``partial_batches``) one holding more requests than the next
+        smaller size.
+        """
+        if not self.config.partial_batches:
+            return [q for q in self._queues if len(q.members) >= q.size]
+        ready, below = [], 0
+        for queue in self._queues:
+            if len(queue.members) > below:
+                ready.append(queue)
+            below = queue.size
+        return ready
 
     def _top(self, queue: _SizeQueue, now_s: float) -> list[Hashable]:
         """The ``size`` keys of highest priority in ``queue`` at ``now_s``."""
@@ -267,16 +299,45 @@ class Orloj:
             queue.hull.insert(key, a, beta)
         return [key for key, _, _ in taken]
 
-    def _goodput(self, queue: _SizeQueue, now_s: float) -> float:
-        """Expected on-time finishes per second of worker time of ``queue``'s top batch."""
-        on_time = 0.0
-        for key in self._top(queue, now_s):
-            request = self._requests[key]
-            on_time += self.curve(request.app, queue.size).on_time(request.deadline_s - now_s)
-        return on_time / max(self._expected[queue.size], 1e-12)
+    def _goodput(self, queue: _SizeQueue, keys: list[Hashable],
+                 now_s: float) -> tuple[float, float]:
+        """(expected on-time finishes per second of worker time, expected latency) of a batch.
 
-    def _take(self, queue: _SizeQueue, now_s: float) -> tuple[QueuedRequest, ...]:
-        keys = self._top(queue, now_s)
+        Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
+        the known composition); otherwise the size's mixture estimate.
+        """
+        requests = [self._requests[key] for key in keys]
+        if self.config.request_aware:
+            latency = self._composition(tuple(sorted(r.app for r in requests)))
+        else:
+            latency = self._mix_latency(len(requests))
+        expected = latency.mean()
+        on_time = float(np.sum(latency.cdfs(np.array([r.deadline_s - now_s
+                                                      for r in requests]))))
+        return on_time / max(expected, 1e-12), expected
+
+    def _mix_latency(self, n: int) -> Distribution:
+        """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""
+        latency = self._mixes.get(n)
+        if latency is None:
+            latency = self._mixes[n] = self.profile.batch_latency(n)
+        return latency
+
+    def _composition(self, apps: tuple[str, ...]) -> Distribution:
+        """Latency of a batch of requests from ``apps`` (sorted), cached per composition."""
+        latency = self._compositions.get(apps)
+        if latency is None:
+            counts = Counter(apps)
+            names = sorted(counts)
+            longest = max_of([self.profile.solo(a) for a in names], [counts[a] for a in names])
+            latency = longest.affine(self.profile.law.scale(len(apps)),
+                                     self.profile.law.overhead_s)
+            if len(self._compositions) >= 4096:
+                self._compositions.clear()
+            self._compositions[apps] = latency
+        return latency
+
+    def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
         batch = []
         for key in keys:
             for other in self._queues:

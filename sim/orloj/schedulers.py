@@ -27,7 +27,8 @@ LABELS = {ORLOJ: "Orloj (ours)", ORLOJ_PAPER: "Orloj (paper's rules)", "clipper"
 
 PAPER_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES)
 """§4 as written: the mixture for every member, earliest-deadline batch-size selection."""
-OURS_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES, request_aware=True, selection="goodput")
+OURS_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES, request_aware=True, selection="goodput",
+                          partial_batches=True)
 """Ours: the request's own app in its batch estimate, goodput-based batch-size selection."""
 
 

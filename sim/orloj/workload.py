@@ -181,7 +181,7 @@ def capacity_rps(workload: Workload, profile_solo: Distribution, max_batch: int)
 
 
 def make_trace(workload: Workload, count: int, rate_rps: float, rng: np.random.Generator,
-               period_s: float = 1.0, burst_sigma: float = 0.5) -> Trace:
+               period_s: float = 1.0, burst_sigma: float = 0.3) -> Trace:
     """``count`` requests, Poisson within each period, rate × a log-normal factor (mean 1)."""
     arrivals = np.empty(count)
     t, i = 0.0, 0
