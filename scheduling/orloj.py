@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scheduling.distribution import Distribution, max_of
+from scheduling.distribution import Distribution, expected_max_of
 from scheduling.hull import UpperHull
 from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
@@ -132,7 +132,7 @@ class Orloj:
         if self.delay_s <= 0:  # a model whose requests take no time: any scale will do
             self.delay_s = 1e-3
         self._curves: dict[tuple[str | None, int], Curve] = {}
-        self._compositions: dict[tuple[str, ...], Distribution] = {}
+        self._compositions: dict[tuple[tuple[str, int], ...], float] = {}
         self._mixes: dict[int, Distribution] = {}
 
     def curve(self, app: str | None, n: int) -> Curve:
@@ -304,17 +304,26 @@ class Orloj:
         """(expected on-time finishes per second of worker time, expected latency) of a batch.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
-        the known composition); otherwise the size's mixture estimate.
+        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise
+        the size's mixture estimate.
         """
         requests = [self._requests[key] for key in keys]
-        if self.config.request_aware:
-            latency = self._composition(tuple(sorted(r.app for r in requests)))
-        else:
+        slacks = np.array([r.deadline_s - now_s for r in requests])
+        if not self.config.request_aware:
             latency = self._mix_latency(len(requests))
-        expected = latency.mean()
-        on_time = float(np.sum(latency.cdfs(np.array([r.deadline_s - now_s
-                                                      for r in requests]))))
-        return on_time / max(expected, 1e-12), expected
+            expected = latency.mean()
+            on_time = float(np.sum(latency.cdfs(slacks)))
+            return on_time / max(expected, 1e-12), expected
+        law = self.profile.law
+        scale = law.scale(len(requests))
+        longest = (slacks - law.overhead_s) / scale
+        counts = Counter(r.app for r in requests)
+        chance = np.ones(len(requests))
+        for app, count in counts.items():
+            chance *= self.profile.solo(app).cdfs(longest) ** count
+        expected = law.overhead_s + scale * self._composition(
+            tuple(sorted(counts.items())))
+        return float(np.sum(chance)) / max(expected, 1e-12), expected
 
     def _mix_latency(self, n: int) -> Distribution:
         """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""
@@ -323,19 +332,16 @@ class Orloj:
             latency = self._mixes[n] = self.profile.batch_latency(n)
         return latency
 
-    def _composition(self, apps: tuple[str, ...]) -> Distribution:
-        """Latency of a batch of requests from ``apps`` (sorted), cached per composition."""
-        latency = self._compositions.get(apps)
-        if latency is None:
-            counts = Counter(apps)
-            names = sorted(counts)
-            longest = max_of([self.profile.solo(a) for a in names], [counts[a] for a in names])
-            latency = longest.affine(self.profile.law.scale(len(apps)),
-                                     self.profile.law.overhead_s)
+    def _composition(self, counts: tuple[tuple[str, int], ...]) -> float:
+        """E[longest solo time] of a batch with ``counts`` requests per app, cached."""
+        expected = self._compositions.get(counts)
+        if expected is None:
+            expected = expected_max_of([self.profile.solo(a) for a, _ in counts],
+                                       [c for _, c in counts])
             if len(self._compositions) >= 4096:
                 self._compositions.clear()
-            self._compositions[apps] = latency
-        return latency
+            self._compositions[counts] = expected
+        return expected
 
     def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
         batch = []
