@@ -219,10 +219,10 @@ def _knot_points(dists: Sequence[Distribution], refine: int) -> FloatArray:
     """The union of the knots, each gap split ``refine`` times (products are not linear)."""
     union = np.unique(np.concatenate([d.xs for d in dists]))
     if refine <= 1 or union.size < 2:
-        return union
+        return np.asarray(union, dtype=float)
     steps = np.linspace(0.0, 1.0, refine + 1)[:-1]
     inner = (union[:-1, None] + np.diff(union)[:, None] * steps[None, :]).ravel()
-    return np.unique(np.concatenate([inner, union[-1:]]))
+    return np.asarray(np.unique(np.concatenate([inner, union[-1:]])), dtype=float)
 
 
 def _interleave(points: FloatArray, left: FloatArray,

@@ -88,9 +88,9 @@ def summary(name: str, points: Sequence[Point]) -> dict[str, object]:
         tight = min(series[ORLOJ])
         best = max(series[b][tight] for b in BASELINES)
         gains[case] = round(100 * (series[ORLOJ][tight] / best - 1), 1) if best > 0 else None
-        theirs = [paper_value(case, tight, s) for s in SYSTEMS]
-        if None not in theirs and max(theirs[:3]) > 0:  # type: ignore[type-var]
-            paper_gains[case] = round(100 * (theirs[3] / max(theirs[:3]) - 1), 1)  # type: ignore
+        theirs = [v for v in (paper_value(case, tight, s) for s in SYSTEMS) if v is not None]
+        if len(theirs) == len(SYSTEMS) and max(theirs[:3]) > 0:
+            paper_gains[case] = round(100 * (theirs[3] / max(theirs[:3]) - 1), 1)
         else:
             paper_gains[case] = None
         rates[case] = {s: {f"{x:g}": round(v, 4) for x, v in values.items()}

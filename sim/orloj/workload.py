@@ -61,7 +61,7 @@ class Clusters:
         p = np.asarray(self.probabilities) / sum(self.probabilities)
         which = rng.choice(len(self.centres_ms), size=size, p=p)
         values = np.asarray(self.centres_ms)[which] + rng.normal(0.0, self.jitter_ms, size)
-        return np.maximum(values, 0.1) * MS
+        return np.asarray(np.maximum(values, 0.1) * MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class LogNormal:
 
     def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
         values = self.median_ms * np.exp(rng.normal(0.0, self.sigma, size))
-        return np.clip(values, self.lo_ms, self.hi_ms) * MS
+        return np.asarray(np.clip(values, self.lo_ms, self.hi_ms) * MS)
 
 
 App = Mode | Clusters | LogNormal
