@@ -213,9 +213,13 @@ class Orloj:
               generation: int) -> None:
         a, beta = curve.point(regime, request.deadline_s - self._t0)
         queue.hull.insert(request.key, a, beta)
-        if request.key not in queue.members:
-            heapq.heappush(queue.deadlines, (request.deadline_s, next(self._seq), request.key))
+        joined = request.key not in queue.members
         queue.members[request.key] = _Member(regime, generation)
+        if joined:
+            heapq.heappush(queue.deadlines, (request.deadline_s, next(self._seq), request.key))
+            if len(queue.deadlines) > 2 * len(queue.members) + 64:  # drop departed entries
+                queue.deadlines = [e for e in queue.deadlines if e[2] in queue.members]
+                heapq.heapify(queue.deadlines)
         heapq.heappush(queue.milestones, (curve.leaves_at(regime, request.deadline_s),
                                           next(self._seq), request.key, generation))
 

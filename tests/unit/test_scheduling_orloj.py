@@ -171,3 +171,18 @@ def test_config_is_validated() -> None:
     with pytest.raises(ValidationError):
         OrlojConfig(unknown=1)  # type: ignore[call-arg]
     assert OrlojConfig(batch_sizes=(4, 1, 2)).batch_sizes == (1, 2, 4)
+
+
+def test_bookkeeping_stays_bounded_over_a_long_run() -> None:
+    """Departed requests leave no growing trace (a gateway queue runs for days)."""
+    orloj = scheduler(OURS)
+    now = 0.0
+    for key in range(3000):
+        orloj.enqueue(request(key, now, now + 0.2), now)
+        if key % 2:
+            orloj.next_batch(now)
+        now += 0.006
+    assert len(orloj) < 50
+    for queue in orloj._queues:
+        assert len(queue.deadlines) <= 2 * len(queue.members) + 65
+        assert len(queue.milestones) < 3000
