@@ -17,12 +17,12 @@ $(VENV) venv: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies
+	$(BIN)/mypy policies scheduling
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies
+	$(BIN)/mypy policies scheduling
 	$(BIN)/python -m pytest
 
 # Lint, import contracts and the unit tier only (tests/unit, marked `unit` by tests/conftest.py).

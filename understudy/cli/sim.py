@@ -1,8 +1,11 @@
-"""``understudy sim experiment {fig7,fig8,fig9,fig10,fig11,fig13,all}``: the paper's experiments.
+"""``understudy sim experiment NAME``: FailLite's or Orloj's simulated experiments.
 
-Writes CSV, PNG plots and ``report.md`` under ``--out`` and prints, as its last line, one JSON
-object: per experiment, policy and parameter value, the recovery rate, mean MTTR and accuracy
-reduction.
+FailLite's (``fig7``, ``fig8``, ``fig9``, ``fig10``, ``fig11``, ``fig13``, ``all``) write CSV,
+PNG plots and ``report.md`` under ``--out`` and print, as their last line, one JSON object: per
+experiment, policy and parameter value, the recovery rate, mean MTTR and accuracy reduction.
+Orloj's (``orloj-fig3``, ``orloj-fig7`` ... ``orloj-fig12``) print the figure's series beside the
+paper's numbers, write ``<out>/<name>/`` (CSV, PNG, table, summary) and end with the summary as
+one JSON line.
 """
 
 from __future__ import annotations
@@ -17,19 +20,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sim.cluster import MixKnobs
 
-CHOICES = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig13", "all")
+ORLOJ_CHOICES = ("orloj-fig3", "orloj-fig7", "orloj-fig8", "orloj-fig9", "orloj-fig10",
+                 "orloj-fig11", "orloj-fig12")
+CHOICES = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig13", "all", *ORLOJ_CHOICES)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add ``sim experiment`` to the ``sim`` command parser."""
     actions = parser.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
     experiment = actions.add_parser(
-        "experiment", help="reproduce FailLite's simulated experiments",
-        description="Run one of FailLite's experiments (or all) with the four policies; "
-                    "write CSV, plots and a report beside the paper's numbers.")
+        "experiment", help="reproduce FailLite's or Orloj's simulated experiments",
+        description="Run one of FailLite's experiments (or all) with the four policies, or "
+                    "one of Orloj's (orloj-fig*) with its schedulers and baselines; write "
+                    "CSV, plots and a report beside the paper's numbers.")
     experiment.add_argument("name", choices=CHOICES, help="experiment (paper figure) or all")
     experiment.add_argument("--seeds", type=int, default=None,
-                            help="seeds 0..N-1 (default 3, or 1 with --quick)")
+                            help="seeds 0..N-1 (default 3, or 1 with --quick; orloj-*: "
+                                 "the first seed only)")
     experiment.add_argument("--out", type=Path, default=Path("sim-results"),
                             help="output folder (default ./sim-results)")
     experiment.add_argument("--quick", action="store_true",
@@ -91,6 +98,8 @@ def run(options: argparse.Namespace) -> int:
     """Run the experiment(s); the last line of stdout is the JSON summary."""
     from sim.suite import expand, run_suite
 
+    if options.name in ORLOJ_CHOICES:
+        return _run_orloj(options)
     seeds = options.seeds if options.seeds is not None else (1 if options.quick else 3)
     if seeds < 1 or options.jobs < 1:
         sys.stderr.write("--seeds and --jobs must be at least 1\n")
@@ -107,5 +116,20 @@ def run(options: argparse.Namespace) -> int:
                        load_times=options.load_times, knobs=knobs,
                        stores=tuple(str(path) for path in options.store))
     sys.stdout.write(f"report: {options.out / 'report.md'} ({result.wall_s:.1f} s)\n")
+    sys.stdout.write(json.dumps(result.summary, sort_keys=True) + "\n")
+    return 0
+
+
+def _run_orloj(options: argparse.Namespace) -> int:
+    """One of Orloj's experiments: the table on stdout, the summary JSON as the last line."""
+    from sim.orloj.suite import run_experiment
+
+    seed = 0 if options.seeds is None else options.seeds - 1
+    if seed < 0:
+        sys.stderr.write("--seeds must be at least 1\n")
+        return 2
+    result = run_experiment(options.name, out=options.out, quick=options.quick, seed=seed)
+    sys.stdout.write(result.table + "\n")
+    sys.stdout.write(f"outputs: {options.out / options.name} ({result.wall_s:.1f} s)\n")
     sys.stdout.write(json.dumps(result.summary, sort_keys=True) + "\n")
     return 0

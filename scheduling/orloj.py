@@ -1,0 +1,356 @@
+"""Orloj's batch-aware, distribution-based scheduler (Yu et al., §3.2 and §4).
+
+Per batch size ``n`` (``OrlojConfig.batch_sizes``) a queue holds the requests that can still
+meet their deadline in a batch of ``n``: each request is a point on that queue's upper convex
+hull (``scheduling.hull``) whose position is its eq.-2 priority curve for the latency of a
+batch of ``n`` (``scheduling.priority``). As a deadline nears, the request's point moves at each
+*milestone* (its slack crosses a bin edge of the latency histogram) and it leaves the queues of
+the batch sizes it can no longer meet; once it cannot meet even a batch of one, it is dropped
+early (reason ``deadline-unreachable``).
+
+When the worker is free (:meth:`Orloj.next_batch`), a size is *ready* if its queue holds at
+least ``n`` requests. The paper's rule (``selection="earliest-deadline"``): among the ready sizes
+take those whose queue holds the overall earliest deadline, and of them the largest; the batch
+is that queue's ``n`` requests of highest priority. ``selection="goodput"`` (ours) instead takes
+the ready size whose top-``n`` batch has the most expected on-time finishes per second of worker
+time.
+
+Priorities use the anticipated delay ``a`` (§4.1): ``OrlojConfig.delay_s``, or by default
+``delay_p99`` times the p99 of one request's execution time. Point coordinates are relative to
+a reference time that moves forward before ``e^{(t - t0)/a}`` nears the float range (§4.4).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from scheduling.distribution import Distribution, expected_max_of
+from scheduling.hull import UpperHull
+from scheduling.priority import DEAD, Curve
+from scheduling.profile import ModelProfile, Profiler
+from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedRequest
+
+logger = logging.getLogger(__name__)
+
+
+class OrlojConfig(BaseModel):
+    """Orloj's knobs (times in seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    delay_s: float | None = Field(default=None, gt=0)
+    """The anticipated delay ``a`` of eq. 2; None: ``delay_p99`` × p99 solo execution time."""
+    delay_p99: float = Field(default=1.0, gt=0)
+    penalty: float = Field(default=1.0, gt=0)
+    """Cost of a missed deadline (the same for every request: maximise the finish rate)."""
+    bins: int = Field(default=16, ge=1, le=256)
+    """Histogram bins of eq. 2."""
+    min_probability: float = Field(default=0.0, ge=0, lt=1)
+    """A request leaves size ``n``'s queue once P(batch of n meets its deadline) < this; 0:
+    once it is nil (the paper)."""
+    request_aware: bool = False
+    """Estimate a request's batch latency with its own app's distribution for itself and the
+    mixture for the others (ours), instead of the mixture for all (§4.3)."""
+    selection: Literal["earliest-deadline", "goodput"] = "earliest-deadline"
+    partial_batches: bool = False
+    """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
+    more than the next smaller size (ours: the batch runs at the size it has); False: only
+    full queues are ready."""
+    refresh_every: int = Field(default=512, ge=1)
+    """Profiler measurements between two profile refreshes."""
+    rebase_after: float = Field(default=500.0, gt=0, le=700)
+    """Move the reference time once (now - t0) / a exceeds this (e^700 is near float max)."""
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _sizes(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if not sizes or min(sizes) < 1 or 1 not in sizes:
+            raise ValueError("batch sizes are positive and include 1")
+        return tuple(sorted(set(sizes)))
+
+
+@dataclass(slots=True)
+class _Member:
+    regime: int
+    generation: int
+
+
+@dataclass(slots=True)
+class _SizeQueue:
+    """The requests that can still make a batch of ``size`` in time."""
+
+    size: int
+    hull: UpperHull = field(default_factory=UpperHull)
+    members: dict[Hashable, _Member] = field(default_factory=dict)
+    milestones: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
+    deadlines: list[tuple[float, int, Hashable]] = field(default_factory=list)
+
+    def earliest(self) -> float:
+        """Earliest deadline among the members (stale heap entries dropped lazily)."""
+        while self.deadlines and self.deadlines[0][2] not in self.members:
+            heapq.heappop(self.deadlines)
+        return self.deadlines[0][0] if self.deadlines else math.inf
+
+
+class Orloj:
+    """The scheduler (``BatchScheduler``); ``profile``: the offline profile it starts from."""
+
+    name = "orloj"
+
+    def __init__(self, profile: ModelProfile, config: OrlojConfig | None = None,
+                 profiler: Profiler | None = None) -> None:
+        self.config = config or OrlojConfig()
+        self.profiler = profiler or Profiler(law=profile.law)
+        self._requests: dict[Hashable, QueuedRequest] = {}
+        self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
+        self._drops: list[Drop] = []
+        self._seq = itertools.count()
+        self._t0 = 0.0
+        self._refreshed_at = 0
+        self._install(profile)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    # --- profile -------------------------------------------------------------------------
+
+    def _install(self, profile: ModelProfile) -> None:
+        cfg = self.config
+        self.profile = profile
+        self.delay_s = cfg.delay_s or cfg.delay_p99 * profile.mix.quantile(0.99)
+        if self.delay_s <= 0:  # a model whose requests take no time: any scale will do
+            self.delay_s = 1e-3
+        self._curves: dict[tuple[str | None, int], Curve] = {}
+        self._compositions: dict[tuple[tuple[str, int], ...], float] = {}
+        self._mixes: dict[int, Distribution] = {}
+
+    def curve(self, app: str | None, n: int) -> Curve:
+        """Eq. 2's curve for a batch of ``n`` (per app when request-aware)."""
+        key = (app if self.config.request_aware else None, n)
+        curve = self._curves.get(key)
+        if curve is None:
+            cfg = self.config
+            curve = self._curves[key] = Curve.build(
+                self.profile.batch_latency(n, key[0]), self.delay_s, penalty=cfg.penalty,
+                bins=cfg.bins, min_probability=cfg.min_probability)
+        return curve
+
+    def refresh(self, now_s: float) -> None:
+        """Rebuild the curves from the profiler's windows and re-place every request."""
+        profile = self.profiler.snapshot(self.profile)
+        self._refreshed_at = self.profiler.observations
+        if profile is None:
+            return
+        self._install(profile)
+        pending = list(self._requests.values())
+        self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
+        self._requests.clear()
+        self._t0 = max(self._t0, now_s)
+        for request in pending:
+            self._place(request, self._t0)
+        logger.debug("orloj: profile refreshed (a=%.6f s, %d apps, %d pending)", self.delay_s,
+                     len(profile.apps), len(pending))
+
+    # --- the BatchScheduler interface ----------------------------------------------------
+
+    def enqueue(self, request: QueuedRequest, now_s: float) -> None:
+        self.profiler.arrival(request.app)
+        if not self._requests:  # an idle queue: no point keeps the old reference time
+            self._t0 = now_s
+        self._place(request, now_s)
+
+    def next_batch(self, now_s: float) -> Decision:
+        if (now_s - self._t0) / self.delay_s > self.config.rebase_after:
+            self._rebase(now_s)
+        for queue in self._queues:
+            self._advance(queue, now_s)
+        drops, self._drops = tuple(self._drops), []
+        ready = self._ready()
+        if not ready:
+            return Decision(drops=drops)
+        _, keys, expected = self._choose(ready, now_s)
+        return Decision(self._take(keys), drops, expected_latency_s=expected)
+
+    def completed(self, done: BatchDone) -> None:
+        self.profiler.batch(len(done.batch), done.latency_s)
+        apps = {r.key: r.app for r in done.batch}
+        for key, seconds in done.solo_s.items():
+            if key in apps:
+                self.profiler.solo(apps[key], seconds)
+        if self.profiler.observations - self._refreshed_at >= self.config.refresh_every:
+            self.refresh(done.started_s + done.latency_s)
+
+    # --- queues --------------------------------------------------------------------------
+
+    def _place(self, request: QueuedRequest, now_s: float) -> None:
+        """Put ``request`` in the queue of every size it can still meet; else drop it."""
+        slack = request.deadline_s - now_s
+        placed = False
+        for queue in self._queues:  # feasible sizes are a prefix: a batch only grows slower
+            curve = self.curve(request.app, queue.size)
+            regime = curve.regime(slack)
+            if regime == DEAD:
+                break
+            self._join(queue, request, curve, regime, 0)
+            placed = True
+        if placed:
+            self._requests[request.key] = request
+        else:
+            self._drops.append(Drop(request, UNREACHABLE))
+
+    def _join(self, queue: _SizeQueue, request: QueuedRequest, curve: Curve, regime: int,
+              generation: int) -> None:
+        a, beta = curve.point(regime, request.deadline_s - self._t0)
+        queue.hull.insert(request.key, a, beta)
+        joined = request.key not in queue.members
+        queue.members[request.key] = _Member(regime, generation)
+        if joined:
+            heapq.heappush(queue.deadlines, (request.deadline_s, next(self._seq), request.key))
+            if len(queue.deadlines) > 2 * len(queue.members) + 64:  # drop departed entries
+                queue.deadlines = [e for e in queue.deadlines if e[2] in queue.members]
+                heapq.heapify(queue.deadlines)
+        heapq.heappush(queue.milestones, (curve.leaves_at(regime, request.deadline_s),
+                                          next(self._seq), request.key, generation))
+
+    def _leave(self, queue: _SizeQueue, key: Hashable) -> None:
+        if queue.members.pop(key, None) is not None:
+            queue.hull.remove(key)
+
+    def _advance(self, queue: _SizeQueue, now_s: float) -> None:
+        """Move the requests whose slack crossed a bin edge; drop those out of every queue."""
+        heap = queue.milestones
+        while heap and heap[0][0] <= now_s:
+            _, _, key, generation = heapq.heappop(heap)
+            member = queue.members.get(key)
+            if member is None or member.generation != generation:
+                continue
+            request = self._requests[key]
+            curve = self.curve(request.app, queue.size)
+            regime = min(curve.regime(request.deadline_s - now_s), member.regime - 1)
+            if regime >= 0:
+                self._join(queue, request, curve, regime, generation + 1)
+                continue
+            self._leave(queue, key)
+            if queue.size == 1:  # out of the smallest size: out of all of them
+                for other in self._queues:
+                    self._leave(other, key)
+                del self._requests[key]
+                self._drops.append(Drop(request, UNREACHABLE))
+
+    def _rebase(self, now_s: float) -> None:
+        self._t0 = now_s
+        for queue in self._queues:
+            for key, member in queue.members.items():
+                request = self._requests[key]
+                curve = self.curve(request.app, queue.size)
+                queue.hull.insert(key, *curve.point(member.regime, request.deadline_s - now_s))
+
+    def _choose(self, ready: list[_SizeQueue],
+                now_s: float) -> tuple[_SizeQueue, list[Hashable], float]:
+        """The queue to batch from, its top keys, and the batch's expected latency."""
+        if self.config.selection == "goodput":
+            best: tuple[float, int, _SizeQueue, list[Hashable], float] | None = None
+            for queue in ready:
+                keys = self._top(queue, now_s)
+                value, expected = self._goodput(queue, keys, now_s)
+                if best is None or (value, queue.size) > best[:2]:
+                    best = (value, queue.size, queue, keys, expected)
+            assert best is not None  # ready is not empty
+            return best[2], best[3], best[4]
+        earliest = min(q.earliest() for q in ready)
+        queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
+        keys = self._top(queue, now_s)
+        return queue, keys, self._mix_latency(len(keys)).mean()
+
+    def _ready(self) -> list[_SizeQueue]:
+        """The sizes a batch can be formed at.
+
+        A full queue, or (``partial_batches``) one holding more requests than the next
+        smaller size.
+        """
+        if not self.config.partial_batches:
+            return [q for q in self._queues if len(q.members) >= q.size]
+        ready, below = [], 0
+        for queue in self._queues:
+            if len(queue.members) > below:
+                ready.append(queue)
+            below = queue.size
+        return ready
+
+    def _top(self, queue: _SizeQueue, now_s: float) -> list[Hashable]:
+        """The ``size`` keys of highest priority in ``queue`` at ``now_s``."""
+        u = math.exp((now_s - self._t0) / self.delay_s)
+        taken: list[tuple[Hashable, float, float]] = []
+        for _ in range(queue.size):
+            best = queue.hull.best(u)
+            if best is None:
+                break
+            key = best[0]
+            taken.append((key, *queue.hull.point(key)))
+            queue.hull.remove(key)
+        for key, a, beta in taken:  # the caller decides whether they leave
+            queue.hull.insert(key, a, beta)
+        return [key for key, _, _ in taken]
+
+    def _goodput(self, queue: _SizeQueue, keys: list[Hashable],
+                 now_s: float) -> tuple[float, float]:
+        """(expected on-time finishes per second of worker time, expected latency) of a batch.
+
+        Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
+        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise
+        the size's mixture estimate.
+        """
+        requests = [self._requests[key] for key in keys]
+        slacks = np.array([r.deadline_s - now_s for r in requests])
+        if not self.config.request_aware:
+            latency = self._mix_latency(len(requests))
+            expected = latency.mean()
+            on_time = float(np.sum(latency.cdfs(slacks)))
+            return on_time / max(expected, 1e-12), expected
+        law = self.profile.law
+        scale = law.scale(len(requests))
+        longest = (slacks - law.overhead_s) / scale
+        counts = Counter(r.app for r in requests)
+        chance = np.ones(len(requests))
+        for app, count in counts.items():
+            chance *= self.profile.solo(app).cdfs(longest) ** count
+        expected = law.overhead_s + scale * self._composition(
+            tuple(sorted(counts.items())))
+        return float(np.sum(chance)) / max(expected, 1e-12), expected
+
+    def _mix_latency(self, n: int) -> Distribution:
+        """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""
+        latency = self._mixes.get(n)
+        if latency is None:
+            latency = self._mixes[n] = self.profile.batch_latency(n)
+        return latency
+
+    def _composition(self, counts: tuple[tuple[str, int], ...]) -> float:
+        """E[longest solo time] of a batch with ``counts`` requests per app, cached."""
+        expected = self._compositions.get(counts)
+        if expected is None:
+            expected = expected_max_of([self.profile.solo(a) for a, _ in counts],
+                                       [c for _, c in counts])
+            if len(self._compositions) >= 4096:
+                self._compositions.clear()
+            self._compositions[counts] = expected
+        return expected
+
+    def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
+        batch = []
+        for key in keys:
+            for other in self._queues:
+                self._leave(other, key)
+            batch.append(self._requests.pop(key))
+        return tuple(batch)

@@ -1,0 +1,119 @@
+"""The SLO-aware cost and priority of a request (Orloj §4.1, eq. 1-2, after Chi et al. [7, 8]).
+
+A request with deadline ``d`` pays a penalty ``w`` if it finishes after ``d`` (the step cost of
+Fig. 5). Run now, it finishes after its batch latency ``L``; delayed by the anticipated delay
+``τ ~ Exp(mean a)``, after ``τ + L``. Its priority is the expected cost that running it now
+saves, per second of worker time (eq. 1), computed bin by bin over the histogram of ``L``
+(eq. 2). With slack ``s = d - t`` and a bin ``[lo, hi)`` of mass ``p`` (uniform inside, value
+``m = (lo + hi) / 2`` for the worker time)::
+
+    hi <= s (the bin finishes in time):  w p / m · (a / Δ)(e^-(s-hi)/a - e^-(s-lo)/a)
+    lo <= s < hi (partly in time):       w p / m · (a / Δ)(1 - e^-(s-lo)/a)
+    s < lo (too late either way):        0
+
+(a point mass at ``x``: ``w p / x · e^-(s-x)/a`` when ``x <= s``). Between two bin edges the
+sum has the form ``A · e^{(t - t0)/a} + β`` in the current time ``t``: a point ``(A, β)`` per
+request, so the request of highest priority is the one a line of slope ``-e^{(t - t0)/a}``
+meets first on their upper convex hull (§4.4, ``scheduling.hull``). The point changes only when
+the slack crosses a bin edge (a *milestone*).
+
+Overflow (§4.4): ``A`` holds ``e^{-(d - t0)/a}`` and the query ``e^{(t - t0)/a}``, so both are
+computed from a reference time ``t0`` close to now; every exponent in :meth:`Curve.point` is
+at most 0, and the caller rebases ``t0`` before ``(t - t0) / a`` nears the float range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduling.distribution import Distribution, FloatArray
+
+DEAD = -1
+"""Regime of a request that cannot finish in time at this batch size any more."""
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """Eq. 2 for one batch-latency distribution, precomputed per regime (bin-edge interval).
+
+    In regime ``k`` (slack in ``[edges[k], edges[k+1])``) the priority is
+    ``e^{(edges[k] - s)/a} · slope[k] + beta[k]``.
+    """
+
+    edges: FloatArray
+    slope: FloatArray
+    beta: FloatArray
+    delay_s: float
+    floor_s: float
+    """Below this slack the request leaves the queue (P(L <= s) is under the threshold)."""
+    latency: Distribution
+    """The batch-latency distribution the curve was built from (full resolution)."""
+
+    @classmethod
+    def build(cls, latency: Distribution, delay_s: float, *, penalty: float = 1.0,
+              bins: int = 16, min_probability: float = 0.0) -> Curve:
+        """The curve of ``latency`` with anticipated delay ``delay_s`` (a) and cost ``penalty``.
+
+        ``bins``: histogram bins of eq. 2 (the latency is coarsened to them, keeping gaps and
+        point masses). ``min_probability``: a request whose chance of finishing in time at this
+        batch size falls under it stops being considered for it (0: only when it is nil).
+        """
+        if delay_s <= 0 or penalty <= 0:
+            raise ValueError("the anticipated delay and the penalty are positive")
+        lo, hi, p = latency.coarsen(bins + 1).segments()
+        edges = np.unique(np.concatenate([lo, hi]))
+        mid = np.maximum((lo + hi) / 2.0, 1e-12)
+        weight = penalty * p / mid
+        width = hi - lo
+        slope = np.zeros(edges.size)
+        beta = np.zeros(edges.size)
+        for k, x in enumerate(edges):
+            full = hi <= x
+            atom = full & (width <= 1e-15)
+            ramp = full & ~atom
+            total = float(np.sum(weight[atom] * np.exp((lo[atom] - x) / delay_s)))
+            total += float(np.sum(weight[ramp] * delay_s / width[ramp]
+                                  * (np.exp((hi[ramp] - x) / delay_s)
+                                     - np.exp((lo[ramp] - x) / delay_s))))
+            partial = (lo <= x) & (hi > x) & (width > 1e-15)
+            if partial.any():
+                j = int(np.argmax(partial))
+                ramp_top = float(weight[j] * delay_s / width[j])
+                total -= ramp_top * math.exp((lo[j] - x) / delay_s)
+                beta[k] = ramp_top
+            slope[k] = total
+        floor = latency.quantile(min_probability) if min_probability > 0 else latency.low
+        return cls(edges, slope, beta, delay_s, max(floor, float(edges[0])), latency)
+
+    def regime(self, slack_s: float) -> int:
+        """The regime index at ``slack_s``, or DEAD."""
+        if slack_s < self.floor_s:
+            return DEAD
+        return int(np.searchsorted(self.edges, slack_s, side="right")) - 1
+
+    def score(self, slack_s: float) -> float:
+        """The priority (eq. 2) at ``slack_s`` (0 once DEAD)."""
+        k = self.regime(slack_s)
+        if k == DEAD:
+            return 0.0
+        return float(math.exp((self.edges[k] - slack_s) / self.delay_s) * self.slope[k]
+                     + self.beta[k])
+
+    def point(self, k: int, deadline_rel_s: float) -> tuple[float, float]:
+        """(A, β) of a request in regime ``k`` whose deadline is ``deadline_rel_s`` after t0.
+
+        Its priority at ``t`` is ``A · e^{(t - t0)/a} + β`` while it stays in regime ``k``.
+        """
+        exponent = (float(self.edges[k]) - deadline_rel_s) / self.delay_s
+        return (float(self.slope[k]) * math.exp(min(exponent, 0.0)), float(self.beta[k]))
+
+    def leaves_at(self, k: int, deadline_s: float) -> float:
+        """When a request in regime ``k`` with ``deadline_s`` moves to the next regime down."""
+        return deadline_s - max(float(self.edges[k]), self.floor_s)
+
+    def on_time(self, slack_s: float) -> float:
+        """P(L <= slack): the chance a batch started now meets the deadline."""
+        return self.latency.cdf(slack_s)

@@ -1,0 +1,119 @@
+"""Per-app execution-time tracking (Orloj §3.2) and the batch latencies derived from it (§4.2).
+
+:class:`Profiler` accumulates what the servers report, off the scheduler's critical path: solo
+execution times of sampled requests per app (the asynchronous profiler re-runs finished
+requests alone), arrivals per app (the weights of the model's mixture) and measured batch
+latencies per batch size. It keeps a sliding window of each (the paper resets its memory "every
+once a while"; a window forgets gradually instead of all at once). :meth:`Profiler.snapshot`
+freezes the windows into a :class:`ModelProfile`, which the scheduler uses until the next one.
+
+:class:`ModelProfile` answers "what is the latency distribution of a batch of ``n``":
+
+* the paper's estimate (§4.3): all ``n`` requests drawn from the mixture of the model's apps,
+  since the batch's other members are not known when priorities are computed;
+* ``app=...``: the request's own app for one member and the mixture for the other ``n - 1`` —
+  the request is known to be in the batch, so its own distribution is used for it;
+* once ``min_batch_observations`` batches of size ``n`` were measured, the measured latencies of
+  that size instead of the estimate (the paper's mixture case only; those batches mix apps).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from scheduling.distribution import Distribution, max_of, mixture
+from scheduling.types import BatchLaw
+
+
+@dataclass(frozen=True, eq=False)
+class ModelProfile:
+    """A frozen view of one model's execution times (seconds)."""
+
+    apps: Mapping[str, Distribution]
+    """Solo execution time per app."""
+    weights: Mapping[str, float]
+    """Share of the model's requests per app (missing apps weigh 1)."""
+    law: BatchLaw = field(default_factory=BatchLaw)
+    measured: Mapping[int, Distribution] = field(default_factory=dict)
+    """Measured batch latency per batch size (only sizes with enough measurements)."""
+
+    def __post_init__(self) -> None:
+        if not self.apps:
+            raise ValueError("a profile needs at least one app's distribution")
+
+    @classmethod
+    def single(cls, solo: Distribution, law: BatchLaw | None = None,
+               app: str = "default") -> ModelProfile:
+        """One app (or all apps alike) with execution times ``solo``."""
+        return cls({app: solo}, {app: 1.0}, law or BatchLaw())
+
+    @cached_property
+    def mix(self) -> Distribution:
+        """The model's execution time over all its apps (§4.3)."""
+        names = sorted(self.apps)
+        return mixture([self.apps[a] for a in names],
+                       [max(self.weights.get(a, 1.0), 1e-9) for a in names])
+
+    def solo(self, app: str | None) -> Distribution:
+        """An app's solo distribution; the model's mixture for an unknown app or None."""
+        if app is None:
+            return self.mix
+        return self.apps.get(app, self.mix)
+
+    def batch_latency(self, n: int, app: str | None = None) -> Distribution:
+        """The latency of a batch of ``n``; with ``app``, one member is known to be from it."""
+        if app is None and n in self.measured:
+            return self.measured[n]
+        if app is None or n == 1:
+            longest = max_of([self.solo(app)], [n])
+        else:
+            longest = max_of([self.solo(app), self.mix], [1, n - 1])
+        return longest.affine(self.law.scale(n), self.law.overhead_s)
+
+
+class Profiler:
+    """Sliding windows of what the workers report (feed it from the batches' completions)."""
+
+    def __init__(self, window: int = 4096, bins: int = 64, min_batch_observations: int = 0,
+                 law: BatchLaw | None = None) -> None:
+        if window < 2 or bins < 1 or min_batch_observations < 0:
+            raise ValueError("window >= 2, bins >= 1, min_batch_observations >= 0")
+        self.window, self.bins = window, bins
+        self.min_batch_observations = min_batch_observations
+        self.law = law or BatchLaw()
+        self._solo: dict[str, deque[float]] = {}
+        self._arrivals: deque[str] = deque(maxlen=window)
+        self._batches: dict[int, deque[float]] = {}
+        self.observations = 0
+        """Solo and batch measurements taken so far (to decide when to refresh)."""
+
+    def arrival(self, app: str) -> None:
+        self._arrivals.append(app)
+
+    def solo(self, app: str, seconds: float) -> None:
+        self._solo.setdefault(app, deque(maxlen=self.window)).append(seconds)
+        self.observations += 1
+
+    def batch(self, size: int, seconds: float) -> None:
+        if self.min_batch_observations:
+            self._batches.setdefault(size, deque(maxlen=self.window)).append(seconds)
+            self.observations += 1
+
+    def snapshot(self, fallback: ModelProfile | None = None) -> ModelProfile | None:
+        """The windows as a profile (apps without solo measurements keep ``fallback``'s)."""
+        apps = dict(fallback.apps) if fallback is not None else {}
+        for app, times in self._solo.items():
+            if len(times) >= 2:
+                apps[app] = Distribution.from_samples(list(times), self.bins)
+        if not apps:
+            return None
+        counts = Counter(self._arrivals)
+        weights = ({a: float(counts.get(a, 0)) + 1.0 for a in apps} if counts
+                   else dict(fallback.weights) if fallback is not None else {})
+        measured = {n: Distribution.from_samples(list(times), self.bins)
+                    for n, times in self._batches.items()
+                    if self.min_batch_observations and len(times) >= self.min_batch_observations}
+        return ModelProfile(apps, weights, self.law, measured)

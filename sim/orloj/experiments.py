@@ -1,0 +1,215 @@
+"""Orloj's figures as simulated experiments: ``orloj-fig3`` and ``orloj-fig7`` ... ``-fig12``.
+
+Each experiment yields :class:`Point` rows: one finish rate (or, for Fig. 10, a time) per case,
+x value and series. The runs of one case share one trace (same arrivals and execution times)
+and one offline profile, so the schedulers differ only in their decisions.
+
+Settings (documented in docs/scheduling.md): the load is ``LOAD`` of one worker's capacity at
+batch 16; SLOs are 1.5-5 × the P99 solo execution time; ``--quick`` serves fewer requests and
+fewer cases.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduling.hull import UpperHull
+from scheduling.orloj import Orloj
+from sim.orloj.engine import RunResult, simulate
+from sim.orloj.paper import SLOS
+from sim.orloj.schedulers import (
+    ALL,
+    MAX_BATCH,
+    ORLOJ,
+    OURS_CONFIG,
+    factories,
+    model_profile,
+)
+from sim.orloj.workload import (
+    REAL,
+    STATIC,
+    Workload,
+    bimodal,
+    capacity_rps,
+    make_trace,
+    modal,
+    profile_samples,
+)
+
+LOAD = 0.4
+"""Mean offered load, as a share of the worker's capacity at the largest batch size."""
+REQUESTS, QUICK_REQUESTS = 2000, 400
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One measured value: ``experiment``/``case``, x, series -> value."""
+
+    experiment: str
+    case: str
+    x: float
+    series: str
+    value: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    name: str
+    title: str
+    xlabel: str
+    ylabel: str
+    run: Callable[[bool, int], Iterator[Point]]
+    """(quick, seed) -> points."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    workload: Workload
+    samples: dict[str, np.ndarray]
+    p99_s: float
+    rate_rps: float
+
+
+def _setup(workload: Workload, seed: int, load: float = LOAD) -> _Setup:
+    samples = profile_samples(workload, np.random.default_rng(seed))
+    mix = model_profile(samples, workload.law).mix
+    rate = load * capacity_rps(workload, mix, MAX_BATCH)
+    return _Setup(workload, samples, mix.quantile(0.99), rate)
+
+
+def _detail(result: RunResult) -> str:
+    drops = ",".join(f"{k}={v}" for k, v in sorted(result.dropped.items()))
+    return (f"late={result.late};batch={result.mean_batch:.2f};drops={drops};"
+            f"decision_us_p50={result.decision_us_p50:.1f}")
+
+
+def slo_sweep(name: str, cases: list[Workload], quick: bool, seed: int,
+              schedulers: tuple[str, ...] = ALL) -> Iterator[Point]:
+    """Finish rate per case, SLO multiple and scheduler."""
+    count = QUICK_REQUESTS if quick else REQUESTS
+    slos = (1.5, 3.0, 5.0) if quick else SLOS
+    for workload in cases:
+        setup = _setup(workload, seed)
+        trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
+        for mult in slos:
+            slo = mult * setup.p99_s
+            made = factories(setup.samples, workload.law, slo)
+            for scheduler in schedulers:
+                result = simulate(made[scheduler](), trace, workload.law, slo)
+                yield Point(name, workload.name, mult, scheduler, result.finish_rate,
+                            _detail(result))
+
+
+def _fig3(quick: bool, seed: int) -> Iterator[Point]:
+    cases = [modal(1), modal(2), modal(2, stds=(0.5, 2.0))]
+    return slo_sweep("orloj-fig3", cases, quick, seed)
+
+
+def _fig7(quick: bool, seed: int) -> Iterator[Point]:
+    names = ("rdinet-cifar", "gpt-cornell") if quick else tuple(REAL)
+    return slo_sweep("orloj-fig7", [REAL[n] for n in names], quick, seed)
+
+
+def _fig8(quick: bool, seed: int) -> Iterator[Point]:
+    if quick:
+        cases = [modal(2), modal(4), modal(2, stds=(0.5, 2.0))]
+    else:
+        cases = [modal(k) for k in range(1, 9)]
+        cases += [bimodal(0.5), bimodal(2.0), modal(2, stds=(2.0, 0.5)),
+                  modal(2, stds=(0.5, 2.0))]
+    return slo_sweep("orloj-fig8", cases, quick, seed)
+
+
+def _fig9(quick: bool, seed: int) -> Iterator[Point]:
+    return slo_sweep("orloj-fig9", list(STATIC.values()), quick, seed)
+
+
+def _fig10(quick: bool, seed: int) -> Iterator[Point]:
+    """Insertion (per request, filling the queue) and query time against the queue's size."""
+    rng = random.Random(seed)
+    sizes = (10, 100, 1000) if quick else (10, 30, 100, 300, 1000, 3000, 10000)
+    for size in sizes:
+        points = [(rng.uniform(0, 1), rng.uniform(0, 1)) for _ in range(size)]
+        hull = UpperHull()
+        started = time.perf_counter()
+        for key, (a, beta) in enumerate(points):
+            hull.insert(key, a, beta)
+        insert_us = (time.perf_counter() - started) / size * 1e6
+        queries = 100
+        started = time.perf_counter()
+        for _ in range(queries):
+            hull.best(math.exp(rng.uniform(-5, 5)))
+        query_us = (time.perf_counter() - started) / queries * 1e6
+        started = time.perf_counter()
+        for _ in range(queries):
+            u = math.exp(rng.uniform(-5, 5))
+            max(a * u + beta for a, beta in points)
+        scan_us = (time.perf_counter() - started) / queries * 1e6
+        yield Point("orloj-fig10", "hull", size, "insert", insert_us)
+        yield Point("orloj-fig10", "hull", size, "query", query_us)
+        yield Point("orloj-fig10", "hull", size, "linear-scan query", scan_us)
+
+
+def _orloj_factory(setup: _Setup, **changes: float) -> Callable[[], Orloj]:
+    config = OURS_CONFIG.model_copy(update=changes)
+    profile = model_profile(setup.samples, setup.workload.law)
+    return lambda: Orloj(profile, config)
+
+
+def _fig11(quick: bool, seed: int) -> Iterator[Point]:
+    """Finish rate of Orloj against the anticipated delay a (× P99), one series per SLO."""
+    workload = modal(3)
+    setup = _setup(workload, seed)
+    count = QUICK_REQUESTS if quick else REQUESTS
+    trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
+    delays = (0.1, 1.0, 10.0) if quick else (0.01, 0.1, 1.0, 10.0, 100.0)
+    slos = (1.5, 3.0) if quick else SLOS
+    for delay in delays:
+        make = _orloj_factory(setup, delay_p99=delay)
+        for mult in slos:
+            result = simulate(make(), trace, workload.law, mult * setup.p99_s)
+            yield Point("orloj-fig11", workload.name, delay, f"SLO {mult:g}x",
+                        result.finish_rate, _detail(result))
+
+
+def _fig12(quick: bool, seed: int) -> Iterator[Point]:
+    """Finish rate of Orloj as the execution times shrink, its own running time charged."""
+    base = modal(3)
+    base_p99_ms = _setup(base, seed).p99_s * 1e3
+    targets_ms = (10.0, 1.0, 0.3) if quick else (30.0, 10.0, 3.0, 1.0, 0.5, 0.3, 0.1)
+    count = QUICK_REQUESTS if quick else REQUESTS // 2
+    slos = (1.5, 3.0) if quick else (1.5, 2.0, 3.0, 5.0)
+    for target in targets_ms:
+        workload = base.scaled(target / base_p99_ms)
+        setup = _setup(workload, seed)
+        trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
+        for mult in slos:
+            make = factories(setup.samples, workload.law, mult * setup.p99_s)[ORLOJ]
+            result = simulate(make(), trace, workload.law, mult * setup.p99_s,
+                              charge_overhead=True)
+            yield Point("orloj-fig12", "3-modal", round(setup.p99_s * 1e3, 3),
+                        f"SLO {mult:g}x", result.finish_rate, _detail(result))
+
+
+EXPERIMENTS = {e.name: e for e in (
+    Experiment("orloj-fig3", "Existing systems on dynamic models (Fig. 3)",
+               "SLO (x P99)", "finish rate", _fig3),
+    Experiment("orloj-fig7", "Real tasks, stand-in distributions (Fig. 7)",
+               "SLO (x P99)", "finish rate", _fig7),
+    Experiment("orloj-fig8", "Modes, spreads and unequal peaks (§5.3, Tables 2-3)",
+               "SLO (x P99)", "finish rate", _fig8),
+    Experiment("orloj-fig9", "Static models (Fig. 9)", "SLO (x P99)", "finish rate", _fig9),
+    Experiment("orloj-fig10", "Priority queue efficiency (Fig. 10)", "requests in queue",
+               "time (us)", _fig10),
+    Experiment("orloj-fig11", "Sensitivity to the anticipated delay a (Fig. 11)",
+               "a (x P99)", "finish rate", _fig11),
+    Experiment("orloj-fig12", "Shrinking execution times, overhead charged (Fig. 12)",
+               "P99 execution time (ms)", "finish rate", _fig12),
+)}

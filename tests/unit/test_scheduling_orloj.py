@@ -1,0 +1,188 @@
+"""Orloj's scheduler: batch choice, priority order, early drops, no starvation, refreshes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from scheduling.distribution import Distribution
+from scheduling.orloj import Orloj, OrlojConfig
+from scheduling.profile import ModelProfile
+from scheduling.types import UNREACHABLE, BatchDone, BatchLaw, QueuedRequest
+
+LAW = BatchLaw(slope=0.1)
+SOLO = Distribution.from_knots([0.010, 0.012, 0.030, 0.034], [0.0, 0.5, 0.5, 1.0])
+"""Half the requests take 10-12 ms alone, half 30-34 ms."""
+
+PAPER = OrlojConfig(batch_sizes=(1, 2, 4))
+OURS = OrlojConfig(batch_sizes=(1, 2, 4), request_aware=True, selection="goodput",
+                   partial_batches=True)
+
+
+def request(key: int, arrival: float, deadline: float, app: str = "default") -> QueuedRequest:
+    return QueuedRequest(key, app, arrival, deadline)
+
+
+def scheduler(config: OrlojConfig = PAPER, solo: Distribution = SOLO) -> Orloj:
+    return Orloj(ModelProfile.single(solo, LAW), config)
+
+
+@pytest.mark.parametrize("config", [PAPER, OURS])
+def test_hopeless_request_is_dropped_early_with_its_reason(config: OrlojConfig) -> None:
+    orloj = scheduler(config)
+    orloj.enqueue(request(1, 0.0, 0.005), 0.0)  # needs >= 10 ms even alone
+    decision = orloj.next_batch(0.0)
+    assert decision.batch == ()
+    assert [(d.request.key, d.reason) for d in decision.drops] == [(1, UNREACHABLE)]
+    assert len(orloj) == 0
+
+
+@pytest.mark.parametrize("config", [PAPER, OURS])
+def test_request_dropped_once_its_deadline_is_out_of_reach(config: OrlojConfig) -> None:
+    orloj = scheduler(config)
+    orloj.enqueue(request(1, 0.0, 0.100), 0.0)
+    orloj.enqueue(request(2, 0.0, 0.050), 0.0)
+    # the worker was busy until 45 ms: request 2 has 5 ms left, less than any execution
+    decision = orloj.next_batch(0.045)
+    assert [d.request.key for d in decision.drops] == [2]
+    assert [r.key for r in decision.batch] == [1]
+
+
+def test_priority_order_picks_the_urgent_request_first() -> None:
+    orloj = scheduler(OrlojConfig(batch_sizes=(1,)))
+    orloj.enqueue(request(1, 0.0, 0.500), 0.0)  # relaxed
+    orloj.enqueue(request(2, 0.0, 0.060), 0.0)  # urgent, can still make it
+    orloj.enqueue(request(3, 0.0, 0.200), 0.0)
+    order = [orloj.next_batch(0.0).batch[0].key for _ in range(3)]
+    assert order == [2, 3, 1]
+
+
+def test_nearly_hopeless_request_yields_to_one_that_will_make_it() -> None:
+    """Only an 11 ms execution would save request 1; request 2 finishes whatever happens."""
+    orloj = scheduler(OrlojConfig(batch_sizes=(1,)))
+    orloj.enqueue(request(1, 0.0, 0.011), 0.0)
+    orloj.enqueue(request(2, 0.0, 0.045), 0.0)
+    assert orloj.next_batch(0.0).batch[0].key == 2
+
+
+def test_batch_of_the_largest_size_holding_the_earliest_deadline() -> None:
+    orloj = scheduler()
+    for key in range(5):
+        orloj.enqueue(request(key, 0.0, 0.5 + key * 0.01), 0.0)
+    decision = orloj.next_batch(0.0)
+    assert len(decision.batch) == 4 and 0 in {r.key for r in decision.batch}
+    assert decision.expected_latency_s == pytest.approx(
+        LAW.latency(4, SOLO.expected_max(4)), rel=5e-3)
+    assert [r.key for r in orloj.next_batch(0.0).batch] == [4]
+
+
+def test_tight_deadline_limits_the_batch_size() -> None:
+    """A batch of 4 takes at least 13 ms; a deadline 12 ms away allows only one or two."""
+    orloj = scheduler()
+    orloj.enqueue(request(0, 0.0, 0.0125), 0.0)
+    for key in range(1, 5):
+        orloj.enqueue(request(key, 0.0, 1.0), 0.0)
+    first = orloj.next_batch(0.0).batch
+    assert 0 in {r.key for r in first} and len(first) <= 2
+
+
+@pytest.mark.parametrize("config", [PAPER, OURS])
+def test_no_starvation_under_sustained_load(config: OrlojConfig) -> None:
+    """Urgent requests keep coming faster than single batches drain them; the relaxed one,
+    lowest in priority at first, is still served before its deadline."""
+    orloj = scheduler(config)
+    relaxed = request(0, 0.0, 0.400)
+    orloj.enqueue(relaxed, 0.0)
+    now, key, served_at = 0.0, 1, None
+    rng = np.random.default_rng(0)
+    while now < 0.6 and served_at is None:
+        for _ in range(3):  # three urgent arrivals per batch, each due in 60 ms
+            orloj.enqueue(request(key, now, now + 0.060), now)
+            key += 1
+        decision = orloj.next_batch(now)
+        assert relaxed not in [d.request for d in decision.drops]
+        longest = max(float(SOLO.sample(rng, 1)[0]) for _ in decision.batch)
+        now += LAW.latency(len(decision.batch), longest)
+        if relaxed in decision.batch:
+            served_at = now
+        orloj.completed(BatchDone(decision.batch, now, 0.0))
+    assert served_at is not None and served_at <= relaxed.deadline_s
+
+
+def test_static_model_goes_through_the_same_path() -> None:
+    orloj = scheduler(OURS, Distribution.point(0.005))
+    for key in range(6):
+        orloj.enqueue(request(key, 0.0, 0.100), 0.0)
+    decision = orloj.next_batch(0.0)
+    assert len(decision.batch) == 4
+    assert decision.expected_latency_s == pytest.approx(LAW.latency(4, 0.005))
+    orloj.enqueue(request(9, 0.0, 0.004), 0.0)  # shorter than the constant: hopeless
+    decision = orloj.next_batch(0.0)
+    assert [d.request.key for d in decision.drops] == [9]
+    assert len(decision.batch) == 2  # a partial batch: two left, more than a batch of one
+
+
+def test_request_aware_uses_the_apps_own_distribution() -> None:
+    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
+    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0}, LAW)
+    orloj = Orloj(profile, OrlojConfig(batch_sizes=(1,), request_aware=True))
+    # 20 ms left: only a short request can finish; the paper's mixture would keep both
+    orloj.enqueue(request(1, 0.0, 0.020, "long"), 0.0)
+    orloj.enqueue(request(2, 0.0, 0.020, "short"), 0.0)
+    decision = orloj.next_batch(0.0)
+    assert [d.request.key for d in decision.drops] == [1]
+    assert [r.key for r in decision.batch] == [2]
+
+
+def test_choices_survive_reference_time_rebases() -> None:
+    """Moving the reference time (§4.4's overflow handling) changes no decision."""
+
+    def decisions(rebase_after: float) -> list[tuple[list[int], list[int]]]:
+        orloj = scheduler(OrlojConfig(batch_sizes=(1, 2), delay_s=1e-3,
+                                      rebase_after=rebase_after))
+        rng = np.random.default_rng(5)
+        now, out = 0.0, []
+        for key in range(40):
+            orloj.enqueue(request(key, now, now + float(rng.uniform(0.02, 0.2))), now)
+            decision = orloj.next_batch(now)
+            out.append(([int(r.key) for r in decision.batch],  # type: ignore[call-overload]
+                        [int(d.request.key) for d in decision.drops]))  # type: ignore
+            now += 0.008
+        return out
+
+    assert decisions(rebase_after=5.0) == decisions(rebase_after=500.0)
+
+
+def test_profile_refresh_learns_from_measurements() -> None:
+    orloj = scheduler(OrlojConfig(batch_sizes=(1, 2), refresh_every=50))
+    old_p99 = orloj.profile.mix.quantile(0.99)
+    for key in range(60):
+        batch = (request(key, 0.0, 1.0),)
+        orloj.completed(BatchDone(batch, 0.0, 0.05, {key: 0.05}))
+    assert orloj.profile.mix.quantile(0.99) > old_p99
+    assert orloj.profile.apps["default"].quantile(0.5) == pytest.approx(0.05, rel=0.2)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValidationError):
+        OrlojConfig(batch_sizes=(2, 4))
+    with pytest.raises(ValidationError):
+        OrlojConfig(unknown=1)  # type: ignore[call-arg]
+    assert OrlojConfig(batch_sizes=(4, 1, 2)).batch_sizes == (1, 2, 4)
+
+
+def test_bookkeeping_stays_bounded_over_a_long_run() -> None:
+    """Departed requests leave no growing trace (a gateway queue runs for days)."""
+    orloj = scheduler(OURS)
+    now = 0.0
+    for key in range(3000):
+        orloj.enqueue(request(key, now, now + 0.2), now)
+        if key % 2:
+            orloj.next_batch(now)
+        now += 0.006
+    assert len(orloj) < 50
+    for queue in orloj._queues:
+        assert len(queue.deadlines) <= 2 * len(queue.members) + 65
+        assert len(queue.milestones) < 3000
