@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import signal
 import statistics
@@ -48,199 +47,46 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for path in (REPO, REPO / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 import httpx  # noqa: E402
-import redis  # noqa: E402
-from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
+from hostile_harness import (  # noqa: E402
+    AUTH,
+    PREFIX,
+    TOKEN,
+    Bench,
+    declared,
+    exchange,
+    hello,
+    last_declaration,
+    listed_apps,
+    raw,
+    servers,
+    wait,
+)
 
-from controller.redis_server import RedisServer  # noqa: E402
-from deploy.sim_driver import ControllerProcess, SimAgentProcesses  # noqa: E402
-from understudy.wire.artifacts import Manifest  # noqa: E402
+from deploy.sim_driver import SimAgentProcesses  # noqa: E402
 from understudy.wire.protocol import AGENT_WS_PATH, MAX_FRAME_BYTES  # noqa: E402
-
-TOKEN = "hostile-bench"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-PREFIX = "us:"
-VOLATILE = frozenset({"events", "event_seq", "declarations", "declaration_seq", "rev", "plan"})
-"""Keys the controller changes by itself (events, declarations, the warm plan, the revision)."""
-CAPACITY = '{"memory_mb": 16000.0, "compute": 100.0}'
-VARIANTS = {"mobilenet_v3": ("mobilenet_v3_small", "mobilenet_v3_large")}
-MAX_FAILURES_SHOWN = 20
-
-
-@dataclass
-class Tally:
-    """Every case and what went wrong."""
-
-    cases: int = 0
-    crashes: int = 0
-    http_5xx: int = 0
-    state_corruptions: int = 0
-    groups: Counter[str] = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-    group: str = ""
-
-    def check(self, ok: bool, what: str, *, corruption: bool = False) -> bool:
-        """One case; a failed one is recorded (as a state corruption when ``corruption``)."""
-        self.cases += 1
-        self.groups[self.group] += 1
-        if not ok:
-            self.state_corruptions += corruption
-            if len(self.failures) < MAX_FAILURES_SHOWN:
-                self.failures.append(f"{self.group}: {what}"[:300])
-            print(f"  FAILED {self.group}: {what[:300]}", flush=True)
-        return ok
-
-    def answer(self, response: httpx.Response | tuple[int, bytes], expected: set[int],
-               what: str) -> bool:
-        """An HTTP answer: a 5xx is counted as such, any other unexpected status fails too."""
-        status = response[0] if isinstance(response, tuple) else response.status_code
-        if status >= 500:
-            self.http_5xx += 1
-        return self.check(status in expected, f"{what}: {status} (expected {sorted(expected)})")
-
-
-class Bench:
-    """The controller, its Redis, and the tally."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.artifacts = _artifact_store(run_dir / "artifacts")
-        self.redis_server = RedisServer(run_dir / "redis", appendfsync="always")
-        self.redis_server.start()
-        self.redis = redis.Redis.from_url(self.redis_server.url, decode_responses=True)
-        self.tally = Tally()
-        self.controller = self._start_controller()
-
-    def _start_controller(self) -> ControllerProcess:
-        process = ControllerProcess(self.run_dir, token=TOKEN, log_level="WARNING", extra=[
-            "--redis-url", self.redis_server.redacted_url, "--redis-password-file",
-            str(self.redis_server.password_file), "--startup-grace-s", "5",
-            "--artifacts", str(self.artifacts)])
-        process.wait_ready()
-        return process
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.controller.port}"
-
-    def dump(self) -> dict[str, Any]:
-        """Every record under the controller's prefix but the volatile ones."""
-        found: dict[str, Any] = {}
-        for key in sorted(self.redis.scan_iter(f"{PREFIX}*")):
-            name = key.removeprefix(PREFIX)
-            if name in VOLATILE or name.startswith("idempotency:"):
-                continue
-            kind = self.redis.type(key)
-            found[name] = (self.redis.hgetall(key) if kind == "hash" else
-                           self.redis.get(key) if kind == "string" else kind)
-        return found
-
-    def unchanged(self, before: dict[str, Any], what: str) -> bool:
-        after = self.dump()
-        changed = sorted(k for k in before.keys() | after.keys()
-                         if before.get(k) != after.get(k))
-        return self.tally.check(not changed, f"{what} changed {changed}", corruption=True)
-
-    def alive(self) -> None:
-        """After each group: the controller still runs and is ready."""
-        process = self.controller.popen
-        ready = False
-        if process.poll() is None:
-            try:
-                ready = self.controller.http.get("/readyz", timeout=10).status_code == 200
-            except httpx.HTTPError:
-                ready = False
-        self.tally.crashes += not ready
-        self.tally.check(ready, f"controller not ready after the group (exit {process.poll()})")
-
-    def refused_frames(self, frames: list[str | bytes], codes: set[int], what: str,
-                       headers: dict[str, str] | None = None) -> None:
-        """An agent connection that sends ``frames`` is closed with one of ``codes``, and
-        nothing in Redis changes."""
-        before = self.dump()
-        code, reason = _exchange(self.ws + AGENT_WS_PATH, frames, AUTH if headers is None
-                                 else headers)
-        self.tally.check(code in codes and bool(reason), f"{what}: closed {code} {reason!r}")
-        self.unchanged(before, what)
-
-    def request(self, method: str, path: str, expected: set[int], what: str,
-                **kwargs: Any) -> httpx.Response | None:
-        """One REST call, refused as ``expected``; a refused one changes nothing."""
-        before = self.dump()
-        try:
-            response = self.controller.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            self.tally.check(False, f"{what}: no answer ({exc!r})")
-            return None
-        self.tally.answer(response, expected, what)
-        if response.status_code >= 400:
-            self.unchanged(before, what)
-        return response
-
-
-def _artifact_store(root: Path) -> Path:
-    """Manifests and placeholder weights of two variants (nothing loads them)."""
-    for family, variants in VARIANTS.items():
-        for variant in variants:
-            directory = root / family / variant
-            directory.mkdir(parents=True)
-            (directory / "weights.pt").write_bytes(b"w")
-            (directory / "manifest.json").write_text(Manifest(
-                family=family, variant=variant, profiled_size_mb=1.0, scale=0.1,
-                weights_mb=0.1, weights_sha256="0" * 64, spec={"width": 8},
-                max_batch_size=1).model_dump_json())
-    return root
-
-
-def _exchange(url: str, frames: list[str | bytes],
-              headers: dict[str, str]) -> tuple[int | None, str]:
-    """Send ``frames`` on a new websocket; the close code and reason (None: refused at the
-    handshake, the reason then being its HTTP status)."""
-    try:
-        with connect(url, additional_headers=headers, max_size=None, open_timeout=30) as ws:
-            try:
-                for frame in frames:
-                    ws.send(frame)
-                while True:
-                    ws.recv(timeout=30)
-            except ConnectionClosed as closed:
-                return (closed.rcvd.code, closed.rcvd.reason) if closed.rcvd else (None, "")
-            except TimeoutError:
-                return None, "still open"
-    except InvalidStatus as refused:
-        return None, str(refused.response.status_code)
-
-
-def _hello(server_id: str = "h-1", capacity: str = CAPACITY, site: str = '"site-h"',
-           **extra: str) -> str:
-    """A hello as JSON text (``capacity``, ``site`` and ``extra`` values are JSON already)."""
-    fields = "".join(f', "{k}": {v}' for k, v in extra.items())
-    return (f'{{"v": 1, "type": "hello", "server_id": {json.dumps(server_id)}, '
-            f'"site_id": {site}, "capacity": {capacity}{fields}}}')
 
 
 def capacities(bench: Bench) -> None:
     for value in ("NaN", "Infinity", "-Infinity", "-5", "-1e-300", "1e10", "1e308", "1e309",
                   '"16000"x', "null", "[]", '{"gpu": 1}'):
         for resource in ("memory_mb", "compute"):
-            bench.refused_frames([_hello(capacity=f'{{"{resource}": {value}}}')], {1008},
+            bench.refused_frames([hello(capacity=f'{{"{resource}": {value}}}')], {1008},
                                  f"hello {resource}={value}")
     for interval in ("5e-324", "0", "-1", "NaN", "Infinity", "1e9"):
-        bench.refused_frames([_hello(heartbeat_interval_ms=interval)], {1008},
+        bench.refused_frames([hello(heartbeat_interval_ms=interval)], {1008},
                              f"hello heartbeat_interval_ms={interval}")
     many = json.dumps({f"r{i}": 1.0 for i in range(100)})
-    bench.refused_frames([_hello(capacity=many)], {1008}, "hello with 100 resources")
+    bench.refused_frames([hello(capacity=many)], {1008}, "hello with 100 resources")
 
 
 BAD_IDS = ["", " ", "x" * 129, "x" * 100_000, "сервер-1", "服务器", "🙂", "s\u202e1", "s\u00001",
@@ -249,10 +95,10 @@ BAD_IDS = ["", " ", "x" * 129, "x" * 100_000, "сервер-1", "服务器", "�
 
 def ids(bench: Bench) -> None:
     for bad in BAD_IDS[:-1]:  # "a__b" is a valid server id; only app ids may not hold "__"
-        bench.refused_frames([_hello(bad)], {1008}, f"hello server_id={bad[:20]!r}")
-        bench.refused_frames([_hello(site=json.dumps(bad))], {1008},
+        bench.refused_frames([hello(bad)], {1008}, f"hello server_id={bad[:20]!r}")
+        bench.refused_frames([hello(site=json.dumps(bad))], {1008},
                              f"hello site_id={bad[:20]!r}")
-    bench.refused_frames([_hello("x" * (MAX_FRAME_BYTES + 1))], {1009}, "hello id over 4 MiB")
+    bench.refused_frames([hello("x" * (MAX_FRAME_BYTES + 1))], {1009}, "hello id over 4 MiB")
     for bad in BAD_IDS:
         bench.request("POST", "/v1/apps", {422}, f"POST app_id={bad[:20]!r}",
                       json={"app_id": bad, "family": "mobilenet_v3"})
@@ -263,7 +109,7 @@ def ids(bench: Bench) -> None:
             suffix = "/drain" if method == "POST" else ""
             before = bench.dump()
             target = path + quote(bad, safe="") + suffix
-            status, _ = _raw(bench, method, target)
+            status, _ = raw(bench, method, target)
             # An empty id is another path (307 to /v1/apps, 404); an overlong request
             # line is refused by the HTTP server itself (400).
             bench.tally.answer((status, b""), {307, 400, 404, 405, 414, 422},
@@ -313,34 +159,19 @@ def bodies(bench: Bench) -> None:
                           (b'{"app_id": "t-1", "family": "mobilenet_v3"}', "text/plain")):
         bench.request("POST", "/v1/apps", {415, 422}, f"body as {kind}", content=content,
                       headers={"Content-Type": kind})
+    bench.request("POST", "/v1/apps", {422}, "a family no artifact store holds",
+                  json={"app_id": "no-weights", "family": "efficientnet"})
     bench.tally.check(http.get("/v1/apps/body-1").status_code == 404, "refused app stored",
                       corruption=True)
     bench.refused_frames(['{"v": 1, "type": "hello", "boot_id": "' + "b" * MAX_FRAME_BYTES
                           + '"}'], {1009}, "agent frame over 4 MiB")
-    code, reason = _exchange(f"{bench.ws}/v1/events/ws?since=1000000",
+    code, reason = exchange(f"{bench.ws}/v1/events/ws?since=1000000",
                              ["x" * (MAX_FRAME_BYTES + 1)], {})
     bench.tally.check(code == 1009, f"event stream frame over 4 MiB: {code} {reason}")
 
 
-def _raw(bench: Bench, method: str, path: str) -> tuple[int, bytes]:
-    """Send exactly ``path`` (no client normalises its dots or escapes, or refuses its length);
-    status 0: the server closed the connection without an answer."""
-    connection = http.client.HTTPConnection("127.0.0.1", bench.controller.port, timeout=30)
-    try:
-        connection.putrequest(method, path, skip_accept_encoding=True)
-        connection.putheader("Authorization", AUTH["Authorization"])
-        connection.putheader("Content-Length", "0")
-        connection.endheaders()
-        response = connection.getresponse()
-        return response.status, response.read()
-    except (http.client.HTTPException, ConnectionError):
-        return 0, b""
-    finally:
-        connection.close()
-
-
 def names(bench: Bench) -> None:
-    status, body = _raw(bench, "GET", "/v1/artifacts/mobilenet_v3_small/manifest.json")
+    status, body = raw(bench, "GET", "/v1/artifacts/mobilenet_v3_small/manifest.json")
     bench.tally.check(status == 200 and b"mobilenet_v3_small" in body, "the real manifest")
     variants = ["*", "mobilenet_v3_*", "[a-z]*", "?obilenet_v3_small", "mobilenet_v3_smal?",
                 "..", "...", "%2e%2e", "..%2f..%2fetc", "mobilenet_v3_small%2f..", "~",
@@ -353,7 +184,7 @@ def names(bench: Bench) -> None:
             if variant == "mobilenet_v3_small" and name == "manifest.json":
                 continue
             path = f"/v1/artifacts/{variant}/{name}"
-            status, body = _raw(bench, "GET", path)
+            status, body = raw(bench, "GET", path)
             bench.tally.answer((status, body), {400, 404, 422}, f"GET {path}")
             bench.tally.check(b"weights_sha256" not in body and body != b"w"
                               and not any(s in body for s in secrets),
@@ -361,7 +192,7 @@ def names(bench: Bench) -> None:
     for path in ("/v1/artifacts/mobilenet_v3_small/../mobilenet_v3_large/manifest.json",
                  "/v1/artifacts/../../etc/passwd", "/v1/artifacts/mobilenet_v3_small/",
                  "/v1/artifacts//manifest.json"):
-        status, body = _raw(bench, "GET", path)
+        status, body = raw(bench, "GET", path)
         bench.tally.answer((status, body), {400, 404, 422}, f"GET {path}")
         bench.tally.check(b"root:" not in body and b"mobilenet_v3_large" not in body,
                           f"GET {path} leaked a file: {body[:120]!r}")
@@ -374,13 +205,13 @@ def events(bench: Bench) -> None:
     for query in ("since=-1", "since=NaN", "since=1e309", "since=" + "9" * 40,
                   "app_id=" + "x" * 200, "app_id=%00", "since=abc", "limit=-1"):
         before = bench.dump()
-        code, reason = _exchange(f"{bench.ws}/v1/events/ws?{query}", ["hello?"], {})
+        code, reason = exchange(f"{bench.ws}/v1/events/ws?{query}", ["hello?"], {})
         refused = code is None and reason == "403"
         closed = code == 1008 and reason == "the event stream takes no frames"
         bench.tally.check(refused or closed, f"event stream ?{query[:40]}: {code} {reason}")
         bench.unchanged(before, f"event stream ?{query[:40]}")
     for frame in ("", "{}", '{"v": 1, "type": "hello"}', b"\x00" * 10, "x" * 100_000):
-        code, reason = _exchange(f"{bench.ws}/v1/events/ws?since=0", [frame], {})
+        code, reason = exchange(f"{bench.ws}/v1/events/ws?since=0", [frame], {})
         bench.tally.check(code == 1008, f"event stream frame {frame[:10]!r}: {code} {reason}")
 
 
@@ -412,22 +243,9 @@ def registrations(bench: Bench, count: int) -> float:
     stored = bench.redis.hlen(f"{PREFIX}apps")
     bench.tally.check(stored == count, f"{stored} app records for {count} registrations",
                       corruption=True)
-    listed = _listed_apps(bench.controller.http)
+    listed = listed_apps(bench.controller.http)
     bench.tally.check(listed == count, f"{listed} apps listed for {count} registered")
     return count / elapsed
-
-
-def _listed_apps(http: httpx.Client) -> int:
-    listed, cursor = 0, None
-    while True:
-        response = http.get("/v1/apps", params={"limit": 1000, **(
-            {"cursor": cursor} if cursor else {})}, timeout=120)
-        response.raise_for_status()
-        listed += len(response.json())
-        link = response.headers.get("link", "")
-        if 'rel="next"' not in link:
-            return listed
-        cursor = httpx.URL(link.split(";")[0].strip("<>")).params.get("cursor")
 
 
 OUTAGE_CALLS = [("GET", "/v1/apps", None), ("GET", "/v1/servers", None),
@@ -505,7 +323,7 @@ def restart(bench: Bench, apps: int) -> bool:
         bench.tally.crashes += 1
         bench.tally.check(False, f"the controller did not start again: {exc}")
         return False
-    listed = _listed_apps(bench.controller.http)
+    listed = listed_apps(bench.controller.http)
     quarantined = bench.redis.hlen(f"{PREFIX}quarantine")
     ok = [bench.tally.check(stopped, "stopped on SIGTERM"),
           bench.tally.check(listed == apps, f"{listed} apps served after the restart"),
@@ -562,30 +380,6 @@ def main() -> None:
             "groups": dict(tally.groups), "failures": tally.failures}))
 
 
-def _servers(bench: Bench) -> dict[str, dict[str, Any]]:
-    return {s["server_id"]: s for s in bench.controller.http.get("/v1/servers").json()}
-
-
-def _declared(bench: Bench, server_id: str, reason: str, after: int) -> bool:
-    found = bench.controller.http.get("/v1/declarations", params={"since": after}).json()
-    return any(d["server_id"] == server_id and d["reason"] == reason for d in found)
-
-
-def _last_declaration(bench: Bench) -> int:
-    found = bench.controller.http.get("/v1/declarations").json()
-    return max((d["seq"] for d in found), default=0)
-
-
-def _wait(what: str, check: Any, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    print(f"  (timed out waiting for {what})", flush=True)
-    return False
-
-
 def impersonation(bench: Bench) -> None:
     """Two simulated agents; an impostor claims the first one's server.
 
@@ -599,9 +393,9 @@ def impersonation(bench: Bench) -> None:
         agents.wait_ready()
         agents.command("connect")
         victim, other = sorted(agents.sites)
-        up = _wait("both simulated servers up", lambda: all(
+        up = wait("both simulated servers up", lambda: all(
             s.get("state") == "up" and s.get("connected")
-            for s in (_servers(bench).get(victim, {}), _servers(bench).get(other, {}))))
+            for s in (servers(bench).get(victim, {}), servers(bench).get(other, {}))))
         bench.tally.check(up, "the simulated agents did not come up")
         _impostor(bench, victim, other)
     finally:
@@ -610,33 +404,33 @@ def impersonation(bench: Bench) -> None:
 
 def _impostor(bench: Bench, victim: str, other: str) -> None:
     url = bench.ws + AGENT_WS_PATH
-    record = _servers(bench)[victim]
-    seq = _last_declaration(bench)
+    record = servers(bench)[victim]
+    seq = last_declaration(bench)
     impostor_headers = AUTH  # the credential of the other server's agent (one token for all)
-    hello = _hello(victim, capacity='{"memory_mb": 1.0}', site='"site-evil"')
-    code, reason = _exchange(url, [hello, '{"v": 1, "type": "triton_down", "at": 1.0}',
+    claim = hello(victim, capacity='{"memory_mb": 1.0}', site='"site-evil"')
+    code, reason = exchange(url, [claim, '{"v": 1, "type": "triton_down", "at": 1.0}',
                                    "not json"], impostor_headers)
     refused_hello = code == 1008 and "bad frame" not in reason
     bench.tally.check(refused_hello, f"a connection with {other}'s credential spoke for "
                                      f"{victim} ({code} {reason!r})", corruption=True)
-    believed = _wait("a declaration of the impostor's triton_down", lambda: _declared(
+    believed = wait("a declaration of the impostor's triton_down", lambda: declared(
         bench, victim, "triton died", seq), timeout_s=3.0)
     bench.tally.check(not believed, f"an impostor's triton_down declared {victim} failed",
                       corruption=True)
-    after = _servers(bench).get(victim, {})
+    after = servers(bench).get(victim, {})
     bench.tally.check((after.get("site_id"), after.get("capacity")) ==
                       (record["site_id"], record["capacity"]),
                       f"an impostor's hello rewrote {victim}'s record: {after}", corruption=True)
-    code, reason = _exchange(url, ['{"v": 1, "type": "triton_down", "at": 1.0}'],
+    code, reason = exchange(url, ['{"v": 1, "type": "triton_down", "at": 1.0}'],
                              impostor_headers)
     bench.tally.check(code == 1008, f"a triton_down before any hello: {code} {reason!r}")
     for headers, what in (({}, "no credential"),
                           ({"Authorization": "Bearer wrong"}, "a wrong credential")):
-        code, reason = _exchange(url, [_hello(victim)], headers)
+        code, reason = exchange(url, [hello(victim)], headers)
         bench.tally.check(code is None and reason == "401", f"{what}: {code} {reason!r}")
     # Whatever the impostor did, the real agent must hold its server again.
-    bench.tally.check(_wait(f"{victim} up and connected again", lambda: _servers(bench).get(
-        victim, {}).get("state") == "up" and _servers(bench)[victim].get("connected")),
+    bench.tally.check(wait(f"{victim} up and connected again", lambda: servers(bench).get(
+        victim, {}).get("state") == "up" and servers(bench)[victim].get("connected")),
         f"{victim} did not come back after the impostor")
 
 
