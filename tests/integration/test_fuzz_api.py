@@ -3,7 +3,7 @@
 The ``st`` command line runs its examples, coverage and fuzzing phases over every operation:
 the coverage phase's boundary and negative cases (values just outside each bound, wrong types,
 missing required parts, methods a path does not declare) and Hypothesis-generated paths,
-queries, headers and bodies, sent with the operator's credential over HTTP. The checks: no 5xx,
+queries, headers and bodies, sent with the admin credential over HTTP. The checks: no 5xx,
 every answer conforms to its documented schema, content type and headers, every status
 returned is documented, invalid input is refused, a method a path does not declare is a 405
 whose ``Allow`` lists exactly the path's methods.
@@ -35,7 +35,6 @@ from tests.integration.hostile_fixtures import artifact_store
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "fuzz-token"
 EXAMPLES = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "150"))
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_schema_conformance", "response_headers_conformance",
@@ -51,7 +50,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerP
     run_dir = tmp_path_factory.mktemp("fuzz-api")
     redis = RedisServer(run_dir / "redis")
     redis.start()
-    process = ControllerProcess(run_dir, token=TOKEN, log_level="WARNING", extra=[
+    process = ControllerProcess(run_dir, log_level="WARNING", extra=[
         "--redis-url", redis.redacted_url, "--redis-password-file", str(redis.password_file),
         "--startup-grace-s", "3600",
         "--artifacts", str(artifact_store(run_dir / "artifacts"))])
@@ -72,7 +71,8 @@ def test_the_api_answers_as_documented(controller: ControllerProcess, tmp_path: 
          "--phases", "examples,coverage,fuzzing", "--max-examples", str(EXAMPLES),
          "--generation-deterministic", "--seed", "1",
          "--workers", "1", "--request-timeout", "60", "--no-color", "--output-truncate",
-         "false", "-H", f"Authorization: Bearer {TOKEN}", "--report", "json",
+         "false", "-H", f"Authorization: {controller.auth['Authorization']}",
+         "--generation-with-security-parameters", "false", "--report", "json",
          "--report-json-path", str(report), "--suppress-health-check", "all"],
         cwd=REPO, capture_output=True, text=True, timeout=280,
         env={**os.environ, "PYTHONPATH": str(REPO),
