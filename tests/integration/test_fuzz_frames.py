@@ -35,14 +35,14 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
 from deploy.sim_driver import ControllerProcess
 from deploy.testbed import wait_until
+from understudy.wire.credentials import bearer
 from understudy.wire.protocol import AGENT_WS_PATH, MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(300)
-TOKEN = "fuzz-frames"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SCALE = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "150")) / 150
 FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=list(HealthCheck))
@@ -68,6 +68,8 @@ class Running:
     process: ControllerProcess
     redis: redis.Redis
     ws_url: str
+    agent: dict[str, str]
+    """The fuzzing agent's credential (bound to :data:`AGENT`)."""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     run_dir = tmp_path_factory.mktemp("fuzz-frames")
     server = RedisServer(run_dir / "redis")
     server.start()
-    process = ControllerProcess(run_dir, token=TOKEN, log_level="WARNING", extra=[
+    process = ControllerProcess(run_dir, log_level="WARNING", extra=[
         "--redis-url", server.redacted_url, "--redis-password-file", str(server.password_file),
         "--startup-grace-s", "3600"])
     client = redis.Redis.from_url(server.url, decode_responses=True)
@@ -86,7 +88,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         assert process.http.patch("/v1/config", json={"failback": False}).status_code == 200
         wait_until("the records to settle", lambda: _dump(client) == _dump(client, delay_s=0.3),
                    30)
-        yield Running(process, client, f"ws://127.0.0.1:{process.port}")
+        assert process.credentials is not None
+        agent = bearer(CredentialStore(process.credentials).agent_token(AGENT))
+        yield Running(process, client, f"ws://127.0.0.1:{process.port}", agent)
     finally:
         process.stop()
         server.stop()
@@ -211,7 +215,7 @@ FIRST_FRAMES = st.one_of(bad_hellos(), MALFORMED, st.sampled_from(OTHER_FRAMES),
 def test_a_hostile_first_frame_is_refused_and_changes_nothing(
         running: Running, frame: str | bytes) -> None:
     before = _dump(running.redis)
-    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=AUTH, max_size=None,
+    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=running.agent, max_size=None,
                  open_timeout=RECV_TIMEOUT_S) as ws:
         code, reason = _closed(ws, [frame])
     assert code == 1008 and reason, (code, reason)
@@ -221,7 +225,8 @@ def test_a_hostile_first_frame_is_refused_and_changes_nothing(
 def test_a_frame_over_the_limit_is_refused_with_1009(running: Running) -> None:
     before = _dump(running.redis)
     huge = GOOD_HELLO[:-1] + ', "boot_id": "' + "b" * MAX_FRAME_BYTES + '"}'
-    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=AUTH, max_size=None) as ws:
+    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=running.agent,
+                 max_size=None) as ws:
         code, _ = _closed(ws, [huge])
     assert code == 1009
     assert _dump(running.redis) == before
@@ -266,7 +271,7 @@ def test_after_a_hello_invalid_frames_close_the_connection_and_change_nothing(
         running: Running, ignored: list[str], bad: str | bytes) -> None:
     before = _dump(running.redis, frozenset(VOLATILE | {"servers", "plan"}))
     servers_before = set(running.redis.hkeys(f"{PREFIX}servers"))
-    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=AUTH, max_size=None,
+    with connect(running.ws_url + AGENT_WS_PATH, additional_headers=running.agent, max_size=None,
                  open_timeout=RECV_TIMEOUT_S) as ws:
         ws.send(GOOD_HELLO)
         channel = json.loads(ws.recv(timeout=RECV_TIMEOUT_S))
@@ -305,7 +310,7 @@ def test_the_event_stream_takes_no_frames_and_changes_nothing(
                        if v is not None})
     try:
         ws = connect(f"{running.ws_url}/v1/events/ws?{query}", max_size=None,
-                     open_timeout=RECV_TIMEOUT_S)
+                     additional_headers=running.process.auth, open_timeout=RECV_TIMEOUT_S)
     except InvalidStatus as refused:  # bad query parameters: refused at the handshake
         assert refused.response.status_code == 403, refused.response
     else:
