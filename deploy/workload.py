@@ -21,7 +21,7 @@ import httpx
 from deploy.topology import ServerSpec, Topology
 from model_repo.profiles import load_families
 from policies.model import ClusterSnapshot
-from policies.resources import Resources
+from policies.resources import MEMORY_MB, Resources
 from sim.generator import generate_cluster
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,18 @@ def generate_workload(topology: Topology, seed: int = DEFAULT_SEED,
                                critical_fraction=topology.critical_fraction, seed=seed,
                                family_names=topology.families, rate_rps=rate_rps)
     # Largest first: better worst-fit packing when the controller places them one by one.
-    apps = sorted(cluster.apps, key=lambda a: -cluster.primary_variant(a).memory_mb)
+    # "Largest" is the dominant share of a server (memory or compute): a small model with a
+    # large measured compute (the digits family's, measured on a CPU beside GPU-estimated
+    # synthetic ones) registered last found no server with that much compute left.
+    capacity = cluster.servers[0].capacity if cluster.servers else None
+
+    def share(app: Any) -> float:
+        demand = cluster.primary_variant(app).demand(app.max_rate_rps)
+        if capacity is None:
+            return demand[MEMORY_MB]
+        return max(demand[r] / capacity[r] for r in capacity if capacity[r] > 0)
+
+    apps = sorted(cluster.apps, key=lambda a: (-share(a), a.app_id))
     specs = tuple({"app_id": app.app_id, "family": app.family, "critical": app.critical,
                    "max_rate_rps": app.max_rate_rps, "latency_slo_ms": app.latency_slo_ms,
                    "variant": cluster.primary_variant(app).name} for app in apps)
