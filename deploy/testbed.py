@@ -46,7 +46,7 @@ from deploy.workload import (
     Workload,
     generate_workload,
     list_all,
-    register_apps,
+    register_batch,
     wait_converged,
 )
 from model_repo.artifacts import DEFAULT_SCALE, build_store
@@ -447,9 +447,13 @@ class Testbed:
         return False
 
     def register(self, workload: Workload, timeout_s: float) -> None:
-        """Register the generated apps (``deploy.workload``) and wait until they converge."""
+        """Register the generated apps (``deploy.workload``) and wait until they converge.
+
+        One batch: every primary is placed where the generator sized the servers for it,
+        before warm backups take the headroom.
+        """
         try:
-            register_apps(self.http, workload.specs, load_timeout_s=timeout_s)
+            register_batch(self.http, workload.specs)
         except RegistrationError as exc:
             raise TestbedError(str(exc)) from exc
         self.state.apps.extend(workload.specs)

@@ -218,7 +218,7 @@ def family_document(family: str, results: Sequence[VariantResult], manifest_path
 
 def write_profile(store: Path, doc: dict[str, Any]) -> Path:
     """Write an imported family's profile document into the store (atomically)."""
-    path = store / doc["family"] / STORE_PROFILE_FILE
+    path: Path = store / str(doc["family"]) / STORE_PROFILE_FILE
     partial = path.with_suffix(".json.partial")
     partial.write_text(dump_document(doc), encoding="utf-8")
     os.replace(partial, path)

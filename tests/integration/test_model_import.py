@@ -10,7 +10,10 @@ the other one, and its answers are checked against the labels before and after.
 
 Both variants compute ``logits = x`` (through a wide hidden layer for the larger one), and the
 label of an input is its argmax: every answer of either variant is correct, so a correct answer
-after the failure proves the backup served the real model.
+after the failure proves the backup served the real model. Their tensors are named ``image``
+and ``logits``, which the SDK sends and reads; a second family, one ONNX file whose tensors are
+named ``features`` and ``scores``, is imported beside it to show that a model keeps its own
+names through the native backend (its top-1 is measured through Triton with them).
 """
 
 from __future__ import annotations
@@ -35,21 +38,23 @@ pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 FAMILY = "tinyonnx"
+CUSTOM = "customnames"
 FEATURES = 6
 
 
-def _onnx_identity(path: Path, hidden: int) -> None:
-    """``logits = (x @ A) @ B`` with ``A @ B`` the identity (A: FEATURES x hidden)."""
+def _onnx_identity(path: Path, hidden: int, names: tuple[str, str] = ("image", "logits")) -> None:
+    """``output = (x @ A) @ B`` with ``A @ B`` the identity (A: FEATURES x hidden)."""
     from onnx import TensorProto, helper, numpy_helper
 
+    source, target = names
     a = np.zeros((FEATURES, hidden), np.float32)
     a[:, :FEATURES] = np.eye(FEATURES)
     b = a.T.copy()
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["features", "a"], ["h"]),
-         helper.make_node("MatMul", ["h", "b"], ["scores"])], "identity",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", FEATURES])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", FEATURES])],
+        [helper.make_node("MatMul", [source, "a"], ["h"]),
+         helper.make_node("MatMul", ["h", "b"], [target])], "identity",
+        [helper.make_tensor_value_info(source, TensorProto.FLOAT, ["batch", FEATURES])],
+        [helper.make_tensor_value_info(target, TensorProto.FLOAT, ["batch", FEATURES])],
         [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
@@ -60,10 +65,20 @@ def _model_directory(root: Path, name: str, hidden: int) -> Path:
     _onnx_identity(directory / "1" / "model.onnx", hidden)
     (directory / "config.pbtxt").write_text(
         f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        f'input [ {{ name: "features" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]\n'
-        f'output [ {{ name: "scores" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]\n',
+        f'input [ {{ name: "image" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]\n'
+        f'output [ {{ name: "logits" data_type: TYPE_FP32 dims: [ {FEATURES} ] }} ]\n',
         encoding="utf-8")
     return directory
+
+
+def _import(manifest: Path, store: Path, work: Path) -> None:
+    result = subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "understudy.cli.main", "models", "import", str(manifest),
+         "--store", str(store), "--work-dir", str(work), "--repeats", "2",
+         "--requests", "10", "--device", "cpu"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " imported: profile " in result.stdout
 
 
 def _evaluation(count: int = 40, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -84,14 +99,14 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"family: {FAMILY}\nevaluation: {{path: eval.npz}}\nvariants:\n"
         f"  - {{name: {FAMILY}_small, model: small}}\n"
         f"  - {{name: {FAMILY}_large, model: large}}\n", encoding="utf-8")
+    _onnx_identity(source / "custom.onnx", FEATURES, names=("features", "scores"))
+    custom = source / "custom.json"
+    custom.write_text(json.dumps({"family": CUSTOM, "evaluation": {"path": "eval.npz"},
+                                  "variants": [{"name": f"{CUSTOM}_only",
+                                                "model": "custom.onnx"}]}), encoding="utf-8")
     store = tmp_path_factory.mktemp("store")
-    result = subprocess.run(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "understudy.cli.main", "models", "import", str(manifest),
-         "--store", str(store), "--work-dir", str(source / "work"), "--repeats", "2",
-         "--requests", "10", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"family {FAMILY} imported" in result.stdout
+    _import(manifest, store, source / "work")
+    _import(custom, store, source / "work-custom")
     return store
 
 
@@ -121,6 +136,12 @@ def test_import_profiles_and_measures_accuracy_through_triton(imported: Path) ->
         assert "1" in measured["latency_ms_by_batch"]
     # The wide variant's artifact is larger (its 4096-wide layers).
     assert variants[f"{FAMILY}_large"]["size_mb"] > variants[f"{FAMILY}_small"]["size_mb"]
+
+    # Tensors named features/scores: served with those names, every answer right.
+    (custom,) = json.loads((imported / CUSTOM / "profile.json").read_text())["variants"]
+    assert custom["accuracy_source"] == "measured" and custom["top1_pct"] == pytest.approx(100.0)
+    manifest = json.loads((imported / CUSTOM / f"{CUSTOM}_only" / "manifest.json").read_text())
+    assert [t["name"] for t in manifest["inputs"] + manifest["outputs"]] == ["features", "scores"]
 
 
 def _answers_correct(client: UnderstudyClient, count: int) -> tuple[int, set[str]]:

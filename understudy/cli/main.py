@@ -102,6 +102,8 @@ def _register_profiles(profiles: argparse.ArgumentParser) -> None:
                        help=f"output folder (default {PROFILE_DIR})")
     show = actions.add_parser("show", help="print the profiles as a table")
     show.add_argument("--family", help="list this family's variants instead of the summary")
+    show.add_argument("--store", type=Path, action="append", default=[],
+                      help="also the families imported into this artifact store (repeatable)")
     show.add_argument("--dir", type=Path, default=None,
                       help=f"profile folder (default {PROFILE_DIR})")
 
@@ -158,15 +160,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _profiles_show(profile_dir: Path | None, family_name: str | None) -> int:
-    from model_repo.profiles import load_families
+def _profiles_show(profile_dir: Path | None, family_name: str | None,
+                   stores: Sequence[Path] = ()) -> int:
+    from model_repo.profiles import family_from_document, load_family_documents
 
-    families = load_families(profile_dir)
+    docs = load_family_documents(profile_dir, stores)
+    families = {name: family_from_document(doc) for name, doc in docs.items()}
     if family_name is None:
-        header = ["family", "variants", "smallest memory_mb", "largest memory_mb",
+        header = ["family", "origin", "variants", "smallest memory_mb", "largest memory_mb",
                   "max demand difference (MB)"]
-        rows = [[name, str(len(fam.variants)), f"{fam.smallest.memory_mb:.1f}",
-                 f"{fam.largest.memory_mb:.1f}",
+        rows = [[name, docs[name].origin, str(len(fam.variants)),
+                 f"{fam.smallest.memory_mb:.1f}", f"{fam.largest.memory_mb:.1f}",
                  f"{fam.largest.memory_mb - fam.smallest.memory_mb:.1f}"]
                 for name, fam in sorted(families.items())]
         print(_table(header, rows))
@@ -178,14 +182,16 @@ def _profiles_show(profile_dir: Path | None, family_name: str | None) -> int:
         print(f"unknown family {family_name!r}; known: {', '.join(sorted(families))}",
               file=sys.stderr)
         return 2
+    source = {v.name: v.accuracy_source for v in docs[family_name].variants}
     header = ["variant", "memory_mb", "compute_per_rps", "latency_ms (ref)", "accuracy",
-              "top1 %", "size_mb"]
+              "top1 %", "top1 source", "size_mb"]
     rows = [[v.name, f"{v.memory_mb:.1f}", f"{v.compute_per_rps:.4f}",
              f"{v.latency_ms['reference']:.3f}", f"{v.accuracy:.4f}",
-             f"{v.top1_pct:.3f}" if v.top1_pct is not None else "-",
+             f"{v.top1_pct:.3f}" if v.top1_pct is not None else "-", source[v.name],
              f"{v.size_mb:.1f}" if v.size_mb is not None else "-"]
             for v in family.variants]
-    print(f"family {family.name} ({len(family.variants)} variants, smallest memory first)")
+    print(f"family {family.name} ({docs[family_name].origin}, {len(family.variants)} variants, "
+          f"smallest memory first)")
     print(_table(header, rows))
     return 0
 
@@ -210,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if options.profiles_command == "build":
             return _profiles_build(options.csv, options.out)
-        return _profiles_show(options.dir, options.family)
+        return _profiles_show(options.dir, options.family, options.store)
     except ProfileError as exc:
         logger.error("%s", exc)
         return 1
