@@ -286,10 +286,13 @@ The 6-server, 3-site testbed (Redis, the controller, one agent with its own Trit
 the testbed's `understudy gateway`) with 12 generated apps, half critical. *Added latency*: one
 app's request (an FP32 [1,3,224,224] image, the binary tensor extension) alternates, one at a
 time on keep-alive connections, between the gateway and the very Triton model serving the app,
-directly, in the same run (`--pairs`, default 1000; medians and p99s of each path; the
-gateway's CPU per request). *Outage*: every app has a client at 5 requests/s through the gateway
-and one through the SDK for the whole run, and around each failure the apps it hits get one
-more of each at 50 requests/s (started before the kill, stopped before the revival). Failures:
+directly, in the same run (`--pairs`, default 1000; the difference of the medians, the p99 of
+the per-pair differences, the gateway's CPU per request, and how busy the machine was).
+*Outage*: every app has a client at 5 requests/s through the gateway and one through the SDK
+(`understudy/client.py`) for the whole run, and around each failure up to `--fast-apps` (2) of
+the apps it hits, taken in turn, get one more of each at 50 requests/s (started before the kill,
+stopped before the revival: on 2 cores, 50 requests/s of 600 KB images for every app a server
+held would measure the overload, not the failover). Failures:
 `--singles` SIGKILLs of one server (default 12, round robin) and `--site-failures` of a whole
 site (default 2); after each, the bench waits until the apps serve elsewhere and nothing loads,
 watches 2 s more, revives the servers and waits for fail-back and the warm plan. Every client
@@ -301,10 +304,15 @@ longest gap between its successes; every request sent, the errors returned and t
 paths): a 5 requests/s client waits on average 100 ms for its own next request, which its
 figures (in the JSON) include. Warm or progressive comes from the controller's events; a
 progressive app's outage is set against its interim's load time as the agent measured it in
-this run. `gateway_rps_per_core` is the gateway's requests per CPU-second of its process over
-the failure phase. `--quick`: 4 single-server failures, 1 site failure, 300 pairs. Targets: warm
-outage p50 ≤ 100 ms and p99 ≤ 250 ms, progressive outage p50 ≤ the interim's load time + 150 ms,
-0 lost requests, ≤ 0.5 ms added by the gateway at p50.""",
+this run. Where the time went, for the 50 requests/s clients: the controller's notification
+(event time − failure), the gateway's route change (its log), and the rest after the
+notification (the request to the new replica: its inference, on a machine shared with all the
+rest); the clients' latency just before the failure is given for scale. `gateway_rps_per_core`
+is the gateway's requests per CPU-second of its process over the failure phase;
+`failures_machine_busy_pct` is how busy the whole machine was meanwhile. `--rejudge` judges the
+last run again from its saved records. `--quick`: 4 single-server failures, 1 site failure, 300
+pairs. Targets: warm outage p50 ≤ 100 ms and p99 ≤ 250 ms, progressive outage p50 ≤ the
+interim's load time + 150 ms, 0 lost requests, ≤ 0.5 ms added by the gateway at p50.""",
         (("warm_outage_p50_ms", "warm outage p50, 50 req/s clients (ms)"),
          ("warm_outage_p99_ms", "warm outage p99, 50 req/s clients (ms)"),
          ("progressive_outage_p50_ms", "progressive outage p50 (ms)"),

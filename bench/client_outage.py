@@ -30,11 +30,13 @@ is one JSON object.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import http.client
 import json
 import logging
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -52,6 +54,7 @@ from deploy.declarations import classify, parse, tally  # noqa: E402
 from deploy.gateway_load import encode_infer  # noqa: E402
 from deploy.inject import fetch_declarations, injections, kill, revive  # noqa: E402
 from deploy.outage import (  # noqa: E402
+    LOOKBACK_S,
     client_outages,
     outage_figures,
     outages_json,
@@ -75,6 +78,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine since boot (``/proc/stat``)."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_pct(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The machine's busy share between two :func:`machine_cpu` readings, percent."""
+    total = after[1] - before[1]
+    return round(100.0 * (after[0] - before[0]) / total, 1) if total else 0.0
+
+
 def added_latency(bed: Testbed, pairs: int, warmup: int) -> dict[str, Any]:
     """One app's request, alternately through the gateway and to its Triton model directly."""
     app = next(a for a in bed.apps() if a["serving"])
@@ -90,10 +106,10 @@ def added_latency(bed: Testbed, pairs: int, warmup: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {"gateway": [], "direct": []}
     gateway_pid = bed.state.processes["gateway"].pid
     order = list(paths)
-    cpu_before = 0.0
+    cpu_before, machine_before = 0.0, machine_cpu()
     for i in range(warmup + pairs):
         if i == warmup:
-            cpu_before = cpu_s(gateway_pid)
+            cpu_before, machine_before = cpu_s(gateway_pid), machine_cpu()
         random.shuffle(order)  # neither path always goes first
         for key in order:
             connection = connections[key]
@@ -116,9 +132,12 @@ def added_latency(bed: Testbed, pairs: int, warmup: int) -> dict[str, Any]:
             "added_p50_ms": statistics.median(gateway_ms) - statistics.median(direct_ms),
             "added_pair_p50_ms": statistics.median(
                 g - d for g, d in zip(gateway_ms, direct_ms, strict=True)),
-            "added_p99_ms": (percentile(gateway_ms, 99) or 0.0)
-            - (percentile(direct_ms, 99) or 0.0),
-            "gateway_cpu_ms_per_request": cpu * 1000.0 / pairs}
+            "added_pair_p99_ms": percentile(
+                [g - d for g, d in zip(gateway_ms, direct_ms, strict=True)], 99),
+            "gateway_p99_ms": percentile(gateway_ms, 99),
+            "direct_p99_ms": percentile(direct_ms, 99),
+            "gateway_cpu_ms_per_request": cpu * 1000.0 / pairs,
+            "machine_busy_pct": busy_pct(machine_before, machine_cpu())}
 
 
 def _host_port(where: str) -> tuple[str, int]:
@@ -197,10 +216,20 @@ def settled(bed: Testbed, failed: list[str]) -> bool:
     return True
 
 
-def inject(bed: Testbed, servers: list[str], site: str, observe_s: float) -> float:
-    """One failure with fast clients on its apps; returns where its client window ends."""
+def fast_apps(affected: list[str], index: int, count: int) -> list[str]:
+    """``count`` of a failure's apps for the fast clients, taken in turn (not by outcome)."""
+    if len(affected) <= count:
+        return affected
+    start = index % len(affected)
+    return sorted((affected + affected)[start:start + count])
+
+
+def inject(bed: Testbed, servers: list[str], site: str, observe_s: float,
+           fast: list[str] | None = None) -> float:
+    """One failure, fast clients on ``fast`` of its apps; returns where its window ends."""
     affected = serving_on(bed.apps(), servers)
-    names = start_fast_clients(bed, affected) if affected else []
+    chosen = [a for a in affected if fast is None or a in fast]
+    names = start_fast_clients(bed, chosen) if chosen else []
     time.sleep(0.5)
     kill(bed, servers, site=site)
     try:
@@ -225,15 +254,68 @@ def inject(bed: Testbed, servers: list[str], site: str, observe_s: float) -> flo
 
 # --- figures -------------------------------------------------------------------------------
 
+MOVE_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO gateway\.board: "
+                       r"route (\S+): (\S+) -> (\S+)")
+
+
+def gateway_moves(log: Path) -> list[tuple[float, str, str]]:
+    """(when, app, server it left) of every route change the gateway logged."""
+    moves = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        found = MOVE_LINE.match(line)
+        if found:
+            stamp, app_id, before = found.group(1), found.group(2), found.group(3)
+            when = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            moves.append((when, app_id, before.split("/")[0]))
+    return moves
+
+
+def breakdown(failures: list[dict[str, Any]], outcomes: list[Any], outages: list[Any],
+              requests: list[dict[str, Any]], moves: list[tuple[float, str, str]]
+              ) -> dict[str, Any]:
+    """Where a 50 requests/s client's outage went: the controller's notification, the
+    gateway learning of the move, and the rest (the request to the new replica, which includes
+    its inference on a machine shared with everything else); the clients' latency just before
+    the failure, for scale."""
+    notify = {(o.failure, o.app_id): o.notification_ms for o in outcomes}
+    how = {(o.failure, o.app_id): o.how for o in outcomes}
+    learned: dict[tuple[int, str], float] = {}
+    for index, failure in enumerate(failures):
+        at, failed = failure["at"], set(failure["servers"])
+        for when, app_id, left in moves:
+            if when >= at - 0.001 and left in failed and (index, app_id) not in learned:
+                learned[(index, app_id)] = (when - at) * 1000.0
+    fast = [o for o in outages if o.rate == FAST_RPS and o.outage_ms is not None]
+    before = []
+    for o in fast:
+        at = failures[o.failure]["at"]
+        mine = [(r["done_at"] - r["sent_at"]) * 1000.0 for r in requests
+                if r["app_id"] == o.app_id and r.get("via") == o.via and r.get("rate") == o.rate
+                and r["ok"] and at - LOOKBACK_S <= r["sent_at"] and r["done_at"] <= at]
+        if mine:
+            before.append(statistics.median(mine))
+    figures = {}
+    for kind in ("warm", "progressive"):
+        keys = [k for k, v in how.items() if v == kind]
+        figures[f"{kind}_notify_p50_ms"] = _pct([notify[k] for k in keys
+                                                 if notify.get(k) is not None], 50)
+        figures[f"{kind}_gateway_moved_p50_ms"] = _pct([learned[k] for k in keys
+                                                        if k in learned], 50)
+        figures[f"{kind}_after_notify_p50_ms"] = _pct(
+            [o.outage_ms - notify[(o.failure, o.app_id)] for o in fast
+             if how.get((o.failure, o.app_id)) == kind
+             and notify.get((o.failure, o.app_id)) is not None], 50)
+    figures["client_latency_before_p50_ms"] = _pct(before, 50)
+    return figures
+
 def _pct(values: list[float], q: float) -> float | None:
     value = percentile(values, q)
     return round(value, 1) if value is not None else None
 
 
-def judge(bed: Testbed, events: list[dict[str, Any]], requests: list[dict[str, Any]],
-          ends: list[float]) -> dict[str, Any]:
+def judge(failures: list[dict[str, Any]], events: list[dict[str, Any]],
+          requests: list[dict[str, Any]], ends: list[float]) -> dict[str, Any]:
     """The run's figures from the records (printed as they are found)."""
-    failures = bed.state.failures
     outcomes = analyse(failures, events, requests)
     how = {(o.failure, o.app_id): o.how for o in outcomes}
     load_ms = {(o.failure, o.app_id): o.interim_load_ms for o in outcomes}
@@ -273,29 +355,16 @@ def judge(bed: Testbed, events: list[dict[str, Any]], requests: list[dict[str, A
                 outage(of("progressive", rate, via)), 50)
             figures[f"warm_longest_gap_{tag}_p50_ms"] = _pct(
                 [o.longest_gap_ms for o in of("warm", rate, via)], 50)
-    run_dir = Path(bed.state.run_dir)
-    (run_dir / "client_outages.json").write_text(json.dumps(
+    figures.update(breakdown(failures, outcomes, outages, requests,
+                             gateway_moves(RUN_DIR / "logs" / "gateway.log")))
+    (RUN_DIR / "client_outages.json").write_text(json.dumps(
         {"outages": outages_json(outages), "outcomes": outcomes_json(outcomes),
          "groups": groups}, indent=2))
     return figures
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--singles", type=int, default=12, help="single-server failures")
-    parser.add_argument("--site-failures", type=int, default=2, help="whole-site failures")
-    parser.add_argument("--apps", type=int, default=12)
-    parser.add_argument("--pairs", type=int, default=1000,
-                        help="requests per path for the gateway's added latency")
-    parser.add_argument("--observe-s", type=float, default=2.0,
-                        help="watching the clients after a recovery settled")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true",
-                        help="4 single-server failures, 1 site failure, 300 pairs")
-    args = parser.parse_args()
-    if args.quick:
-        args.singles, args.site_failures, args.pairs = 4, 1, 300
-    logging.basicConfig(level=logging.WARNING)
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the testbed, measure, stop it; what was measured (also kept in ``bench.json``)."""
     started = time.monotonic()
     topology = make_topology(servers=6, sites=3, apps=args.apps, critical_fraction=0.5,
                              headroom=0.2)
@@ -314,42 +383,90 @@ def main() -> int:
             wait_until(f"the {via} clients", lambda v=via: answered_since(
                 bed, app_ids, v, SLOW_RPS, since, 2), 60, 0.5)
         gateway_pid = bed.state.processes["gateway"].pid
-        cpu_before, load_started = cpu_s(gateway_pid), time.time()
+        cpu_before, load_started, machine_before = cpu_s(gateway_pid), time.time(), \
+            machine_cpu()
         ends = []
         plan = schedule(bed, args.singles, args.site_failures)
         for index, (servers, site) in enumerate(plan):
-            ends.append(inject(bed, servers, site, args.observe_s))
-            print(f"failure {index + 1}/{len(plan)}: {site or servers[0]}", flush=True)
-        gateway_cpu = cpu_s(gateway_pid) - cpu_before
+            affected = serving_on(bed.apps(), servers)
+            ends.append(inject(bed, servers, site, args.observe_s,
+                               fast_apps(affected, index, args.fast_apps)))
+            print(f"failure {index + 1}/{len(plan)}: {site or servers[0]} (load average "
+                  f"{os.getloadavg()[0]:.1f})", flush=True)
+        measured = {
+            "latency": latency, "ends": ends, "load_started": load_started,
+            "gateway_cpu_s": cpu_s(gateway_pid) - cpu_before,
+            "machine_busy_pct": busy_pct(machine_before, machine_cpu())}
         stop_clients(bed, slow)
-        events = bed.http.get("/v1/events", params={"limit": 10000}).json()
-        declarations = tally(classify(parse(fetch_declarations(bed.http)), injections(
-            bed.state)), injections(bed.state))
+        measured["events"] = bed.http.get("/v1/events", params={"limit": 10000}).json()
+        measured["declarations"] = tally(classify(parse(fetch_declarations(bed.http)),
+                                                  injections(bed.state)), injections(bed.state))
     finally:
         bed.down()
+    measured["failures"] = bed.state.failures
+    measured["minutes"] = round((time.monotonic() - started) / 60.0, 1)
+    (RUN_DIR / "bench.json").write_text(json.dumps(measured))
+    return measured
+
+
+def summarise(measured: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a run (``run``'s result and the clients' records), printed."""
     requests = load_requests(RUN_DIR / "requests")
     counts = request_counts(requests)
     print(f"requests by client: {json.dumps(counts['by_client'])}")
-    figures = judge(bed, events, requests, ends)
+    failures = measured["failures"]
+    figures = judge(failures, measured["events"], requests, measured["ends"])
+    latency = measured["latency"]
     through_gateway = sum(1 for r in requests if r.get("via") == "gateway"
-                          and r["sent_at"] >= load_started)
-    summary = {
+                          and r["sent_at"] >= measured["load_started"])
+    gateway_cpu = measured["gateway_cpu_s"]
+
+    def ms(value: float | None) -> float | None:
+        return round(value, 3) if value is not None else None
+
+    return {
         **figures,
         "requests": counts["requests"], "lost_requests": counts["lost_requests"],
         "errors_returned": counts["errors_returned"],
-        "gateway_added_latency_p50_ms": round(latency["added_p50_ms"], 3),
-        "gateway_added_latency_p99_ms": round(latency["added_p99_ms"], 3),
-        "gateway_added_latency_pair_p50_ms": round(latency["added_pair_p50_ms"], 3),
-        "direct_p50_ms": round(latency["direct_p50_ms"], 3),
-        "gateway_cpu_ms_per_request": round(latency["gateway_cpu_ms_per_request"], 3),
+        "gateway_added_latency_p50_ms": ms(latency["added_p50_ms"]),
+        "gateway_added_latency_p99_ms": ms(latency["added_pair_p99_ms"]),
+        "gateway_added_latency_pair_p50_ms": ms(latency["added_pair_p50_ms"]),
+        "direct_p50_ms": ms(latency["direct_p50_ms"]),
+        "gateway_cpu_ms_per_request": ms(latency["gateway_cpu_ms_per_request"]),
         "gateway_rps_per_core": round(through_gateway / gateway_cpu, 1) if gateway_cpu else None,
-        "failures": len(bed.state.failures),
-        "site_failures": sum(1 for f in bed.state.failures if f.get("site")),
-        "false_declarations": declarations["false_declarations"],
-        "minutes": round((time.monotonic() - started) / 60.0, 1),
+        "latency_machine_busy_pct": latency["machine_busy_pct"],
+        "failures_machine_busy_pct": measured["machine_busy_pct"],
+        "failures": len(failures),
+        "site_failures": sum(1 for f in failures if f.get("site")),
+        "false_declarations": measured["declarations"]["false_declarations"],
+        "minutes": measured["minutes"],
         "cpus": os.cpu_count(),
     }
-    print(json.dumps(summary))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--singles", type=int, default=12, help="single-server failures")
+    parser.add_argument("--site-failures", type=int, default=2, help="whole-site failures")
+    parser.add_argument("--apps", type=int, default=12)
+    parser.add_argument("--pairs", type=int, default=1000,
+                        help="requests per path for the gateway's added latency")
+    parser.add_argument("--observe-s", type=float, default=2.0,
+                        help="watching the clients after a recovery settled")
+    parser.add_argument("--fast-apps", type=int, default=2,
+                        help="per failure, how many of its apps get the 50 requests/s clients")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="4 single-server failures, 1 site failure, 300 pairs")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="no run: judge the last run again from its saved records")
+    args = parser.parse_args()
+    if args.quick:
+        args.singles, args.site_failures, args.pairs = 4, 1, 300
+    logging.basicConfig(level=logging.WARNING)
+    measured = (json.loads((RUN_DIR / "bench.json").read_text()) if args.rejudge
+                else run(args))
+    print(json.dumps(summarise(measured)))
     return 0
 
 
