@@ -283,7 +283,10 @@ p50 over HTTP.""",
         "Client-observed outage through the gateway and the SDK",
         "python bench/client_outage.py", """\
 The 6-server, 3-site testbed (Redis, the controller, one agent with its own Triton per server,
-the testbed's `understudy gateway`) with 12 generated apps, half critical. *Added latency*: one
+the testbed's `understudy gateway`) with 12 generated apps, half critical, their weights at
+`--scale` 0.1 of the profiled sizes (the demo's 0.35 in a store of their own with `--scale
+0.35`): every request reads its model's weights, and at 0.35 the largest apps' 5 requests/s
+clients alone keep 2 cores busy. *Added latency*: one
 app's request (an FP32 [1,3,224,224] image, the binary tensor extension) alternates, one at a
 time on keep-alive connections, between the gateway and the very Triton model serving the app,
 directly, in the same run (`--pairs`, default 1000; the difference of the medians, the p99 of
