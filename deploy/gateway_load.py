@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from deploy.samples import LabelledSamples, check
+
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 30.0
@@ -74,13 +76,17 @@ class GatewayCaller:
         self.app_id = app_id
         self.path = f"/v2/models/{app_id}/infer"
         self.body = body
-        self.headers = {**headers, "Understudy-Timeout-Ms": str(int(timeout_s * 1000))}
+        self.deadline = {"Understudy-Timeout-Ms": str(int(timeout_s * 1000))}
+        self.headers = {**headers, **self.deadline}
         self.timeout_s = timeout_s
         self._connection: http.client.HTTPConnection | None = None
         self.aborted = False
+        self.reply: tuple[bytes, int | None] = (b"", None)
+        """The last answer's body and its JSON header's length (binary tensor extension)."""
 
-    def call(self, via: str = "gateway", rate: float = 0.0) -> dict[str, Any] | None:
-        """Send once; the request's record, whatever happened (None once aborted)."""
+    def call(self, via: str = "gateway", rate: float = 0.0, body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> dict[str, Any] | None:
+        """Send once (this request, or the one given); its record (None once aborted)."""
         if self.aborted:
             return None
         sent = time.time()
@@ -88,7 +94,9 @@ class GatewayCaller:
             connection = self._connection or http.client.HTTPConnection(
                 self.host, self.port, timeout=self.timeout_s + SOCKET_SLACK_S)
             self._connection = connection
-            connection.request("POST", self.path, self.body, self.headers)
+            connection.request("POST", self.path, self.body if body is None else body,
+                               self.headers if headers is None else {**headers,
+                                                                     **self.deadline})
             response = connection.getresponse()
             body = response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -102,6 +110,8 @@ class GatewayCaller:
         server = response.getheader("Understudy-Server")
         variant = response.getheader("Understudy-Variant")
         if response.status == 200:
+            length = response.getheader("Inference-Header-Content-Length")
+            self.reply = (body, int(length) if length and length.isdigit() else None)
             return stamp(self.app_id, via, rate, sent, done, "ok", attempts=attempts,
                          server_id=server, variant=variant)
         return stamp(self.app_id, via, rate, sent, done, "error", attempts=attempts,
@@ -129,6 +139,23 @@ def _reason(body: bytes) -> str:
         return str(json.loads(body).get("error", ""))[:300]
     except (ValueError, AttributeError):
         return body[:300].decode("utf-8", "replace")
+
+
+def decode_output(body: bytes, header_length: int | None, name: str) -> np.ndarray | None:
+    """Output ``name`` of a KServe v2 infer reply (JSON, or the binary tensor extension)."""
+    try:
+        header = json.loads(body[:header_length] if header_length is not None else body)
+        offset = header_length or 0
+        for output in header.get("outputs", []):
+            size = (output.get("parameters") or {}).get("binary_data_size")
+            if output.get("name") == name:
+                if size is None:
+                    return np.asarray(output["data"], dtype=np.float32)
+                return np.frombuffer(body[offset:offset + size], dtype=np.float32)
+            offset += size or 0
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
 
 
 def paced(call: Callable[[], dict[str, Any] | None], rate: float, path: Path,
@@ -162,19 +189,34 @@ def paced(call: Callable[[], dict[str, Any] | None], rate: float, path: Path,
 
 def run_gateway_client(gateway_url: str, app_id: str, rate: float, out_dir: Path,
                        stop: threading.Event, image_side: int = 224,
-                       callers: list[GatewayCaller] | None = None) -> None:
+                       callers: list[GatewayCaller] | None = None,
+                       samples: Callable[[], LabelledSamples | None] | None = None) -> None:
     """Send one app's requests through the gateway until ``stop`` is set.
 
-    The caller is added to ``callers``, for the one who stops the clients to abort it.
+    The caller is added to ``callers``, for the one who stops the clients to abort it. Apps
+    whose family has labelled inputs (``samples``, looked up in this thread) send those and
+    record whether each answer's top-1 matches (``deploy.samples``); others a random image.
     """
+    labelled = samples() if samples is not None else None
     image = np.random.default_rng(abs(hash(app_id)) % 2**32).random(
         (1, 3, image_side, image_side), dtype=np.float32)
     body, headers = encode_infer(image)
     caller = GatewayCaller(gateway_url, app_id, body, headers)
     if callers is not None:
         callers.append(caller)
+
+    def call() -> dict[str, Any] | None:
+        if labelled is None:
+            return caller.call("gateway", rate)
+        sample, label = labelled.next()
+        record = caller.call("gateway", rate, *encode_infer(sample))
+        if record is not None and record["ok"]:
+            logits = decode_output(*caller.reply, "logits")
+            if logits is not None:
+                record.update(check(logits, label))
+        return record
+
     try:
-        paced(lambda: caller.call("gateway", rate), rate,
-              records_path(out_dir, app_id, "gateway", rate), stop)
+        paced(call, rate, records_path(out_dir, app_id, "gateway", rate), stop)
     finally:
         caller.close()

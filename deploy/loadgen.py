@@ -109,7 +109,9 @@ def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate
     if via == "gateway":
         if not gateway_url:
             raise ValueError("gateway clients need the gateway's URL")
-        run_gateway_clients(gateway_url, app_ids, rate, out_dir, stop)
+        run_gateway_clients(gateway_url, app_ids, rate, out_dir, stop,
+                            samples={a: partial(_samples_of, controller_url, a, token, store)
+                                     for a in app_ids} if controller_url else {})
         return
     client = Client(controller_url, token=token, ca_file=ca_file, protocol=protocol,
                     timeout_s=REQUEST_TIMEOUT_S)
@@ -130,12 +132,18 @@ def run_clients(controller_url: str, app_ids: list[str], token: str | None, rate
 
 
 def run_gateway_clients(gateway_url: str, app_ids: list[str], rate: float, out_dir: Path,
-                        stop: threading.Event) -> None:
-    """One gateway client thread per app until ``stop``; then requests in flight are cut."""
+                        stop: threading.Event,
+                        samples: dict[str, Callable[[], LabelledSamples | None]] | None = None
+                        ) -> None:
+    """One gateway client thread per app until ``stop``; then requests in flight are cut.
+
+    ``samples``: per app, the look-up of its labelled inputs (``_samples_of``).
+    """
     callers: list[GatewayCaller] = []
     threads = [threading.Thread(target=run_gateway_client, name=f"client-{app_id}", daemon=True,
                                 args=(gateway_url, app_id, rate, out_dir, stop),
-                                kwargs={"callers": callers})
+                                kwargs={"callers": callers,
+                                        "samples": (samples or {}).get(app_id)})
                for app_id in app_ids]
     try:
         for thread in threads:
