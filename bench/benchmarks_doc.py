@@ -279,6 +279,62 @@ p50 over HTTP.""",
          ("small_added_latency_p50_ms", "HTTP, small: added p50 (ms)"),
          ("grpc_added_latency_p50_ms", "gRPC: added p50 (ms)"),
          ("gateway_cpu_ms_per_request", "gateway CPU per image request (ms)"))),
+    "client_outage": Bench(
+        "Client-observed outage through the gateway and the SDK",
+        "python bench/client_outage.py", """\
+The 6-server, 3-site testbed (Redis, the controller, one agent with its own Triton per server,
+the testbed's `understudy gateway`) with 12 generated apps, half critical, their weights at
+`--scale` 0.1 of the profiled sizes (the demo's 0.35 in a store of their own with `--scale
+0.35`): every request reads its model's weights, and at 0.35 the largest apps' 5 requests/s
+clients alone keep 2 cores busy. *Added latency*: one
+app's request (an FP32 [1,3,224,224] image, the binary tensor extension) alternates, one at a
+time on keep-alive connections, between the gateway and the very Triton model serving the app,
+directly, in the same run (`--pairs`, default 1000; the difference of the medians, the p99 of
+the per-pair differences, the gateway's CPU per request, and how busy the machine was).
+*Outage*: every app has a client at 5 requests/s through the gateway and one through the SDK
+(`understudy/client.py`) for the whole run, and around each failure up to `--fast-apps` (2) of
+the apps it hits, taken in turn, get one more of each at 50 requests/s (started before the kill,
+stopped before the revival: on 2 cores, 50 requests/s of 600 KB images for every app a server
+held would measure the overload, not the failover). Failures:
+`--singles` SIGKILLs of one server (default 12, round robin) and `--site-failures` of a whole
+site (default 2); after each, the bench waits until the apps serve elsewhere and nothing loads,
+watches 2 s more, revives the servers and waits for fail-back and the warm plan. Every client
+stamps every request (sent, answered, outcome with its reason, the server and variant that
+answered) and `deploy/outage.py` judges the stamps: per failure, affected app and client, the
+*outage* (the failure → that client's first successful response from a surviving server) and the
+longest gap between its successes; every request sent, the errors returned and the *lost* ones
+(neither an answer nor an error). The headline outages are the 50 requests/s clients' (both
+paths): a 5 requests/s client waits on average 100 ms for its own next request, which its
+figures (in the JSON) include. Warm or progressive comes from the controller's events; a
+progressive app's outage is set against its interim's load time as the agent measured it in
+this run. Where the time went, for the 50 requests/s clients: the controller's notification
+(event time − failure), the gateway's route change (its log), and the rest after the
+notification (the request to the new replica: its inference, on a machine shared with all the
+rest); the clients' latency just before the failure is given for scale. `gateway_rps_per_core`
+is the gateway's requests per CPU-second of its process over the failure phase;
+`failures_machine_busy_pct` is how busy the whole machine was meanwhile. `--rejudge` judges the
+last run again from its saved records. `--quick`: 4 single-server failures, 1 site failure, 300
+pairs. Targets: warm outage p50 ≤ 100 ms and p99 ≤ 250 ms, progressive outage p50 ≤ the
+interim's load time + 150 ms, 0 lost requests, ≤ 0.5 ms added by the gateway at p50.""",
+        (("warm_outage_p50_ms", "warm outage p50, 50 req/s clients (ms)"),
+         ("warm_outage_p99_ms", "warm outage p99, 50 req/s clients (ms)"),
+         ("progressive_outage_p50_ms", "progressive outage p50 (ms)"),
+         ("interim_load_p50_ms", "interim load time p50, this run (ms)"),
+         ("progressive_outage_minus_load_p50_ms", "progressive outage minus load, p50 (ms)"),
+         ("warm_outage_gateway_50rps_p99_ms", "warm outage p99, gateway at 50 req/s (ms)"),
+         ("warm_outage_sdk_50rps_p99_ms", "warm outage p99, SDK at 50 req/s (ms)"),
+         ("warm_notify_p50_ms", "... of which the controller's notification, p50 (ms)"),
+         ("warm_after_notify_p50_ms", "... and after it, 50 req/s, p50 (ms)"),
+         ("warm_outage_gateway_5rps_p50_ms", "warm outage p50, gateway at 5 req/s (ms)"),
+         ("warm_outage_sdk_5rps_p50_ms", "warm outage p50, SDK at 5 req/s (ms)"),
+         ("requests", "requests sent"), ("lost_requests", "lost requests"),
+         ("errors_returned", "errors returned"),
+         ("gateway_added_latency_p50_ms", "gateway added latency p50 (ms)"),
+         ("gateway_added_latency_p99_ms", "gateway added latency p99 (ms)"),
+         ("gateway_rps_per_core", "gateway requests per CPU-second"),
+         ("latency_machine_busy_pct", "machine busy while the added latency was measured (%)"),
+         ("failures_machine_busy_pct", "machine busy during the failures (%)"),
+         ("failures", "failures injected"), ("false_declarations", "false declarations"))),
     "control_plane_scale": Bench(
         "The control plane at 1,000 servers and 10,000 apps",
         "python bench/control_plane_scale.py", """\

@@ -28,7 +28,13 @@ from policies.policy import FailoverPolicy
 
 logger = logging.getLogger(__name__)
 
-WARM_REPLAN_DEBOUNCE_S = 0.05
+WARM_REPLAN_DEBOUNCE_S = 0.3
+"""A requested re-plan starts this long after the first request. Requests come in bursts
+(registrations, the switches and interims of one failure), and a failover's switches
+promote replicas that served nothing a moment ago while their apps' first requests are on the
+way: the re-plan's solve runs in the controller, above inference, and its backup loads run at
+the loads' raised priority (``model_repo/runtime.py``), so on a server (or a one-machine
+testbed) they share, starting them at once delays those first answers."""
 RETRY_MAX_S = 60.0
 """Longest wait before a failed re-plan is tried again (doubling from 2 s)."""
 OPTIMISTIC_SOLVES = 3

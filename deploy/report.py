@@ -13,6 +13,11 @@ An app no event named counts as recovered when an event gave it a serving locati
 that did not fail; ``recovery_rate_from_events`` is the old figure (only the apps an event
 named), printed beside it when the two differ.
 
+What the clients saw (``deploy.outage``): per affected app and client, the client-observed
+outage (failure -> the client's first successful response) and the longest gap between its
+successes, from the clients' own request stamps; and every request the clients sent, answered,
+failed with a reason, or lost.
+
 Every failure declaration the controller made is listed too, true or false, with the apps it
 moved (``deploy.declarations`` judges each against the recorded injections), and the plot marks
 the false ones: a report that counted only the injected failures would hide its false alarms.
@@ -28,6 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from deploy.declarations import Injection, Verdict, describe, tally
+from deploy.outage import (
+    ClientOutage,
+    client_key,
+    client_name,
+    client_outages,
+    outage_figures,
+    print_outages,
+    request_counts,
+)
 
 SERVING_KINDS = ("warm_switch", "interim_serving", "serving", "upgraded", "failback")
 
@@ -51,6 +65,8 @@ class AppOutcome:
     accuracy_after: float | None
     named: bool = True
     """Whether an event named the failed server (False: affected by the records only)."""
+    interim_load_ms: float | None = None
+    """How long the first replica that served again took to load (progressive: the interim)."""
 
     @property
     def recovered(self) -> bool:
@@ -155,7 +171,10 @@ def analyse(failures: list[dict[str, Any]], events: list[dict[str, Any]],
                 variant_after=final["variant"] if final else None,
                 accuracy_before=before["accuracy"] if before else None,
                 accuracy_after=final["accuracy"] if final else None,
-                named=app_id in named))
+                named=app_id in named,
+                interim_load_ms=(round(first["load_s"] * 1000.0, 1)
+                                 if first is not None and first.get("load_s") is not None
+                                 and how == "progressive" else None)))
     return outcomes
 
 
@@ -215,6 +234,29 @@ def print_table(outcomes: list[AppOutcome], write: Any) -> None:
     write("(times in ms after the injected failure; MTTR from detection to notification)\n")
 
 
+def window_ends(failures: list[dict[str, Any]]) -> list[float | None]:
+    """Where each failure's client window ends: when its first server was revived.
+
+    The fail-back that follows is not the failure's outage. None while none was revived.
+    """
+    return [min(f["revived"].values()) if f.get("revived") else None for f in failures]
+
+
+def print_clients(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
+                  requests: list[dict[str, Any]], write: Any
+                  ) -> tuple[list[ClientOutage], dict[str, Any]]:
+    """The client-observed outages and request counts, printed; returns them and figures."""
+    how = {(o.failure, o.app_id): o.how for o in outcomes}
+    outages = client_outages(failures, requests, ends=window_ends(failures))
+    counts = request_counts(requests)
+    if outages:
+        print_outages(outages, how, write)
+    write(f"client requests: {counts['requests']} sent, {counts['ok']} answered, "
+          f"{counts['errors_returned']} errors returned, {counts['lost_requests']} lost (no "
+          "answer, no error)\n")
+    return outages, {"client_outage": outage_figures(outages, how), "client_requests": counts}
+
+
 def origin_of(injections: list[Injection], verdicts: list[Verdict],
               requests: list[dict[str, Any]]) -> float:
     """Where shown times start: the first injected failure, else the earliest record."""
@@ -242,8 +284,12 @@ def print_declarations(verdicts: list[Verdict], injections: list[Injection], ori
 
 def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
          requests: list[dict[str, Any]], path: Path, window_s: tuple[float, float] = (-3, 12),
-         verdicts: list[Verdict] | None = None) -> Path | None:
-    """Client response time around the last failure, one line per affected app (PNG).
+         verdicts: list[Verdict] | None = None,
+         outages: list[ClientOutage] | None = None) -> Path | None:
+    """Client response time around the last failure, one line per affected app and client (PNG).
+
+    The legend gives each client's observed outage, and a dashed line of its colour marks its
+    first successful response after the failure.
 
     Below it, the whole run: every request's response time, the injected failures, and every
     failure declaration, the false ones marked apart (they are drawn in the top panel too when
@@ -259,7 +305,7 @@ def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
 
     fig, (ax, whole) = plt.subplots(2, 1, figsize=(9, 8), height_ratios=(3, 2))
     if failures:
-        _plot_last_failure(ax, failures, outcomes, requests, window_s, verdicts)
+        _plot_last_failure(ax, failures, outcomes, requests, window_s, verdicts, outages or [])
     else:
         ax.set_axis_off()
     origin = failures[0]["at"] if failures else min(
@@ -273,16 +319,28 @@ def plot(failures: list[dict[str, Any]], outcomes: list[AppOutcome],
 
 def _plot_last_failure(ax: Any, failures: list[dict[str, Any]], outcomes: list[AppOutcome],
                        requests: list[dict[str, Any]], window_s: tuple[float, float],
-                       verdicts: list[Verdict]) -> None:
+                       verdicts: list[Verdict], outages: list[ClientOutage]) -> None:
     index = len(failures) - 1
     at = failures[index]["at"]
+    seen = {(o.app_id, o.client): o for o in outages if o.failure == index}
     for outcome in (o for o in outcomes if o.failure == index):
-        points = sorted((r["sent_at"] - at, (r["done_at"] - r["sent_at"]) * 1000.0)
-                        for r in requests if r["app_id"] == outcome.app_id
-                        and window_s[0] <= r["sent_at"] - at <= window_s[1])
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", linewidth=1,
-                    label=f"{outcome.app_id} ({outcome.how})")
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for r in requests:
+            if r["app_id"] == outcome.app_id and window_s[0] <= r["sent_at"] - at <= window_s[1]:
+                lines.setdefault(client_name(*client_key(r)[1:]), []).append(
+                    (r["sent_at"] - at, (r["done_at"] - r["sent_at"]) * 1000.0))
+        for client, points in sorted(lines.items()):
+            points.sort()
+            seen_by = seen.get((outcome.app_id, client))
+            observed = "" if seen_by is None else (
+                f", outage {seen_by.outage_ms:.0f} ms" if seen_by.outage_ms is not None
+                else ", not served again")
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
+                            linewidth=1,
+                            label=f"{outcome.app_id} {client} ({outcome.how}{observed})")
+            if seen_by is not None and seen_by.outage_ms is not None:
+                ax.axvline(seen_by.outage_ms / 1000.0, color=line.get_color(), linestyle="--",
+                           linewidth=0.8)
         if outcome.notification_ms is not None:
             ax.axvline(outcome.notification_ms / 1000.0, color="grey", linestyle=":",
                        linewidth=0.8)
@@ -296,7 +354,8 @@ def _plot_last_failure(ax: Any, failures: list[dict[str, Any]], outcomes: list[A
     ax.set_xlabel("request sent, seconds after the injected failure")
     ax.set_ylabel("response time (ms, retries included)")
     ax.set_yscale("log")
-    ax.set_title("Client response time around a server failure (dotted: client notified)")
+    ax.set_title("Client response time around a server failure (dotted: client notified; "
+                 "dashed: the client's first answer)", fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
 
 

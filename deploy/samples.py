@@ -58,7 +58,7 @@ def check(output: np.ndarray, label: int) -> dict[str, Any]:
 
 
 def prediction_summary(requests_dir: Path) -> dict[str, Any]:
-    """Checked predictions in the clients' records (``<app>.jsonl``): overall and per variant.
+    """Checked predictions in the clients' records (``*.jsonl``): overall and per variant.
 
     Only answered requests that carry a label count; ``top1`` is the share correct.
     """

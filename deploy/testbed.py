@@ -68,6 +68,9 @@ CONTROL_PLANE_NICE = -5
 priority (root): detection and the failover's first steps take milliseconds, and must not wait
 for the CPU behind inference or unrelated work on the machine. Without the privilege they keep
 the launcher's niceness."""
+GATEWAY_NICE = 0
+"""The inference gateway sits between the two: clients see a failover only once it has learnt
+of the move (control plane speed matters), and it forwards every request (data plane)."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -102,6 +105,8 @@ class TestbedState:
     """Agents link verified weights from the local store instead of downloading them."""
     redis_password_file: str = ""
     """The Redis password (mode 0600, new at each ``up``); the controller reads it from there."""
+    gateway_url: str = ""
+    """The testbed's inference gateway (``understudy gateway``); empty when none runs."""
     tls: bool = False
     """The controller serves HTTPS/WSS with a certificate of the testbed's own CA."""
 
@@ -138,7 +143,7 @@ CREDENTIALS_DIR = "credentials"
 TLS_DIR = "tls"
 CA_CERT = "ca.pem"
 PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
-                        CREDENTIALS_DIR, TLS_DIR, STATE_FILE)
+                        CREDENTIALS_DIR, TLS_DIR, "gateway", STATE_FILE)
 """What a testbed leaves in its run directory that a new one must not inherit (Redis would
 reload the old apps from its append-only file). An artifact store there is kept."""
 
@@ -301,7 +306,8 @@ class Testbed:
            policy: str = "understudy", heartbeat_ms: float = 20.0,
            rate_rps: tuple[float, float] = DEFAULT_RATE_RPS, clients: bool = True,
            client_rate: float = 5.0, timeout_s: float = 300.0, register: bool = True,
-           artifact_mirror: bool = True, tls: bool = False) -> Testbed:
+           artifact_mirror: bool = True, tls: bool = False, gateway: bool = True,
+           client_via: str = "sdk") -> Testbed:
         """Start everything, register the apps, wait until all serve with their backups.
 
         With ``register=False`` only the processes start (servers sized for the generated
@@ -314,6 +320,8 @@ class Testbed:
         Credentials are made afresh in ``<run_dir>/credentials`` (one per role, one per agent;
         :meth:`token_file`); with ``tls`` a CA and the controller's certificate in
         ``<run_dir>/tls``, and every process verifies the controller with that CA.
+        With ``gateway`` (default) an inference gateway runs too; the clients go through it
+        with ``client_via="gateway"``, through the SDK with ``"sdk"``.
         """
         run_dir = run_dir.resolve()
         _clear_previous_run(run_dir)
@@ -337,10 +345,12 @@ class Testbed:
         try:
             testbed = cls._start_processes(state, workload.sized(topology), heartbeat_ms,
                                            timeout_s)
+            if gateway:
+                testbed.start_gateway()
             if register:
                 testbed.register(workload, timeout_s)
                 if clients:
-                    testbed.start_clients(client_rate)
+                    testbed.start_clients(client_rate, via=client_via)
         except BaseException:
             testbed.down()  # nothing half-started is left running
             raise
@@ -426,6 +436,24 @@ class Testbed:
         """The header that lets a check control ``server_id``'s Triton (its current key)."""
         work_dir = Path(self.state.run_dir) / "agents" / server_id / "triton"
         return model_control_headers(work_dir)
+    def start_gateway(self) -> ProcessInfo:
+        """Start (or restart) the inference gateway and wait until it routes."""
+        port = self.state.gateway_url.rsplit(":", 1)[1] if self.state.gateway_url else \
+            str(free_port())
+        self.state.gateway_url = f"http://127.0.0.1:{port}"
+        info = _spawn(self.state, "gateway", _understudy(
+            "gateway", "--controller-url", self.state.controller_url, "--port", port,
+            "--token-file", str(self.token_file("gateway")), *self._ca_args(),
+            "--run-dir", str(Path(self.state.run_dir) / "gateway")), nice=GATEWAY_NICE)
+        url = f"{self.state.gateway_url}/v2/health/ready"
+
+        def ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(url, timeout=2.0).status_code == 200
+            return False
+
+        wait_until("the gateway to be ready", ready, 60, 0.1)
+        return info
 
     def _ready(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):
@@ -467,13 +495,20 @@ class Testbed:
         except RegistrationError as exc:
             raise TestbedError(str(exc)) from exc
 
-    def start_clients(self, rate: float) -> ProcessInfo:
-        """One load-generating process with a client thread per app."""
-        app_ids = ",".join(a["app_id"] for a in self.state.apps)
-        return _spawn(self.state, "clients", _understudy(
+    def start_clients(self, rate: float, via: str = "sdk", app_ids: list[str] | None = None,
+                      name: str = "clients") -> ProcessInfo:
+        """One load-generating process (``name``) with a client thread per app (every app).
+
+        ``via="gateway"``: the clients go through the testbed's gateway; else the SDK.
+        """
+        apps = ",".join(app_ids if app_ids is not None else
+                        [a["app_id"] for a in self.state.apps])
+        gateway = ["--via", "gateway", "--gateway-url", self.state.gateway_url] \
+            if via == "gateway" else []
+        return _spawn(self.state, name, _understudy(
             "testbed", "client", "--controller-url", self.state.controller_url,
             "--token-file", str(self.token_file("client")), *self._ca_args(),
-            "--app", app_ids, "--rate", str(rate),
+            "--app", apps, "--rate", str(rate), *gateway,
             "--out", str(Path(self.state.run_dir) / "requests"),
             "--store", self.state.artifacts), nice=DATA_PLANE_NICE)
 
@@ -534,7 +569,9 @@ class Testbed:
     def down(self) -> None:
         """Stop everything (clients first, Redis last) and keep the logs."""
         names = list(self.state.processes)
-        order = (["clients"] * ("clients" in names) + [n for n in names if n.startswith("agent-")]
+        order = ([n for n in names if n.startswith("clients")]
+                 + ["gateway"] * ("gateway" in names)
+                 + [n for n in names if n.startswith("agent-")]
                  + [n for n in ("controller", "redis") if n in names])
         for name in order:
             info = self.state.processes[name]

@@ -212,10 +212,9 @@ def stop_within(process: subprocess.Popen[bytes]) -> float:
 
 
 def answered(out: Path, app_id: str) -> int:
-    path = out / f"{app_id}.jsonl"
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_text().splitlines() if json.loads(line)["ok"])
+    # One file per app and client kind: <app>.sdk-<rate>rps.jsonl (deploy.gateway_load).
+    return sum(1 for path in out.glob(f"{app_id}.*jsonl")
+               for line in path.read_text().splitlines() if json.loads(line)["ok"])
 
 
 def _connections(listener: socket.socket) -> int:

@@ -27,6 +27,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--policy", choices=["understudy", "full-size-warm-k"],
                     default="understudy")
     up.add_argument("--rate", type=float, default=5.0, help="client requests/s per app")
+    up.add_argument("--via", choices=["gateway", "sdk"], default="gateway",
+                    help="the clients go through the testbed's inference gateway (default) or "
+                    "follow failovers with the SDK")
     up.add_argument("--no-clients", action="store_true")
     up.add_argument("--no-artifact-mirror", action="store_true",
                     help="agents download every weight over HTTP instead of linking it from "
@@ -62,10 +65,13 @@ def register(parser: argparse.ArgumentParser) -> None:
                               help="return once each app serves, without waiting for the warm "
                               "backups")
     client = actions.add_parser("client", help="run load-generating clients (foreground)")
-    client.add_argument("--controller-url", required=True)
+    client.add_argument("--controller-url", default=None, help="required with --via sdk")
     _credential_arguments(client, "a client credential")
     client.add_argument("--app", required=True, help="app id(s), comma-separated")
     client.add_argument("--rate", type=float, default=5.0)
+    client.add_argument("--via", choices=["sdk", "gateway"], default="sdk",
+                        help="follow failovers with the SDK, or send through a gateway")
+    client.add_argument("--gateway-url", default=None, help="required with --via gateway")
     client.add_argument("--out", type=Path, default=Path("runs/requests"))
     client.add_argument("--store", type=Path, default=None,
                         help="artifact store: apps of a family with an evaluation set there "
@@ -145,7 +151,8 @@ def _up(options: argparse.Namespace) -> int:
                          scale=options.scale or DEFAULT_SCALE, policy=options.policy,
                          artifacts=options.artifacts,
                          clients=not options.no_clients, client_rate=options.rate,
-                         artifact_mirror=not options.no_artifact_mirror, tls=options.tls)
+                         client_via=options.via, tls=options.tls,
+                         artifact_mirror=not options.no_artifact_mirror)
     _print_apps(testbed)
     sys.stdout.write(f"testbed up in {options.run_dir}; controller {testbed.state.controller_url}"
                      f"\ncredentials in {testbed.state.credentials}"
@@ -200,12 +207,14 @@ def _revive(options: argparse.Namespace) -> int:
 def _report(options: argparse.Namespace) -> int:
     from deploy.declarations import classify, parse
     from deploy.inject import fetch_declarations, injections
+    from deploy.outage import outages_json
     from deploy.report import (
         analyse,
         load_requests,
         origin_of,
         outcomes_json,
         plot,
+        print_clients,
         print_declarations,
         print_table,
         summary,
@@ -225,16 +234,20 @@ def _report(options: argparse.Namespace) -> int:
         counted = "none" if named is None else f"{named * 100:.1f} %"
         sys.stdout.write(f"  (counting only the {figures['affected_named_by_events']} apps an "
                          f"event named: {counted})\n")
+    outages, seen = print_clients(testbed.state.failures, outcomes, requests, sys.stdout.write)
+    figures.update(seen)
     injected = injections(testbed.state)
     verdicts = classify(parse(fetch_declarations(testbed.http)), injected)
     figures.update(print_declarations(verdicts, injected,
                                       origin_of(injected, verdicts, requests), sys.stdout.write))
     path = plot(testbed.state.failures, outcomes, requests,
-                Path(testbed.state.run_dir) / "report.png", verdicts=verdicts)
+                Path(testbed.state.run_dir) / "report.png", verdicts=verdicts,
+                outages=outages)
     if path is not None:
         sys.stdout.write(f"plot: {path}\n")
     (Path(testbed.state.run_dir) / "report.json").write_text(json.dumps(
         {"summary": figures, "outcomes": outcomes_json(outcomes),
+         "client_outages": outages_json(outages),
          "declarations": verdicts_json(verdicts, injected)}, indent=2))
     if options.json:
         sys.stdout.write(json.dumps(figures) + "\n")
@@ -323,6 +336,10 @@ def _client(options: argparse.Namespace) -> int:
     from understudy.sdk import run_until_signal
     from understudy.wire.credentials import CredentialFileError, ca_file_of, load_token
 
+    needed = "gateway_url" if options.via == "gateway" else "controller_url"
+    if not getattr(options, needed):
+        sys.stderr.write(f"--via {options.via} needs --{needed.replace('_', '-')}\n")
+        return 2
     try:
         token = load_token(options.token_file)
     except CredentialFileError as exc:
@@ -333,7 +350,8 @@ def _client(options: argparse.Namespace) -> int:
     run_until_signal(lambda stop: run_clients(options.controller_url, app_ids, token,
                                               options.rate, options.out, stop,
                                               ca_file=str(ca_file) if ca_file else None,
-                                              store=options.store))
+                                              store=options.store, via=options.via,
+                                              gateway_url=options.gateway_url))
     return 0
 
 
@@ -374,7 +392,7 @@ def _demo(options: argparse.Namespace) -> int:
          f"registering 12 apps (half critical) of the families {', '.join(DEMO_FAMILIES)} ...")
     topology = replace(make_topology(6, 3, 12, 0.5, 0.2), families=DEMO_FAMILIES)
     testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
-                         artifacts=options.artifacts, client_rate=5.0)
+                         artifacts=options.artifacts, client_rate=5.0, client_via="gateway")
     try:
         _print_apps(testbed)
         plan = testbed.http.get("/v1/plan").json()
@@ -382,7 +400,8 @@ def _demo(options: argparse.Namespace) -> int:
         sys.stdout.write(f"warm plan: {len(plan['assignments'])} backups, "
                          f"{len(plan['uncovered'])} uncovered, {stats['status']} in "
                          f"{stats['total_s'] * 1000:.0f} ms ({stats['solver']})\n")
-        _say(f"steady load: one client per app at 5 req/s for {options.steady_s:.0f} s")
+        _say(f"steady load: one client per app at 5 req/s through the gateway "
+             f"({testbed.state.gateway_url}) for {options.steady_s:.0f} s")
         time.sleep(options.steady_s)
         apps = testbed.apps()
         counts: dict[str, int] = {}
