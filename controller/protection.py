@@ -15,13 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
-from controller.decide.protection import decide_protection, wants_protection
+from controller.decide.decision import Decision, event_for
+from controller.decide.protection import REMOVED_EVENTS, decide_protection, wants_protection
 from controller.executor import Executor
 from controller.interfaces import Clock, RecordStore
+from controller.records import AppRecord, Replica, ServerRecord
 from controller.snapshot import build_snapshot
 from policies.errors import PolicyError
-from policies.model import Family
+from policies.model import Family, Role
+from understudy.wire.protocol import ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,9 @@ class ProtectionKeeper:
         self.families = families
         self.clock = clock
         self._unplaced: dict[str, tuple[str, ...]] = {}
+        self._seen: dict[str, set[tuple[Role, str, str]]] = {}
+        """Per app, the instances and parity models it held at the last pass: one the failover
+        forgot since (with its server) is announced removed, so the gateways stop sending."""
 
     async def run_forever(self, interval_s: float = INTERVAL_S) -> None:
         """A pass every ``interval_s`` when the records changed; a failed pass is logged."""
@@ -65,7 +72,9 @@ class ProtectionKeeper:
                 now = await self.store.view()
                 record = await self.store.get_app(app_id)
                 if record is None:
+                    self._seen.pop(app_id, None)
                     continue
+                vanished = self._seen.get(app_id, set()) - _held(record)
                 try:
                     snapshot = build_snapshot(self.families, now.servers, now.apps)
                     decision, unplaced = decide_protection(record, snapshot, now.servers,
@@ -76,6 +85,10 @@ class ProtectionKeeper:
                 if unplaced and self._unplaced.get(app_id) != unplaced:
                     logger.warning("protection of %s: %s", app_id, "; ".join(unplaced))
                 self._unplaced[app_id] = unplaced
+                self._seen[app_id] = _held(record)
+                if vanished:
+                    decision = _announce(record, vanished, now.servers, self.clock.time(),
+                                         decision)
                 if decision is None:
                     continue
                 await ex.commit(decision)
@@ -83,5 +96,23 @@ class ProtectionKeeper:
                 for note in decision.notes:
                     logger.info("protection: %s", note)
         for decision in decisions:
-            ex.spawn(ex.act(decision), "protection of " + decision.apps[0].app_id)
+            if decision.stages:
+                ex.spawn(ex.act(decision), "protection")
         return len(decisions)
+
+
+def _held(record: AppRecord) -> set[tuple[Role, str, str]]:
+    return {(r.role, r.server_id, r.variant) for r in record.replicas
+            if r.role in REMOVED_EVENTS and r.state is not ModelState.UNLOADING}
+
+
+def _announce(record: AppRecord, vanished: set[tuple[Role, str, str]],
+              servers: Mapping[str, ServerRecord], now: float,
+              decision: Decision | None) -> Decision:
+    """``decision`` (or none) with the removal of replicas forgotten elsewhere announced."""
+    events = tuple(event_for(record, REMOVED_EVENTS[role], Replica(
+        server_id=server_id, variant=variant, role=role), "its server failed", servers, None,
+        now) for role, server_id, variant in sorted(vanished))
+    if decision is None:
+        return Decision(events=events)
+    return replace(decision, events=decision.events + events)
