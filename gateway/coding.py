@@ -1,9 +1,11 @@
 """Coding groups in the gateway (ParM §4.1): k dispatched queries, one parity query, one decode.
 
 Queries of an app protected by parity models are sent to its instances at once, as without
-coding, and each joins its app's open *coding group* (queries with the same input signature:
-names, types, shapes). When the group holds k queries it is encoded (``parity.coding``) into a
-parity query, sent to one of the app's parity models; nothing waits for it. A group that does
+coding, and each then joins its app's open *coding group*, as it came (its tensors are read
+only when the group is encoded, off the queries' way). When the group holds k queries it is
+encoded (``parity.coding``) into a parity query, sent to one of the app's parity models; nothing
+waits for it. A group whose queries cannot be coded together (a tensor the gateway does not
+read, different shapes) is closed unprotected. A group that does
 not fill within the group timeout is closed unprotected, so no query ever waits for others to
 arrive. When a member's prediction is unavailable, :meth:`Group.reconstruct` rebuilds it from
 the parity model's output and the k - 1 others with the subtraction decoder, as soon as they
@@ -24,7 +26,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gateway.tensors import NotCodable, Query, grpc_answer, http_answer, read_reply
+from gateway.exchange import InferRequest
+from gateway.tensors import (
+    NotCodable,
+    Query,
+    grpc_answer,
+    http_answer,
+    read_reply,
+    read_request,
+)
 from gateway.upstream import UpstreamReply
 from parity.coding import CodingGroup, EncoderKind, decode, encode_group
 from parity.errors import CodingError
@@ -47,10 +57,16 @@ class Member:
     """One query of a group and, once it came, its own reply."""
 
     query_id: str
-    query: Query
+    request: InferRequest
+    query: Query | None = None
+    """Its tensors, read when the group is encoded."""
     reply: UpstreamReply | None = None
-    protocol: str = "http"
     reconstructed: bool = False
+
+    @property
+    def protocol(self) -> str:
+        """The protocol the query came in (its answer goes back in it)."""
+        return self.request.protocol
 
 
 @dataclass(eq=False)
@@ -113,6 +129,7 @@ class Group:
         """The rebuilt answer of ``query_id`` in its own protocol (CodingError, NotCodable)."""
         assert self.parity_output is not None  # noqa: S101 - checked by decodable()
         member = next(m for m in self.members if m.query_id == query_id)
+        assert member.query is not None  # noqa: S101 - read when the group was encoded
         coding = CodingGroup(self.group_id, tuple(m.query_id for m in self.members))
         available: dict[str, dict[str, np.ndarray]] = {}
         for other in self.members:
@@ -141,6 +158,25 @@ class Group:
         return UpstreamReply(200, headers, body)
 
 
+def encode_members(group: Group) -> tuple[dict[str, np.ndarray], Query]:
+    """The parity query's inputs of a full group (its members' tensors read here)."""
+    for member in group.members:
+        if member.query is None:
+            member.query = read_request(member.protocol, member.request.body,
+                                        member.request.headers)
+    queries = [m.query for m in group.members if m.query is not None]
+    signatures = {q.signature() for q in queries}
+    if len(signatures) != 1:
+        raise NotCodable(f"the queries' tensors differ: {sorted(signatures)}")
+    coding = CodingGroup(group.group_id, tuple(m.query_id for m in group.members))
+    first = queries[0]
+    parity = {name: encode_group(coding, {m.query_id: q.inputs[name]
+                                          for m, q in zip(group.members, queries, strict=True)},
+                                 group.encoder).astype(first.inputs[name].dtype, copy=False)
+              for name in first.inputs}
+    return parity, first
+
+
 class Coder:
     """The coding groups of one app: joins queries, encodes full groups, closes stale ones."""
 
@@ -155,15 +191,15 @@ class Coder:
         self._open: dict[tuple[Any, ...], Group] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def join(self, query_id: str, query: Query, k: int, encoder: EncoderKind) -> Group:
+    def join(self, query_id: str, request: InferRequest, k: int, encoder: EncoderKind) -> Group:
         """Put a dispatched query into its open group; encode and send the group once full."""
-        key = (query.signature(), k, encoder)
+        key = (k, encoder)
         group = self._open.get(key)
         if group is None:
             group = self._open[key] = Group(f"{self.app_id}-g{next(self._ids)}", k, encoder,
                                             key)
             asyncio.get_running_loop().call_later(self.group_timeout_s, self._expire, group)
-        group.members.append(Member(query_id, query, protocol=query.protocol))
+        group.members.append(Member(query_id, request))
         if group.full:
             del self._open[key]
             task = asyncio.get_running_loop().create_task(self._encode_and_send(group))
@@ -181,20 +217,15 @@ class Coder:
 
     async def _encode_and_send(self, group: Group) -> None:
         try:
-            queries = {m.query_id: m.query.inputs for m in group.members}
-            coding = CodingGroup(group.group_id, tuple(queries))
-            names = list(group.members[0].query.inputs)
-            parity = {name: encode_group(coding, {q: i[name] for q, i in queries.items()},
-                                         group.encoder).astype(
-                          group.members[0].query.inputs[name].dtype, copy=False)
-                      for name in names}
-        except (CodingError, ValueError) as exc:
+            parity, template = encode_members(group)
+        except (CodingError, ValueError) as exc:  # NotCodable is a ValueError
+            logger.debug("%s: group %s not encodable: %s", self.app_id, group.group_id, exc)
             group.close(f"not encodable: {exc}")
             self._report("unencodable")
             return
         self._report("encoded")
         try:
-            group.parity_output = await self.send_parity(group, parity, group.members[0].query)
+            group.parity_output = await self.send_parity(group, parity, template)
         except asyncio.CancelledError:
             group.close("stopping")
             raise

@@ -71,7 +71,7 @@ class GatewayMetrics:
         self.coding_groups = Counter(
             "understudy_gateway_coding_groups",
             "coding groups, by outcome: encoded (its parity query sent), timeout (closed "
-            "unfilled), unencodable; and queries left out of coding (uncodable)",
+            "unfilled), unencodable (a query's tensors unreadable, or shapes that differ)",
             ["app_id", "outcome"], registry=r)
         self.parity_queries = Counter(
             "understudy_gateway_parity_queries",

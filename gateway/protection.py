@@ -296,6 +296,7 @@ class _Protected:
         self.mode = mode
         self.loop = asyncio.get_running_loop()
         self.query: Query | None = None
+        self.uncodable = False
         self.group: Group | None = None
         self.backup: asyncio.Task[UpstreamReply] | None = None
         self.backup_route: Location | None = None
@@ -314,9 +315,9 @@ class _Protected:
     async def run(self) -> Answer:
         route = self.p.board.route(self.request.app_id)
         assert route is not None  # noqa: S101 - checked by the policy
-        self._prepare(route)
         try:
-            self._send_next(route)
+            self._send_next(route)  # first: the query is on its way before any coding
+            self._prepare(route)
             return await self._loop()
         finally:
             for task in (self.attempt, self.backup):
@@ -325,15 +326,9 @@ class _Protected:
 
     def _prepare(self, route: AppRoute) -> None:
         request = self.request
-        if self.mode in ("parity", "default-response"):
-            try:
-                self.query = read_request(request.protocol, request.body, request.headers)
-            except NotCodable as exc:
-                logger.debug("%s: request not codable (%s); unprotected", request.app_id, exc)
-                self.p.events.group_closed(request.app_id, "uncodable")
         coding = parity_coding(route)
-        if self.mode == "parity" and self.query is not None and coding is not None:
-            self.group = self.p.coder.join(self.query_id, self.query, *coding)
+        if self.mode == "parity" and coding is not None:
+            self.group = self.p.coder.join(self.query_id, request, *coding)
         if self.mode == "approximate-backup":
             members = {m.server_id for m in route.members()}
             backup = next((b for s, b in sorted(route.backups.items()) if s not in members), None)
@@ -448,7 +443,8 @@ class _Protected:
             self.p.events.substituted(app_id, "approximate", self.cause)
             return Answer(self.backup.result(), self.backup_route, self.attempts + 1,
                           self.attempts - 1, False, False, source="approximate")
-        if self.mode == "default-response" and self.query is not None:
+        if self.mode == "default-response" and self._read_query() is not None:
+            assert self.query is not None  # noqa: S101
             reply = self.p.default_reply(self.query, model_name)
             if reply is not None:
                 self.p.events.substituted(app_id, "default", self.cause)
@@ -457,6 +453,17 @@ class _Protected:
                                               "default", 0.0), self.attempts,
                               self.attempts - 1, False, False, source="default")
         return None
+
+    def _read_query(self) -> Query | None:
+        """The request's tensors (read once, when a stand-in needs them); None: not codable."""
+        if self.query is None and not self.uncodable:
+            try:
+                self.query = read_request(self.request.protocol, self.request.body,
+                                          self.request.headers)
+            except NotCodable as exc:
+                logger.debug("%s: request not codable (%s)", self.request.app_id, exc)
+                self.uncodable = True
+        return self.query
 
     def _parity_location(self) -> Location:
         route = self.p.board.route(self.request.app_id)

@@ -16,6 +16,7 @@ unprotected.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,7 @@ def _array(tensor: Mapping[str, Any], blob: memoryview | None) -> np.ndarray:
         array = np.frombuffer(blob, dtype=dtype)
     else:
         array = np.asarray(tensor.get("data", ()), dtype=dtype).ravel()
-    if array.size != int(np.prod(shape, dtype=np.int64)):
+    if array.size != math.prod(shape):
         raise NotCodable(f"tensor {tensor.get('name')!r}: {array.size} values for shape "
                          f"{list(shape)}")
     return array.reshape(shape)
@@ -224,7 +225,7 @@ def _grpc_array(tensor: Any, raw: bytes | None) -> np.ndarray:
         if name is None:
             raise NotCodable(f"{tensor.datatype} without raw contents")
         array = np.asarray(getattr(tensor.contents, name), dtype=dtype)
-    if array.size != int(np.prod(shape, dtype=np.int64)):
+    if array.size != math.prod(shape):
         raise NotCodable(f"tensor {tensor.name!r}: {array.size} values for shape {list(shape)}")
     return array.reshape(shape)
 

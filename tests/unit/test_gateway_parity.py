@@ -343,6 +343,34 @@ def test_without_a_decodable_group_a_failed_query_is_sent_to_another_instance() 
     run(scenario)
 
 
+def test_a_group_that_cannot_be_coded_is_closed_and_its_queries_served_anyway() -> None:
+    async def scenario() -> None:
+        _, fake, recorder, policy, plain = setup(*parm(2))
+        fake.mode["first"] = "refuse"
+        text = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                       "data": ["x"]}]}).encode()
+        loop = asyncio.get_running_loop()
+        odd = InferRequest(APP, loop.time() + 5, text, (("content-type", "application/json"),))
+        fake_send = fake.send
+
+        async def send(route: Location, request: InferRequest) -> UpstreamReply:
+            if request.body is text:  # the model takes it (the gateway cannot read BYTES)
+                fake.calls.append((route.server_id, route.variant))
+                if len(fake.calls) == 1:
+                    raise UpstreamError("refused")
+                return UpstreamReply(200, {"content-type": "application/json"}, b"{}")
+            return await fake_send(route, request)
+
+        policy.senders["http"] = send
+        answers = await asyncio.gather(policy.dispatch(odd, plain),
+                                       policy.dispatch(request(queries(1)[0]), plain))
+        assert [a.source for a in answers] == ["model", "model"]
+        assert answers[0].attempts == 2  # refused, then resent: no reconstruction to wait for
+        assert recorder.groups == ["unencodable"] and not fake.parity_inputs
+
+    run(scenario)
+
+
 def test_an_app_with_one_instance_and_no_substitute_takes_the_plain_exchange() -> None:
     async def scenario() -> None:
         _, _, _, policy, plain = setup(event(1, APP, "serving", "s1", "v"))
