@@ -23,6 +23,7 @@ from controller.executor import Executor
 from controller.interfaces import Clock, RecordStore
 from controller.records import AppRecord, AppSpec, RuntimeConfig, ServerRecord
 from controller.snapshot import build_snapshot
+from parity.artifacts import parity_name
 from policies.baselines import FullSizeWarmK
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.failover import UnderstudyPolicy
@@ -105,6 +106,15 @@ class Orchestrator:
         variant = family.variant(spec.variant) if spec.variant else family.most_accurate
         if held is not None and not spec.artifacts_provided and variant.name not in held:
             raise InvalidRequestError(_not_in_store(family, variant, held))
+        k = spec.parity_k
+        if k is not None and held is not None and not spec.artifacts_provided:
+            parity = parity_name(variant.name, k, spec.parity_encoder)
+            if parity not in held:
+                raise InvalidRequestError(
+                    f"parity:{k} needs the parity model {parity} in the artifact store, which "
+                    f"does not hold it: understudy parity train --family {family.name} "
+                    f"--variant {variant.name} --k {k} --encoder {spec.parity_encoder} "
+                    f"--store STORE")
         demand = variant.demand(spec.max_rate_rps)
         if servers and not any(demand.fits_within(Resources(s.capacity))
                                for s in servers.values()):

@@ -38,6 +38,9 @@ MAX_FAMILY_CHARS = 64
 MAX_LIST = 1000
 """Servers or sites one app may exclude."""
 MAX_SLO_MS = 3_600_000.0
+MAX_INSTANCES = 8
+"""Instances of its variant one app may ask for."""
+PROTECTION_PATTERN = r"^(replicas|(replicas\+)?parity:[2-4](:concat)?)$"
 MIN_TIME_LIMIT_S = 0.1
 """The ILP's shortest time limit: less is not enough for HiGHS to load the model."""
 
@@ -77,6 +80,17 @@ class AppSpec(BaseModel):
         False, description="the agents get this app's model artifacts from elsewhere than the "
                            "controller's artifact store: register it even when that store "
                            "does not hold its primary variant (default: refused, 422)")
+    instances: int | None = Field(
+        None, ge=1, le=MAX_INSTANCES,
+        description="instances of the primary variant serving the app, each on its own "
+                    "server; the gateway balances its queries over them (default: k with "
+                    "parity:k, else 1)")
+    protection: str = Field(
+        "replicas", pattern=PROTECTION_PATTERN,
+        description="how the app is protected: 'replicas' (warm backups when critical; the "
+                    "default), 'parity:k' (k = 2 to 4: one parity model per k instances, on "
+                    "a server none of them uses; ':concat' for the concatenation encoder), or "
+                    "'replicas+parity:k' (both)")
 
     @field_validator("app_id")
     @classmethod
@@ -84,6 +98,44 @@ class AppSpec(BaseModel):
         if "__" in value:
             raise ValueError("app_id must not contain '__' (it separates app and variant)")
         return value
+
+    @model_validator(mode="after")
+    def _instances_per_parity(self) -> AppSpec:
+        k = self.parity_k
+        if k is not None and self.instances is not None and self.instances % k:
+            raise ValueError(f"parity:{k} codes the queries of k = {k} instances per parity "
+                             f"model: instances must be a multiple of {k}, got "
+                             f"{self.instances}")
+        return self
+
+    @property
+    def parity_k(self) -> int | None:
+        """The k of the app's parity models (None: not protected by parity models)."""
+        _, _, parity = self.protection.partition("parity:")
+        return int(parity[0]) if parity else None
+
+    @property
+    def parity_encoder(self) -> Literal["addition", "concatenation"]:
+        """The encoder of the app's parity models."""
+        return "concatenation" if self.protection.endswith(":concat") else "addition"
+
+    @property
+    def instance_count(self) -> int:
+        """How many instances serve the app (the serving replica's included)."""
+        if self.instances is not None:
+            return self.instances
+        return self.parity_k or 1
+
+    @property
+    def parity_count(self) -> int:
+        """How many parity models protect the app (one per k instances)."""
+        k = self.parity_k
+        return self.instance_count // k if k else 0
+
+    @property
+    def warm_protected(self) -> bool:
+        """Whether a critical app gets warm backups (``replicas`` protection)."""
+        return self.protection.startswith("replicas")
 
 
 class Replica(_Doc):

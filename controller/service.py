@@ -29,6 +29,7 @@ from controller.lifecycle import ServerLifecycle
 from controller.metrics import Metrics
 from controller.orchestrator import Orchestrator
 from controller.prefetch import InterimPrefetcher
+from controller.protection import ProtectionKeeper
 from controller.reconciler import Reconciler
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
 from controller.redis_server import RedisServer, with_password
@@ -183,6 +184,7 @@ class Controller:
             self.declarations)
         self.reconciler = Reconciler(self.executor, self.store, self.agents, self.families,
                                      self.metrics, busy=self.returns.reviving)
+        self.protection = ProtectionKeeper(self.executor, self.store, self.families, clock)
         self.graphs = GraphManager(
             self.store, self.agents, self.settings.run_dir, host=self.settings.graph_host,
             controller_url=f"{self.settings.scheme}://{self.settings.graph_host}:"
@@ -202,6 +204,7 @@ class Controller:
         self._collector = asyncio.ensure_future(
             pace_collector(self.executor.no_urgent_loads))
         self._reconcile = asyncio.ensure_future(self.reconciler.run_forever())
+        self._protect = asyncio.ensure_future(self.protection.run_forever())
         self.ready = True
         logger.info("controller ready (redis %s, policy %s, T=%g ms, k=%d)", redact_url(url),
                     config.policy, config.heartbeat_interval_ms, config.heartbeat_misses)
@@ -239,6 +242,7 @@ class Controller:
             self._watchdog.cancel()
             self._collector.cancel()
             self._reconcile.cancel()
+            self._protect.cancel()
         if hasattr(self, "graphs"):
             await self.graphs.close()
         if hasattr(self, "detector"):

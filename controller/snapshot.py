@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.records import AppRecord, ServerRecord, ServerState
+from parity.naming import parse_parity_name
 from policies.errors import CapacityExceededError, PolicyError
 from policies.model import (
     Application,
@@ -26,14 +27,28 @@ _ACTIVE = (ModelState.LOADING, ModelState.READY)
 _DEMOTION_STAGES: tuple[frozenset[Role], ...] = (
     frozenset(), frozenset({Role.INTERIM}), frozenset({Role.INTERIM, Role.UPGRADE}),
     frozenset({Role.INTERIM, Role.UPGRADE, Role.WARM}))
-_RANK = {Role.PRIMARY: 0, Role.UPGRADE: 1, Role.INTERIM: 2, Role.WARM: 3}
+_RANK = {Role.PRIMARY: 0, Role.UPGRADE: 1, Role.INTERIM: 2, Role.WARM: 3, Role.INSTANCE: 4,
+         Role.PARITY: 5}
+
+
+def resource_variant(variant: str, role: Role) -> str:
+    """The variant whose demand a replica reserves: its own, or a parity model's deployed one.
+
+    A parity model is not a variant of the app's family; it has its deployed variant's
+    architecture (ParM §4.3), so it takes what that variant takes.
+    """
+    if role is Role.PARITY:
+        parsed = parse_parity_name(variant)
+        if parsed is not None:
+            return parsed[0]
+    return variant
 
 
 def application(record: AppRecord) -> Application:
     """The policy view of one registered app."""
     spec = record.spec
     return Application(
-        app_id=spec.app_id, family=spec.family, critical=spec.critical,
+        app_id=spec.app_id, family=spec.family, critical=spec.critical and spec.warm_protected,
         max_rate_rps=spec.max_rate_rps, latency_slo_ms=spec.latency_slo_ms,
         primary_variant=spec.variant, pinned_server=spec.pinned_server,
         pinned_site=spec.pinned_site, excluded_servers=frozenset(spec.excluded_servers),
@@ -99,7 +114,7 @@ def free_memory_mb(server: ServerRecord, records: Iterable[AppRecord],
                 continue
             seen.add(replica.key)
             try:
-                used += family.variant(replica.variant).demand(
+                used += family.variant(resource_variant(replica.variant, replica.role)).demand(
                     record.spec.max_rate_rps)[MEMORY_MB]
             except PolicyError:
                 continue
@@ -141,16 +156,18 @@ def _app_part(record: AppRecord, families: Mapping[str, Family],
     replicas = sorted((r for r in record.replicas if r.state in _ACTIVE
                        and r.server_id in servers),
                       key=lambda r: (record.serving != r.key, _RANK[r.role]))
+    names = {v.name for v in families[record.spec.family].variants}
     for replica in replicas:
-        if replica.key in seen:  # one placement per (server, variant), the main one
+        key = (replica.server_id, resource_variant(replica.variant, replica.role))
+        if key in seen or key[1] not in names:  # one placement per (server, variant)
             continue
-        seen.add(replica.key)
+        seen.add(key)
         role = replica.role
         if record.serving == replica.key:
             role = Role.PRIMARY
         elif role is Role.PRIMARY and record.serving is not None:
             role = Role.UPGRADE  # a primary-to-be while another replica serves
-        placements.append(Placement(record.app_id, replica.server_id, replica.variant, role))
+        placements.append(Placement(record.app_id, replica.server_id, key[1], role))
     return _AppPart(record, application(record), tuple(placements))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -12,6 +13,11 @@ APP_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 """What the controller accepts as an app id (``controller/records.py``'s ``ID_PATTERN``, without
 ``__``, which separates app and variant in Triton model names). Kept here because the gateway
 must not import the controller."""
+
+
+ProtectMode = Literal["auto", "parity", "equal-resources", "default-response",
+                      "approximate-backup", "none"]
+"""How an app's requests are protected (``gateway.protection``)."""
 
 
 def valid_app_id(app_id: str) -> bool:
@@ -54,15 +60,34 @@ class GatewayConfig(BaseModel):
     retry_max_s: float = Field(1.0, gt=0)
     stop_grace_s: float = Field(0.8, gt=0)
     """On SIGTERM: how long requests in flight may finish before they are failed."""
+    protect: dict[str, ProtectMode] = Field(default_factory=dict)
+    """Per app: how requests are protected (``gateway.protection``; default ``auto``)."""
+    straggler_ms: dict[str, float] = Field(default_factory=dict)
+    """Per app: a prediction not back this long after it was sent is unavailable (default: 0
+    for parity models and approximate backups, 100 for the default response)."""
+    default_class: dict[str, int] = Field(default_factory=dict)
+    """Per app: the class the default response answers (default 0)."""
+    group_timeout_ms: float = Field(50.0, gt=0, le=60_000)
+    """A coding group not filled this long after its first query is closed unprotected."""
 
-    @field_validator("hedge_ms")
+    @field_validator("hedge_ms", "straggler_ms")
     @classmethod
-    def _hedges(cls, value: dict[str, float]) -> dict[str, float]:
+    def _delays(cls, value: dict[str, float]) -> dict[str, float]:
         for app_id, delay in value.items():
             if not valid_app_id(app_id):
-                raise ValueError(f"hedge for {app_id!r}: not an app id")
+                raise ValueError(f"{app_id!r}: not an app id")
             if not math.isfinite(delay) or delay < 0:
-                raise ValueError(f"hedge for {app_id!r}: delay must be >= 0 ms")
+                raise ValueError(f"{app_id!r}: delay must be >= 0 ms")
+        return value
+
+    @field_validator("protect", "default_class")
+    @classmethod
+    def _apps(cls, value: dict[str, object]) -> dict[str, object]:
+        for app_id, setting in value.items():
+            if not valid_app_id(app_id):
+                raise ValueError(f"{app_id!r}: not an app id")
+            if isinstance(setting, int) and setting < 0:
+                raise ValueError(f"default class for {app_id!r} must be >= 0")
         return value
 
     @property

@@ -72,6 +72,12 @@ class Answer:
     resends: int
     hedged: bool
     hedge_won: bool
+    source: str = "model"
+    """Who answered: ``model`` (the replica's own prediction), or a stand-in for an unavailable
+    one (``gateway.protection``): ``reconstructed`` (decoded from a parity model's output),
+    ``default`` (the default response), ``approximate`` (the approximate backup)."""
+    group_id: str = ""
+    """The coding group a reconstructed answer was decoded from."""
 
 
 Send = Callable[[Location, InferRequest], Coroutine[Any, Any, UpstreamReply]]

@@ -97,8 +97,15 @@ class GrpcFrontEnd:
     async def _answer(answer: Answer, context: grpc.aio.ServicerContext, app_id: str,
                       rename: bool) -> bytes:
         reply = answer.reply
-        context.set_trailing_metadata((("understudy-server", answer.route.server_id),
-                                       ("understudy-variant", answer.route.variant)))
+        metadata = [("understudy-server", answer.route.server_id),
+                    ("understudy-variant", answer.route.variant)]
+        if answer.source != "model":
+            # Not the model's own prediction (a reconstruction, the default response, the
+            # approximate backup's); a rebuilt answer also says so in its parameters.
+            metadata.append(("understudy-answer", answer.source))
+            if answer.group_id:
+                metadata.append(("understudy-coding-group", answer.group_id))
+        context.set_trailing_metadata(tuple(metadata))
         if reply.status != 200:  # Triton's own error, passed on with its code
             code = getattr(grpc.StatusCode, reply.headers.get("grpc-code", ""),
                            grpc.StatusCode.INVALID_ARGUMENT)

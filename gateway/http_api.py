@@ -28,6 +28,12 @@ TIMEOUT_HEADER = "understudy-timeout-ms"
 SERVER_HEADER = "Understudy-Server"
 VARIANT_HEADER = "Understudy-Variant"
 ATTEMPTS_HEADER = "Understudy-Attempts"
+ANSWER_HEADER = "Understudy-Answer"
+"""On an answer that is not the model's own prediction: ``reconstructed`` (decoded from a
+parity model's output), ``default`` (the default response) or ``approximate`` (the
+approximate backup's). Absent: the model answered."""
+RECONSTRUCTED_HEADER = "Understudy-Reconstructed"
+GROUP_HEADER = "Understudy-Coding-Group"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 FORWARDED = (("content-type", "Content-Type"), ("inference-header-content-length", HEADER_LENGTH),
              ("content-encoding", "Content-Encoding"))
@@ -129,6 +135,10 @@ class HttpFrontEnd:
                    (ATTEMPTS_HEADER, str(answer.attempts))]
         if header_length is not None:
             headers.append((HEADER_LENGTH, str(header_length)))
+        if answer.source != "model":
+            headers.append((ANSWER_HEADER, answer.source))
+            if answer.source == "reconstructed":
+                headers += [(RECONSTRUCTED_HEADER, "true"), (GROUP_HEADER, answer.group_id)]
         encoding = reply.headers.get("content-encoding")
         if encoding:
             headers.append(("Content-Encoding", encoding))

@@ -59,6 +59,24 @@ class GatewayMetrics:
                               registry=r)
         self.snapshots = Counter("understudy_gateway_snapshots",
                                  "routing table reloads from GET /v1/apps", registry=r)
+        self.reconstructions = Counter(
+            "understudy_gateway_reconstructions",
+            "answers rebuilt from a parity model's output because the prediction was "
+            "unavailable: its attempt failed, or it was late", ["app_id", "cause"], registry=r)
+        self.substitutes = Counter(
+            "understudy_gateway_substitute_answers",
+            "answers that are not the model's own prediction, by source (reconstructed, "
+            "default, approximate) and cause (failed, late)", ["app_id", "source", "cause"],
+            registry=r)
+        self.coding_groups = Counter(
+            "understudy_gateway_coding_groups",
+            "coding groups, by outcome: encoded (its parity query sent), timeout (closed "
+            "unfilled), unencodable (a query's tensors unreadable, or shapes that differ)",
+            ["app_id", "outcome"], registry=r)
+        self.parity_queries = Counter(
+            "understudy_gateway_parity_queries",
+            "parity queries sent to parity models, by outcome (answered, failed)",
+            ["app_id", "outcome"], registry=r)
         self._apps: dict[str, _AppChildren] = {}
 
     def _app(self, app_id: str) -> _AppChildren:
@@ -97,6 +115,19 @@ class GatewayMetrics:
 
     def hedged(self, app_id: str) -> None:
         self.hedges.labels(app_id, "sent").inc()
+
+    # --- ProtectionEvents -------------------------------------------------------------------
+
+    def substituted(self, app_id: str, source: str, cause: str) -> None:
+        self.substitutes.labels(app_id, source, cause).inc()
+        if source == "reconstructed":
+            self.reconstructions.labels(app_id, cause).inc()
+
+    def group_closed(self, app_id: str, outcome: str) -> None:
+        self.coding_groups.labels(app_id, outcome).inc()
+
+    def parity_sent(self, app_id: str, outcome: str) -> None:
+        self.parity_queries.labels(app_id, outcome).inc()
 
     def render(self) -> bytes:
         """The text exposition format."""

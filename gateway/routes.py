@@ -9,6 +9,12 @@ it for the event loop). Sources, in the order a gateway meets them:
 - events of ``/v1/events/ws``, each applied at most once per app (an event whose ``seq`` is not
   above the app's last one is a duplicate of a replay, or older than a snapshot: ignored).
 
+Besides the serving replica and its warm backups, an app may have more *instances* of its
+variant (``AppSpec.instances``: the gateway balances its queries over them) and *parity models*
+(``AppSpec.protection`` ``parity:k``: the gateway codes k queries into a parity query for one).
+They come and go with ``instance_ready`` / ``parity_ready`` and ``instance_removed`` /
+``parity_removed`` events, and with their server's failure.
+
 Which events move an app is the SDK's rule (``understudy.client.location_of_event``), so the
 gateway and the SDK agree on where an app is served.
 """
@@ -37,6 +43,17 @@ class AppRoute:
     reason: str = ""
     version: int = 0
     """Bumped whenever ``serving`` changes (requests wait for the next version)."""
+    instances: dict[str, Location] = field(default_factory=dict)
+    """server id -> a ready instance of the app besides the serving replica."""
+    parity: dict[str, Location] = field(default_factory=dict)
+    """server id -> a ready parity model of the app's instances."""
+
+    def members(self) -> list[Location]:
+        """Every instance answering the app's queries: the serving replica, then the others."""
+        found = [] if self.serving is None else [self.serving]
+        found += [loc for server, loc in sorted(self.instances.items())
+                  if self.serving is None or server != self.serving.server_id]
+        return found
 
 
 @dataclass(frozen=True)
@@ -87,10 +104,19 @@ class RoutingTable:
         app.seq = seq
         failed = event.get("failed_server")
         if failed:
-            app.backups.pop(str(failed), None)  # a backup on a failed server is gone
-        if event.get("kind") == "backup_ready" and event.get("endpoint"):
-            backup = location_of_replica(event)
-            app.backups[backup.server_id] = backup
+            for replicas in (app.backups, app.instances, app.parity):
+                replicas.pop(str(failed), None)  # a replica on a failed server is gone
+        kind = event.get("kind")
+        extra = {"backup_ready": app.backups, "instance_ready": app.instances,
+                 "parity_ready": app.parity}.get(str(kind))
+        if extra is not None and event.get("endpoint"):
+            replica = location_of_replica(event)
+            extra[replica.server_id] = replica
+            return RouteChange(app_id, app.serving, app.serving)
+        gone = {"instance_removed": app.instances, "parity_removed": app.parity}.get(str(kind))
+        if gone is not None:
+            if gone.pop(str(event.get("server_id")), None) is None:
+                return None
             return RouteChange(app_id, app.serving, app.serving)
         moves, location = location_of_event(event)
         if not moves:
@@ -129,6 +155,11 @@ class RoutingTable:
                 app = self.apps[app_id] = AppRoute(app_id)
             app.seq = max(app.seq, self.last_seq)
             app.backups = _backups(app_id, view.get("backups") or (), servers, self.last_seq)
+            replicas = view.get("replicas") or ()
+            app.instances = _backups(app_id, [r for r in replicas if r.get("role") == "instance"],
+                                     servers, self.last_seq)
+            app.parity = _backups(app_id, [r for r in replicas if r.get("role") == "parity"],
+                                  servers, self.last_seq)
             serving = location_of_serving(view.get("serving"), self.last_seq)
             change = self._serve(app, serving, str(view.get("reason") or ""))
             if change is not None:
@@ -145,6 +176,8 @@ class RoutingTable:
         return {"version": DOC_VERSION, "last_seq": self.last_seq, "apps": {
             a.app_id: {"serving": asdict(a.serving) if a.serving else None,
                        "backups": [asdict(b) for b in a.backups.values()],
+                       "instances": [asdict(b) for b in a.instances.values()],
+                       "parity": [asdict(b) for b in a.parity.values()],
                        "seq": a.seq, "reason": a.reason}
             for a in self.apps.values()}}
 
@@ -162,7 +195,10 @@ class RoutingTable:
                 table.apps[app_id] = AppRoute(
                     app_id, Location(**serving) if serving else None,
                     {b["server_id"]: Location(**b) for b in data.get("backups", ())},
-                    int(data.get("seq", 0)), str(data.get("reason", "")))
+                    int(data.get("seq", 0)), str(data.get("reason", "")),
+                    instances={b["server_id"]: Location(**b)
+                               for b in data.get("instances", ())},
+                    parity={b["server_id"]: Location(**b) for b in data.get("parity", ())})
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed routing table: {exc}") from exc
         return table
@@ -177,7 +213,7 @@ def _same_place(a: Location | None, b: Location | None) -> bool:
 
 def _backups(app_id: str, replicas: Iterable[Mapping[str, Any]],
              servers: Mapping[str, Mapping[str, Any]], seq: int) -> dict[str, Location]:
-    """The ready warm backups of an app view, with their servers' endpoints."""
+    """The ready replicas among ``replicas`` (of an app view), with their servers' endpoints."""
     found: dict[str, Location] = {}
     for replica in replicas:
         server = servers.get(str(replica.get("server_id")))

@@ -25,6 +25,7 @@ from gateway.http_api import HttpFrontEnd, http_sender
 from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.persist import TABLE_FILE, load_table, save_doc
+from gateway.protection import ProtectedPolicy, Protection
 from gateway.queue import FifoPolicy, Queues
 from gateway.routes import RouteChange
 from gateway.upstream import HttpUpstream
@@ -50,8 +51,9 @@ class Gateway:
         self.board = RouteBoard(table)
         self.upstream = HttpUpstream(config.connect_timeout_s)
         self.grpc_upstream = GrpcUpstream()
+        self.senders = self._senders()
         self.dispatcher = Dispatcher(
-            self.board, self._senders(), retry_min_s=config.retry_min_s,
+            self.board, self.senders, retry_min_s=config.retry_min_s,
             retry_max_s=config.retry_max_s,
             hedge_s={app: ms / 1000.0 for app, ms in config.hedge_ms.items()},
             events=self.metrics)
@@ -73,8 +75,16 @@ class Gateway:
     def _senders(self) -> dict[str, Send]:
         return {"http": http_sender(self.upstream), "grpc": grpc_sender(self.grpc_upstream)}
 
-    def _policy(self, app_id: str) -> FifoPolicy:
-        return FifoPolicy(self.config.max_in_flight, self.config.max_waiting)
+    def _policy(self, app_id: str) -> ProtectedPolicy:
+        config = self.config
+        protection = Protection(mode=config.protect.get(app_id, "auto"),
+                                straggler_ms=config.straggler_ms.get(app_id),
+                                group_timeout_ms=config.group_timeout_ms,
+                                default_class=config.default_class.get(app_id, 0))
+        return ProtectedPolicy(app_id, self.board, self.senders, protection,
+                               FifoPolicy(config.max_in_flight, config.max_waiting),
+                               retry_min_s=config.retry_min_s, retry_max_s=config.retry_max_s,
+                               events=self.metrics, stopping=lambda: self.dispatcher.stopping)
 
     def _on_change(self, change: RouteChange) -> None:
         if change.deleted:

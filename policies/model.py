@@ -45,6 +45,10 @@ class Role(StrEnum):
     COLD = "cold"
     INTERIM = "interim"
     UPGRADE = "upgrade"
+    INSTANCE = "instance"
+    """One more instance of the app's variant, serving beside the primary (load balanced)."""
+    PARITY = "parity"
+    """A parity model of the app's instances (ParM; ``policies.protection``)."""
 
 
 def _require_id(value: str, what: str) -> None:

@@ -17,11 +17,19 @@ from policies.model import ClusterSnapshot, Family, Placement, Role
 from policies.primary import place_primaries
 from understudy.wire.protocol import ModelState
 
+BESIDE_ROLES = frozenset({Role.INSTANCE, Role.PARITY})
+"""Replicas that serve beside the app's serving one and never become it."""
+
 
 def needs_placement(record: AppRecord) -> bool:
-    """Nothing serves the app and nothing of it is loading or ready."""
+    """Nothing serves the app and nothing that could serve it is loading or ready.
+
+    Its extra instances and parity models (``controller.protection``) cannot be promoted: an
+    app left with only those still needs its primary placed.
+    """
     return record.serving is None and not any(
-        r.state in (ModelState.LOADING, ModelState.READY) for r in record.replicas)
+        r.state in (ModelState.LOADING, ModelState.READY) and r.role not in BESIDE_ROLES
+        for r in record.replicas)
 
 
 def decide_place(record: AppRecord, snapshot: ClusterSnapshot,

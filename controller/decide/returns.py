@@ -154,8 +154,8 @@ def stranded_below_home(record: AppRecord, server_id: str, live: Collection[str]
     """
     if record.home is None or record.home[0] in live:
         return None
-    active = [r for r in record.replicas if r.role is not Role.WARM and r.state in _ACTIVE
-              and r.server_id in live]
+    active = [r for r in record.replicas if r.role not in (Role.WARM, Role.PARITY)
+              and r.state in _ACTIVE and r.server_id in live]
     serving = record.serving_replica()
     if serving is not None and serving.state is ModelState.READY and serving not in active:
         active.append(serving)

@@ -24,6 +24,10 @@ from policies.actions import Stage, UnloadVariant
 from policies.model import Role
 from understudy.wire.protocol import ModelState
 
+READY_EVENTS = {Role.WARM: "backup_ready", Role.INSTANCE: "instance_ready",
+                Role.PARITY: "parity_ready"}
+"""The event told when a replica that serves beside the app's serving one becomes ready."""
+
 
 def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: float,
                    recovery: Recovery | None,
@@ -56,8 +60,9 @@ def decide_advance(record: AppRecord, servers: Mapping[str, ServerRecord], now: 
     events = (event_for(record, kind, current, "", servers, recovery, now),) if kind else ()
     if loaded is not None and not kind:
         backup = record.replica(loaded[0], loaded[1])
-        if backup is not None and backup.role is Role.WARM:
-            events = (event_for(record, "backup_ready", backup, "", servers, recovery, now),)
+        ready_kind = None if backup is None else READY_EVENTS.get(backup.role)
+        if backup is not None and ready_kind is not None:
+            events = (event_for(record, ready_kind, backup, "", servers, recovery, now),)
     unloads = tuple(UnloadVariant(old.server_id, record.app_id, old.variant) for old in retired)
     return Decision(apps=(record,), events=events,
                     stages=(Stage("retire", unloads),) if unloads else (),

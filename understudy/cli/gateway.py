@@ -30,6 +30,21 @@ def parse_hedge(text: str) -> tuple[str, float]:
     return app_id.strip(), delay
 
 
+def parse_app_setting(kind: Callable[[str], object]) -> Callable[[str], tuple[str, object]]:
+    """A parser of ``APP=VALUE`` with ``VALUE`` read by ``kind``."""
+
+    def parse(text: str) -> tuple[str, object]:
+        app_id, sep, value = text.partition("=")
+        if not sep or not app_id.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is not APP=VALUE")
+        try:
+            return app_id.strip(), kind(value.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+
+    return parse
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``gateway`` options to its command parser."""
     parser.add_argument("--controller-url", default=None,
@@ -57,6 +72,22 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "deadline (default 30)")
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="per app: requests sent to Triton at once (default 64)")
+    parser.add_argument("--protect", type=parse_app_setting(str), action="append",
+                        default=None, metavar="APP=MODE",
+                        help="how APP's requests are protected: auto (default), parity, "
+                             "equal-resources, default-response, approximate-backup, none "
+                             "(repeatable)")
+    parser.add_argument("--straggler-ms", type=parse_app_setting(float), action="append",
+                        default=None, metavar="APP=MS",
+                        help="a prediction of APP not back MS ms after it was sent is "
+                             "unavailable (default 0 for parity and approximate backups: as "
+                             "soon as the stand-in is ready; 100 for the default response)")
+    parser.add_argument("--default-class", type=parse_app_setting(int), action="append",
+                        default=None, metavar="APP=CLASS",
+                        help="the class APP's default response answers (default 0)")
+    parser.add_argument("--group-timeout-ms", type=float, default=None,
+                        help="a coding group not filled this long is closed unprotected "
+                             "(default 50)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -79,7 +110,11 @@ def run(options: argparse.Namespace) -> int:
             "run_dir": options.run_dir,
             "hedge_ms": dict(options.hedge_ms) if options.hedge_ms else None,
             "default_deadline_s": options.deadline_s,
-            "max_in_flight": options.max_in_flight},
+            "max_in_flight": options.max_in_flight,
+            "protect": dict(options.protect) if options.protect else None,
+            "straggler_ms": dict(options.straggler_ms) if options.straggler_ms else None,
+            "default_class": dict(options.default_class) if options.default_class else None,
+            "group_timeout_ms": options.group_timeout_ms},
             ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid gateway settings: %s", exc)

@@ -2,7 +2,8 @@
 
 ``train`` trains, for each k asked, the parity model of one deployed variant of the digits
 family and exports it beside its metadata; a parity model whose inputs have not changed is
-not trained again (``--force`` trains it anyway).
+not trained again (``--force`` trains it anyway). With ``--store`` they are then written into
+that artifact store, where the controller places them from.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="where the digits family is (trained there first if missing; "
                             f"default {DEFAULT_DIGITS_DIR})")
     train.add_argument("--force", action="store_true", help="train again even if cached")
+    train.add_argument("--store", type=Path, default=None,
+                       help="then write them into this artifact store (as the family "
+                            "<family>-parity), where the controller places them from, e.g. "
+                            "runs/artifacts")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -53,7 +58,7 @@ def run(options: argparse.Namespace) -> int:
 
     try:
         return _train(options)
-    except ParityError as exc:
+    except (ParityError, ValueError, OSError) as exc:  # the store's errors are ValueErrors
         logger.error("%s", exc)
         return 2
 
@@ -68,6 +73,7 @@ def _train(options: argparse.Namespace) -> int:
         if options.steps <= 0:
             raise ParityTrainingError(f"--steps must be positive, got {options.steps}")
         settings = settings.model_copy(update={"steps": options.steps})
+    names = []
     for k in sorted(set(options.k)):
         metadata = train_parity_model(options.variant, k, options.encoder, family=options.family,
                                       digits_dir=options.digits_dir, out_dir=options.out,
@@ -77,4 +83,10 @@ def _train(options: argparse.Namespace) -> int:
             f"{metadata.name:32} k={k} {metadata.encoder.value:13} {record.steps_run:6d} steps  "
             f"validation A_d {record.validation_degraded_acc:.4f}  "
             f"{options.out / metadata.files[metadata.format]}\n")
+        names.append(metadata.name)
+    if options.store is not None:
+        from parity.store import import_parity_models
+
+        stored = import_parity_models(options.out, options.store, names)
+        sys.stdout.write(f"in the artifact store {options.store}: {', '.join(stored)}\n")
     return 0

@@ -27,6 +27,9 @@ class Location:
 
 NOWHERE_KINDS = frozenset({"unrecoverable", "deleted", "unplaced"})
 """Event kinds after which the app is served nowhere."""
+REPLICA_KINDS = frozenset({"backup_ready", "instance_ready", "parity_ready"})
+"""Event kinds naming a replica that became ready beside the serving one (a warm backup, one
+more instance of the app, a parity model): the app does not move."""
 
 
 def location_of_serving(serving: Mapping[str, Any] | None, seq: int = 0) -> Location | None:
@@ -42,15 +45,16 @@ def location_of_serving(serving: Mapping[str, Any] | None, seq: int = 0) -> Loca
 def location_of_event(event: Mapping[str, Any]) -> tuple[bool, Location | None]:
     """What a placement event says of where its app is served: ``(moves, location)``.
 
-    ``moves`` is False when the event leaves the serving location as it was (a warm backup
-    became ready, or an event without an endpoint); otherwise ``location`` is the new one, None
-    when the app is served nowhere (unrecoverable, unplaced, deleted).
+    ``moves`` is False when the event leaves the serving location as it was (a warm backup,
+    an instance or a parity model became ready, or an event without an endpoint); otherwise
+    ``location`` is the new one, None when the app is served nowhere (unrecoverable,
+    unplaced, deleted).
     """
     kind = event.get("kind")
     if kind in NOWHERE_KINDS:
         return True, None
     endpoint = event.get("endpoint")
-    if not endpoint or kind == "backup_ready":
+    if not endpoint or kind in REPLICA_KINDS:
         return False, None
     return True, location_of_replica(event)
 

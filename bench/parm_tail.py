@@ -1,0 +1,401 @@
+"""Tail latency with parity models (ParM §6) against Equal-Resources, on a live testbed.
+
+Usage: ``python bench/parm_tail.py [--rates 80,160,240] [--seconds 20] [--k 2]``
+(run it under ``flock /tmp/understudy-bench.lock``: it starts a testbed).
+
+Set-up, as an operator does it (``deploy/parity_bed.py``): the digits family is trained and
+imported, the parity model of ``digits_cnn`` for k is trained and written into the store, and a
+testbed (Redis, controller, ``2 (k + 1)`` agents each with its own Triton, on this machine)
+serves two apps of ``digits_cnn`` with the same number of servers:
+
+- ``parm``: ``"protection": "parity:k"``: k instances and one parity model, placed by the
+  controller on a server none of the instances uses;
+- ``er`` (Equal-Resources, §6.1's baseline): ``"instances": k + 1`` plain instances.
+
+One ``understudy gateway`` serves both: ``parm`` in its default mode (coding groups of k, a
+prediction reconstructed as soon as the parity output and the k - 1 others are in while it is
+not, §4.1's first rule), ``er`` balanced over its instances. Each query goes to the instance with
+the fewest in flight (§6.1's single queue).
+
+**Background load** (§6.1 induces network shuffles between random instances; on one machine
+they would load every server alike, so here the imbalance is other tenants' inference on the
+same model instances, as in §6.2.4): ``--shuffles`` background workers each, again and again,
+wait an exponential time (mean ``--gap-ms``), pick one of the system's k + 1 servers at random
+and send it a burst of batch-8 requests straight to its Triton (``--burst-concurrency`` at once,
+for a time drawn from ``--burst-ms``). Both systems get the same seeded schedule.
+
+**Load**: an open-loop Poisson client at each rate of ``--rates`` for ``--seconds`` (after 2 s
+of warm-up), digits of the held-out split, one query per request (batch size 1, as §6). Each
+query's latency is from its scheduled send time to its answer, so a client that falls behind
+counts against the system. The systems alternate at each rate (ParM first). The rates go up to
+where the gateway and the model instances of this machine saturate without redundancy, which
+``--saturation`` reports: p99.9 of a third app of k plain instances at each rate.
+
+**Failure case**: ParM at the middle rate, without background load; one instance's server is
+SIGKILLed; every query sent from the kill until the controller has placed the instance again
+(its instance_ready) is counted: answered (and how: by the model, reconstructed), or not.
+
+Last line: one JSON object. ``parm`` and ``equal_resources`` hold ``p50_ms`` and ``p999_ms``
+per rate and at the highest rate; ``p999_reduction_pct`` = 100 (1 - ParM p99.9 / ER p99.9) and
+``median_change_pct`` = 100 (ParM p50 / ER p50 - 1), both at the highest rate (``by_rate`` has
+each rate's); ``failure`` has ``unanswered_during_failure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from deploy.parity_bed import (  # noqa: E402
+    FAMILY,
+    GatewayProcess,
+    prepare_store,
+    register,
+    servers_of,
+    start_gateway,
+    wait_protected,
+)
+from deploy.samples import LabelledSamples  # noqa: E402
+from deploy.testbed import Testbed, wait_until  # noqa: E402
+from deploy.topology import make_topology  # noqa: E402
+from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
+
+VARIANT = "digits_cnn"
+WARMUP_S = 2.0
+BATCH = 8
+
+
+def infer_body(images: np.ndarray) -> bytes:
+    return json.dumps({"inputs": [{"name": "image", "shape": list(images.shape),
+                                   "datatype": "FP32",
+                                   "data": images.ravel().tolist()}]}).encode()
+
+
+def binary_body(images: np.ndarray) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """A request in the binary tensor extension (cheap to read: the background's)."""
+    header = json.dumps({"inputs": [{"name": "image", "shape": list(images.shape),
+                                     "datatype": "FP32",
+                                     "parameters": {"binary_data_size": images.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return header + images.tobytes(), (("Content-Type", "application/octet-stream"),
+                                       ("Inference-Header-Content-Length", str(len(header))))
+
+
+JSON_HEADERS = (("Content-Type", "application/json"),)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Outcome:
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        lat = np.asarray(self.latencies_ms)
+        return {"queries": int(lat.size) + self.errors, "errors": self.errors,
+                "p50_ms": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
+                "p99_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
+                "p999_ms": round(float(np.percentile(lat, 99.9)), 3) if lat.size else None,
+                "answers": dict(sorted(self.sources.items()))}
+
+
+async def one(client: HttpUpstream, hostport: str, path: str, body: bytes, due: float,
+              outcome: Outcome | None, record: bool) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        reply = await client.request(hostport, "POST", path, JSON_HEADERS, body)
+        ok = reply.status == 200
+        source = reply.headers.get("understudy-answer", "model")
+    except UpstreamError:
+        ok, source = False, "error"
+    if outcome is None or not record:
+        return
+    if ok:
+        outcome.latencies_ms.append((loop.time() - due) * 1000.0)
+        outcome.sources[source] = outcome.sources.get(source, 0) + 1
+    else:
+        outcome.errors += 1
+
+
+async def open_loop(gateway_port: int, app_id: str, rate: float, seconds: float,
+                    samples: LabelledSamples, rng: random.Random) -> Outcome:
+    """Poisson arrivals at ``rate`` for ``WARMUP_S + seconds``; the warm-up is not counted."""
+    client = HttpUpstream(connect_timeout_s=5.0)
+    loop = asyncio.get_running_loop()
+    outcome = Outcome()
+    bodies = [infer_body(samples.next()[0]) for _ in range(256)]
+    hostport, path = f"127.0.0.1:{gateway_port}", f"/v2/models/{app_id}/infer"
+    tasks: set[asyncio.Task[None]] = set()
+    start = loop.time()
+    due = start
+    n = 0
+    while due < start + WARMUP_S + seconds:
+        due += rng.expovariate(rate)
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = loop.create_task(one(client, hostport, path, bodies[n % len(bodies)], due,
+                                    outcome, due >= start + WARMUP_S))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        n += 1
+    if tasks:
+        await asyncio.wait(tasks, timeout=60)
+    await client.close()
+    return outcome
+
+
+@dataclass(frozen=True)
+class BackgroundSettings:
+    shuffles: int = 2
+    gap_ms: float = 300.0
+    burst_ms: tuple[float, float] = (100.0, 400.0)
+    concurrency: int = 8
+
+
+async def background(targets: list[tuple[str, str]], settings: BackgroundSettings,
+                     seed: int, stop: asyncio.Event) -> int:
+    """Bursts of batch-8 requests straight to a random server's model; the bursts sent."""
+    rng = random.Random(seed)
+    client = HttpUpstream(connect_timeout_s=5.0)
+    loop = asyncio.get_running_loop()
+    body, headers = binary_body(np.random.default_rng(seed).random((BATCH, 1, 8, 8),
+                                                                   dtype=np.float32))
+    bursts = 0
+
+    async def hammer(hostport: str, path: str, until: float) -> None:
+        while loop.time() < until and not stop.is_set():
+            try:
+                await client.request(hostport, "POST", path, headers, body)
+            except UpstreamError:
+                await asyncio.sleep(0.01)
+
+    async def worker() -> None:
+        nonlocal bursts
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), rng.expovariate(1000.0 / settings.gap_ms))
+                return
+            except TimeoutError:
+                pass
+            hostport, model = rng.choice(targets)
+            until = loop.time() + rng.uniform(*settings.burst_ms) / 1000.0
+            bursts += 1
+            await asyncio.gather(*(hammer(hostport, f"/v2/models/{model}/infer", until)
+                                   for _ in range(settings.concurrency)))
+
+    await asyncio.gather(*(worker() for _ in range(settings.shuffles)))
+    await client.close()
+    return bursts
+
+
+def targets_of(bed: Testbed, app_id: str) -> list[tuple[str, str]]:
+    """(host:port, Triton model) of every model the app has on a server (instances, parity)."""
+    view = bed.http.get(f"/v1/apps/{app_id}").json()
+    servers = {s["server_id"]: s for s in bed.http.get("/v1/servers").json()}
+    found = []
+    for replica in view["replicas"]:
+        if replica["state"] == "ready" and replica["role"] in ("primary", "instance", "parity"):
+            http = servers[replica["server_id"]]["http"].removeprefix("http://")
+            found.append((http, f"{app_id}__{replica['variant']}"))
+    return sorted(found)
+
+
+async def measure(gateway: GatewayProcess, app_id: str, rate: float, seconds: float,
+                  samples: LabelledSamples, bed: Testbed, settings: BackgroundSettings,
+                  seed: int) -> dict[str, Any]:
+    stop = asyncio.Event()
+    cpu_before = cpu_seconds(gateway.process.pid)
+    noise = asyncio.ensure_future(background(targets_of(bed, app_id), settings, seed, stop))
+    try:
+        outcome = await open_loop(gateway.port, app_id, rate, seconds, samples,
+                                  random.Random(seed))
+    finally:
+        stop.set()
+        bursts = await noise
+    cpu_ms = (cpu_seconds(gateway.process.pid) - cpu_before) * 1000.0
+    queries = max(1, len(outcome.latencies_ms) + outcome.errors)
+    return {**outcome.summary(), "background_bursts": bursts, "rate_rps": rate,
+            "gateway_cpu_ms_per_query": round(cpu_ms / queries / (1 + WARMUP_S / seconds), 3)}
+
+
+def failure_case(bed: Testbed, gateway_port: int, rate: float, samples: LabelledSamples,
+                 seed: int) -> dict[str, Any]:
+    """Kill one ParM instance's server under load; count what is answered until it is back."""
+    view = bed.http.get("/v1/apps/parm").json()
+    killed = servers_of(view)["instance"][0]
+    state: dict[str, Any] = {}
+
+    async def run() -> Outcome:
+        outcome = Outcome()
+        client = HttpUpstream(connect_timeout_s=5.0)
+        loop = asyncio.get_running_loop()
+        rng = random.Random(seed)
+        bodies = [infer_body(samples.next()[0]) for _ in range(256)]
+        tasks: set[asyncio.Task[None]] = set()
+        await asyncio.sleep(1.0)
+        state["killed_at"] = await asyncio.to_thread(bed.fail, [killed])
+        start = loop.time()
+        due, n = start, 0
+        back = asyncio.ensure_future(asyncio.to_thread(replaced, bed, killed))
+        while not back.done():
+            due += rng.expovariate(rate)
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = loop.create_task(one(client, f"127.0.0.1:{gateway_port}",
+                                        "/v2/models/parm/infer", bodies[n % len(bodies)], due,
+                                        outcome, True))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        state["failover_s"] = await back
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
+        await client.close()
+        return outcome
+
+    outcome = asyncio.run(run())
+    summary = outcome.summary()
+    return {"killed_server": killed, "queries_during_failure": summary["queries"],
+            "unanswered_during_failure": outcome.errors,
+            "reconstructed_during_failure": outcome.sources.get("reconstructed", 0),
+            "answers": summary["answers"], "p50_ms": summary["p50_ms"],
+            "p999_ms": summary["p999_ms"],
+            "failover_s": round(state["failover_s"], 3), "rate_rps": rate}
+
+
+def replaced(bed: Testbed, killed: str) -> float:
+    """Seconds until the killed server's instance is placed again and ready."""
+    started = time.monotonic()
+    wait_until("the killed instance forgotten", lambda: killed not in {
+        r["server_id"] for r in bed.http.get("/v1/apps/parm").json()["replicas"]}, 120, 0.02)
+    wait_protected(bed, "parm", timeout_s=120)
+    return time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", default="60,120,180",
+                        help="query rates (requests/s), comma-separated")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="measured seconds per rate and system")
+    parser.add_argument("--k", type=int, default=2, choices=(2, 3, 4))
+    parser.add_argument("--shuffles", type=int, default=2)
+    parser.add_argument("--gap-ms", type=float, default=300.0)
+    parser.add_argument("--burst-ms", default="100,400")
+    parser.add_argument("--burst-concurrency", type=int, default=8)
+    parser.add_argument("--saturation", action="store_true",
+                        help="also measure k plain instances (no redundancy) at each rate")
+    parser.add_argument("--straggler-ms", type=float, default=None,
+                        help="ParM's straggler time (the gateway's --straggler-ms; default "
+                             "its own: 0, reconstruct as soon as possible)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=None)
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
+                                                      "%(message)s")
+    rates = [float(r) for r in options.rates.split(",")]
+    lo, hi = (float(x) for x in options.burst_ms.split(","))
+    settings = BackgroundSettings(options.shuffles, options.gap_ms, (lo, hi),
+                                  options.burst_concurrency)
+    work = options.work or Path(tempfile.mkdtemp(prefix="parm-tail-"))
+    started = time.monotonic()
+    store = work / "artifacts"
+    prepare_store(store, VARIANT, [options.k])
+    setup_s = time.monotonic() - started
+    servers = 2 * (options.k + 1) + (options.k if options.saturation else 0)
+    topology = replace(make_topology(servers=servers, sites=2, apps=0), families=(FAMILY,))
+    bed = Testbed.up(work / "bed", topology, artifacts=store, clients=False, register=False,
+                     timeout_s=300)
+    gateway = None
+    try:
+        top = max(rates)
+        register(bed, "parm", VARIANT, protection=f"parity:{options.k}", rate_rps=top)
+        register(bed, "er", VARIANT, instances=options.k + 1, rate_rps=top)
+        if options.saturation:
+            register(bed, "plain", VARIANT, instances=options.k, rate_rps=top)
+        extra = ["--max-in-flight", "1024", "--deadline-s", "30"]
+        if options.straggler_ms is not None:
+            extra += ["--straggler-ms", f"parm={options.straggler_ms:g}"]
+        gateway = start_gateway(work / "gateway", bed.state.controller_url, *extra)
+        samples = LabelledSamples.from_store(store, FAMILY, seed=options.seed)
+        assert samples is not None  # noqa: S101 - the import copied the evaluation set
+        systems = [("parm", "parm"), ("equal_resources", "er")]
+        if options.saturation:
+            systems.append(("no_redundancy", "plain"))
+        by_rate: dict[str, dict[str, Any]] = {}
+        for index, rate in enumerate(rates):
+            row = by_rate[f"{rate:g}"] = {}
+            for name, app_id in systems:
+                row[name] = asyncio.run(measure(gateway, app_id, rate, options.seconds,
+                                                samples, bed, settings,
+                                                options.seed * 1000 + index))
+                print(json.dumps({"rate_rps": rate, "system": name, **row[name]}), flush=True)
+            row["p999_reduction_pct"] = _reduction(row)
+            row["median_change_pct"] = _median_change(row)
+        failure = failure_case(bed, gateway.port, rates[len(rates) // 2], samples,
+                               options.seed)
+        metrics = gateway.metrics()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        bed.down()
+    top_row = by_rate[f"{max(rates):g}"]
+    result = {
+        "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
+        "straggler_ms": options.straggler_ms or 0.0,
+        "background": {"shuffles": settings.shuffles, "gap_ms": settings.gap_ms,
+                       "burst_ms": list(settings.burst_ms),
+                       "concurrency": settings.concurrency, "batch": BATCH},
+        "parm": {"p50_ms": top_row["parm"]["p50_ms"], "p999_ms": top_row["parm"]["p999_ms"]},
+        "equal_resources": {"p50_ms": top_row["equal_resources"]["p50_ms"],
+                            "p999_ms": top_row["equal_resources"]["p999_ms"]},
+        "p999_reduction_pct": top_row["p999_reduction_pct"],
+        "median_change_pct": top_row["median_change_pct"],
+        "by_rate": by_rate,
+        "failure": failure,
+        "unanswered_during_failure": failure["unanswered_during_failure"],
+        "reconstructions_total": _metric_sum(metrics, "understudy_gateway_reconstructions_total"),
+        "setup_s": round(setup_s, 1), "total_s": round(time.monotonic() - started, 1)}
+    print(json.dumps(result))
+    return 0
+
+
+def _reduction(row: dict[str, Any]) -> float:
+    return round(100.0 * (1.0 - row["parm"]["p999_ms"] / row["equal_resources"]["p999_ms"]), 1)
+
+
+def _median_change(row: dict[str, Any]) -> float:
+    return round(100.0 * (row["parm"]["p50_ms"] / row["equal_resources"]["p50_ms"] - 1.0), 1)
+
+
+def _metric_sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

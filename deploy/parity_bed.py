@@ -1,0 +1,158 @@
+"""A live testbed for parity models (ParM), for benches and tests.
+
+What it sets up: a store with the digits family and its parity models, apps protected by them
+(or by their baselines), and the gateway in front.
+
+Shared by ``bench/parm_tail.py`` and the integration tests, so both deploy ParM the way an
+operator does: ``understudy models train-digits`` and ``models import`` (here with few
+measurements), ``understudy parity train --store``, an app registered with ``"protection":
+"parity:k"``, and ``understudy gateway``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from deploy.testbed import Testbed, wait_until
+from understudy.wire.ports import free_port
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+FAMILY = "digits"
+
+
+def prepare_store(store: Path, variant: str, ks: Sequence[int], *,
+                  digits_dir: Path = REPO / "runs" / "digits",
+                  parity_dir: Path = REPO / "runs" / "parity",
+                  work_dir: Path | None = None) -> list[str]:
+    """The digits family (trained and imported, cached) and its parity models in ``store``.
+
+    Returns the parity models' names.
+    """
+    from agent.model_import import import_family
+    from agent.profiler import ProfileSettings
+    from model_repo.digits import MANIFEST_NAME, train_digits
+    from parity.artifacts import train_parity_model
+    from parity.store import import_parity_models
+
+    train_digits(digits_dir)
+    import_family(digits_dir / MANIFEST_NAME, store, work_dir or store.parent / "import",
+                  ProfileSettings(repeats=1, latency_requests=10, batch_sizes=(1,)),
+                  device="cpu")
+    names = [train_parity_model(variant, k, digits_dir=digits_dir, out_dir=parity_dir).name
+             for k in ks]
+    import_parity_models(parity_dir, store, names)
+    return names
+
+
+def register(bed: Testbed, app_id: str, variant: str, *, protection: str = "replicas",
+             instances: int | None = None, rate_rps: float = 50.0, critical: bool = False,
+             timeout_s: float = 120.0) -> dict[str, Any]:
+    """Register a digits app and wait until all its instances and parity models are ready."""
+    spec: dict[str, Any] = {"app_id": app_id, "family": FAMILY, "variant": variant,
+                            "protection": protection, "max_rate_rps": rate_rps,
+                            "critical": critical}
+    if instances is not None:
+        spec["instances"] = instances
+    reply = bed.http.post("/v1/apps", json=spec, params={"wait": "true"})
+    reply.raise_for_status()
+    return wait_protected(bed, app_id, timeout_s)
+
+
+def wait_protected(bed: Testbed, app_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Wait until the app serves with every instance and parity model it asks for; its view."""
+    view: dict[str, Any] = {}
+
+    def ready() -> bool:
+        nonlocal view
+        view = bed.http.get(f"/v1/apps/{app_id}").json()
+        spec = view["spec"]
+        k = int(spec["protection"].split("parity:")[1][0]) if "parity:" in spec[
+            "protection"] else None
+        count = spec.get("instances") or k or 1
+        ready_roles = [r["role"] for r in view["replicas"] if r["state"] == "ready"]
+        return (view["serving"] is not None
+                and ready_roles.count("instance") == count - 1
+                and ready_roles.count("parity") == (count // k if k else 0))
+
+    wait_until(f"{app_id}'s instances and parity models", ready, timeout_s, 0.1)
+    return view
+
+
+def servers_of(view: dict[str, Any]) -> dict[str, list[str]]:
+    """The servers of an app's view by role: ``serving``, ``instance``, ``parity``."""
+    found: dict[str, list[str]] = {"serving": [view["serving"]["server_id"]]}
+    for replica in view["replicas"]:
+        if replica["state"] == "ready" and replica["role"] in ("instance", "parity"):
+            found.setdefault(replica["role"], []).append(replica["server_id"])
+    return found
+
+
+@dataclass
+class GatewayProcess:
+    """An ``understudy gateway`` process."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    run_dir: Path
+
+    @property
+    def url(self) -> str:
+        """Its HTTP endpoint."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        """Its /metrics text."""
+        return httpx.get(f"{self.url}/metrics", timeout=5).text
+
+    def total(self, name: str, label: str = "") -> float:
+        """The sum of a metric's samples whose labels contain ``label``."""
+        return sum(float(line.rsplit(" ", 1)[1]) for line in self.metrics().splitlines()
+                   if line.startswith(name) and label in line)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def start_gateway(run_dir: Path, controller_url: str, *extra: str,
+                  nice: int = 0) -> GatewayProcess:
+    """Start ``understudy gateway`` on a free port and wait until it routes."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = (run_dir / "gateway.log").open("ab")
+    command = [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
+               "--controller-url", controller_url, "--port", str(port), "--run-dir",
+               str(run_dir), *extra]
+    if nice:
+        command = ["nice", "-n", str(nice), *command]
+    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    gateway = GatewayProcess(process, port, run_dir)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited: {(run_dir / 'gateway.log').read_text()}")
+        try:
+            return httpx.get(f"{gateway.url}/v2/health/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until("the gateway to be ready", ready, 60, 0.05)
+    return gateway

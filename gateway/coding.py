@@ -1,0 +1,245 @@
+"""Coding groups in the gateway (ParM §4.1): k dispatched queries, one parity query, one decode.
+
+Queries of an app protected by parity models are sent to its instances at once, as without
+coding, and each then joins its app's open *coding group*, as it came (its tensors are read
+only when the group is encoded, off the queries' way). When the group holds k queries it is
+encoded (``parity.coding``) into a parity query, sent to one of the app's parity models; nothing
+waits for it. A group whose queries cannot be coded together (a tensor the gateway does not
+read, different shapes) is closed unprotected. A group that does
+not fill within the group timeout is closed unprotected, so no query ever waits for others to
+arrive. When a member's prediction is unavailable, :meth:`Group.reconstruct` rebuilds it from
+the parity model's output and the k - 1 others with the subtraction decoder, as soon as they
+are all in.
+
+This module keeps the groups and does the algebra around the wire formats; when a prediction
+counts as unavailable, and what is sent where, is ``gateway.protection``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from gateway.exchange import InferRequest
+from gateway.tensors import (
+    NotCodable,
+    Query,
+    grpc_answer,
+    http_answer,
+    read_reply,
+    read_request,
+)
+from gateway.upstream import UpstreamReply
+from parity.coding import CodingGroup, EncoderKind, decode, encode_group
+from parity.errors import CodingError
+
+logger = logging.getLogger(__name__)
+
+ParitySend = Callable[["Group", dict[str, np.ndarray], Query], Awaitable[dict[str, np.ndarray]]]
+"""Sends a group's parity query (inputs by name, the first member's query as a template);
+returns the parity model's outputs, or raises when there are none."""
+
+
+class CodingEvents(Protocol):
+    """What coding reports (the metrics)."""
+
+    def group_closed(self, app_id: str, outcome: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Member:
+    """One query of a group and, once it came, its own reply."""
+
+    query_id: str
+    request: InferRequest
+    query: Query | None = None
+    """Its tensors, read when the group is encoded."""
+    reply: UpstreamReply | None = None
+    reconstructed: bool = False
+
+    @property
+    def protocol(self) -> str:
+        """The protocol the query came in (its answer goes back in it)."""
+        return self.request.protocol
+
+
+@dataclass(eq=False)
+class Group:
+    """One coding group of an app, from its first query to its decode (or abandonment)."""
+
+    group_id: str
+    k: int
+    encoder: EncoderKind
+    signature: tuple[Any, ...]
+    members: list[Member] = field(default_factory=list)
+    parity_output: dict[str, np.ndarray] | None = None
+    parity_server: str = ""
+    closed: str = ""
+    """Why no reconstruction will come: '' while one may (or did), else the reason."""
+    _news: asyncio.Future[None] | None = None
+
+    @property
+    def full(self) -> bool:
+        """Whether the group holds its k queries."""
+        return len(self.members) >= self.k
+
+    def news(self) -> asyncio.Future[None]:
+        """Resolved at the group's next change (a reply, the parity output, its end)."""
+        if self._news is None or self._news.done():
+            self._news = asyncio.get_running_loop().create_future()
+        return self._news
+
+    def notify(self) -> None:
+        """Wake whoever waits on :meth:`news`."""
+        if self._news is not None and not self._news.done():
+            self._news.set_result(None)
+
+    def answered(self, query_id: str, reply: UpstreamReply) -> None:
+        """A member's own (successful) reply came."""
+        for member in self.members:
+            if member.query_id == query_id:
+                member.reply = reply
+        self.notify()
+
+    def close(self, reason: str) -> None:
+        """No reconstruction will come for this group (first reason kept)."""
+        if not self.closed:
+            self.closed = reason
+        self.notify()
+
+    def hopeless(self, query_id: str) -> bool:
+        """Whether a reconstruction of ``query_id`` can no longer come."""
+        if self.closed:
+            return True
+        others = [m for m in self.members if m.query_id != query_id]
+        return any(m.reconstructed for m in others)
+
+    def decodable(self, query_id: str) -> bool:
+        """Whether ``query_id`` can be rebuilt now: the parity output and the k - 1 others."""
+        return (not self.closed and self.full and self.parity_output is not None
+                and all(m.reply is not None for m in self.members if m.query_id != query_id))
+
+    def reconstruct(self, query_id: str, model_name: str) -> UpstreamReply:
+        """The rebuilt answer of ``query_id`` in its own protocol (CodingError, NotCodable)."""
+        assert self.parity_output is not None  # noqa: S101 - checked by decodable()
+        member = next(m for m in self.members if m.query_id == query_id)
+        assert member.query is not None  # noqa: S101 - read when the group was encoded
+        coding = CodingGroup(self.group_id, tuple(m.query_id for m in self.members))
+        available: dict[str, dict[str, np.ndarray]] = {}
+        for other in self.members:
+            if other.query_id != query_id and other.reply is not None:
+                available[other.query_id] = read_reply(other.protocol, other.reply.body,
+                                                       other.reply.headers)
+        wanted = member.query.outputs or tuple(self.parity_output)
+        outputs: dict[str, np.ndarray] = {}
+        for name in wanted:
+            if name not in self.parity_output or any(name not in o for o in available.values()):
+                raise NotCodable(f"output {name!r} missing from a reply of the group")
+            rebuilt = decode(coding, self.parity_output[name],
+                             {q: o[name] for q, o in available.items()})
+            outputs[name] = rebuilt.output.astype(self.parity_output[name].dtype, copy=False)
+        member.reconstructed = True
+        self.notify()
+        if member.protocol == "grpc":
+            return UpstreamReply(200, {}, grpc_answer(member.query, outputs, model_name,
+                                                      "reconstructed", self.group_id))
+        body, header_length = http_answer(member.query, outputs, model_name, "reconstructed",
+                                          self.group_id)
+        headers = {"content-type": "application/json"}
+        if header_length is not None:
+            headers = {"content-type": "application/octet-stream",
+                       "inference-header-content-length": str(header_length)}
+        return UpstreamReply(200, headers, body)
+
+
+def encode_members(group: Group) -> tuple[dict[str, np.ndarray], Query]:
+    """The parity query's inputs of a full group (its members' tensors read here)."""
+    for member in group.members:
+        if member.query is None:
+            member.query = read_request(member.protocol, member.request.body,
+                                        member.request.headers)
+    queries = [m.query for m in group.members if m.query is not None]
+    signatures = {q.signature() for q in queries}
+    if len(signatures) != 1:
+        raise NotCodable(f"the queries' tensors differ: {sorted(signatures)}")
+    coding = CodingGroup(group.group_id, tuple(m.query_id for m in group.members))
+    first = queries[0]
+    parity = {name: encode_group(coding, {m.query_id: q.inputs[name]
+                                          for m, q in zip(group.members, queries, strict=True)},
+                                 group.encoder).astype(first.inputs[name].dtype, copy=False)
+              for name in first.inputs}
+    return parity, first
+
+
+class Coder:
+    """The coding groups of one app: joins queries, encodes full groups, closes stale ones."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, app_id: str, send_parity: ParitySend, group_timeout_s: float,
+                 events: CodingEvents | None = None) -> None:
+        self.app_id = app_id
+        self.send_parity = send_parity
+        self.group_timeout_s = group_timeout_s
+        self.events = events
+        self._open: dict[tuple[Any, ...], Group] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def join(self, query_id: str, request: InferRequest, k: int, encoder: EncoderKind) -> Group:
+        """Put a dispatched query into its open group; encode and send the group once full."""
+        key = (k, encoder)
+        group = self._open.get(key)
+        if group is None:
+            group = self._open[key] = Group(f"{self.app_id}-g{next(self._ids)}", k, encoder,
+                                            key)
+            asyncio.get_running_loop().call_later(self.group_timeout_s, self._expire, group)
+        group.members.append(Member(query_id, request))
+        if group.full:
+            del self._open[key]
+            task = asyncio.get_running_loop().create_task(self._encode_and_send(group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return group
+
+    def _expire(self, group: Group) -> None:
+        if group.full or group.closed:
+            return
+        if self._open.get(group.signature) is group:
+            del self._open[group.signature]
+        group.close(f"the group timed out with {len(group.members)} of {group.k} queries")
+        self._report("timeout")
+
+    async def _encode_and_send(self, group: Group) -> None:
+        try:
+            parity, template = encode_members(group)
+        except (CodingError, ValueError) as exc:  # NotCodable is a ValueError
+            logger.debug("%s: group %s not encodable: %s", self.app_id, group.group_id, exc)
+            group.close(f"not encodable: {exc}")
+            self._report("unencodable")
+            return
+        self._report("encoded")
+        try:
+            group.parity_output = await self.send_parity(group, parity, template)
+        except asyncio.CancelledError:
+            group.close("stopping")
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the group unprotected
+            logger.debug("%s: parity query of %s failed: %s", self.app_id, group.group_id, exc)
+            group.close(f"parity query failed: {exc}")
+            return
+        group.notify()
+
+    def _report(self, outcome: str) -> None:
+        if self.events is not None:
+            self.events.group_closed(self.app_id, outcome)
+
+    def close(self) -> None:
+        """Cancel the parity queries in flight (the gateway stops)."""
+        for task in self._tasks:
+            task.cancel()

@@ -1,0 +1,141 @@
+"""Parity models end to end on real processes: a testbed (Redis, controller, agents with Triton),
+the digits family and its parity model in the artifact store, an app registered with
+``"protection": "parity:2"``, and ``understudy gateway`` in front. The server of one of the app's
+instances is SIGKILLed: the queries it held come back reconstructed from the parity model's
+output, marked as such, and the controller places the lost instance again."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from deploy.parity_bed import (
+    FAMILY,
+    GatewayProcess,
+    prepare_store,
+    register,
+    servers_of,
+    start_gateway,
+    wait_protected,
+)
+from deploy.samples import LabelledSamples
+from deploy.testbed import Testbed, wait_until
+from deploy.topology import make_topology
+
+pytestmark = pytest.mark.timeout(600)
+VARIANT = "digits_cnn"
+APP = "parm"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("parity-store") / "artifacts"
+    names = prepare_store(path, VARIANT, [2])
+    assert names == [f"{VARIANT}_parity_k2"]
+    return path
+
+
+@pytest.fixture(scope="module")
+def bed(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    topology = replace(make_topology(servers=4, sites=2, apps=0), families=(FAMILY,))
+    testbed = Testbed.up(tmp_path_factory.mktemp("parity-bed"), topology, artifacts=store,
+                         clients=False, register=False, timeout_s=300)
+    try:
+        yield testbed
+    finally:
+        testbed.down()
+
+
+@pytest.fixture(scope="module")
+def gateway(bed: Testbed, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[GatewayProcess]:
+    # Reconstruct only what fails (a slow answer on this shared machine must not count), and
+    # keep groups open long enough for the pairs this test sends.
+    process = start_gateway(tmp_path_factory.mktemp("parity-gateway"),
+                            bed.state.controller_url, "--straggler-ms", f"{APP}=5000",
+                            "--group-timeout-ms", "3000")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def infer(gateway: GatewayProcess, image: np.ndarray) -> httpx.Response:
+    body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32",
+                        "data": image.ravel().tolist()}]}
+    return httpx.post(f"{gateway.url}/v2/models/{APP}/infer", json=body, timeout=30)
+
+
+def pair(gateway: GatewayProcess, samples: LabelledSamples
+         ) -> list[tuple[httpx.Response, int]]:
+    """Two queries at once (one coding group of k = 2), with their labels."""
+    inputs = [samples.next() for _ in range(2)]
+    replies: list[Any] = [None, None]
+
+    def send(index: int) -> None:
+        replies[index] = infer(gateway, inputs[index][0])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return [(reply, label) for reply, (_, label) in zip(replies, inputs, strict=True)]
+
+
+def logits(reply: httpx.Response) -> np.ndarray:
+    return np.asarray(reply.json()["outputs"][0]["data"], dtype=np.float32)
+
+
+def test_a_killed_instance_is_answered_by_reconstruction(bed: Testbed, store: Path,
+                                                         gateway: GatewayProcess) -> None:
+    view = register(bed, APP, VARIANT, protection="parity:2")
+    roles = servers_of(view)
+    instance_servers = {*roles["serving"], *roles["instance"]}
+    assert len(instance_servers) == 2 and roles["parity"][0] not in instance_servers
+    samples = LabelledSamples.from_store(store, FAMILY, seed=3)
+    assert samples is not None
+
+    def coded() -> bool:  # the gateway knows the instances and the parity model
+        for reply, _ in pair(gateway, samples):
+            assert reply.status_code == 200, reply.text
+        return gateway.total("understudy_gateway_parity_queries_total", 'outcome="answered"') > 0
+
+    wait_until("a coding group decoded by the parity model", coded, 60, 0.1)
+    assert gateway.total("understudy_gateway_reconstructions_total") == 0
+
+    killed = roles["instance"][0]
+    bed.fail([killed])
+    answers = [answer for _ in range(10) for answer in pair(gateway, samples)]
+    assert all(reply.status_code == 200 for reply, _ in answers), \
+        [reply.text for reply, _ in answers if reply.status_code != 200]
+    rebuilt = [(reply, label) for reply, label in answers
+               if reply.headers.get("understudy-answer") == "reconstructed"]
+    assert rebuilt, "no answer was reconstructed after the instance's server was killed"
+    for reply, _ in rebuilt:
+        assert reply.headers["understudy-reconstructed"] == "true"
+        assert reply.headers["understudy-coding-group"]
+        doc = reply.json()
+        assert doc["parameters"]["understudy_answer"] == "reconstructed"
+        assert doc["model_name"] == APP and doc["outputs"][0]["shape"] == [1, 10]
+    correct = sum(int(np.argmax(logits(reply))) == label for reply, label in rebuilt)
+    assert correct >= len(rebuilt) / 2, json.dumps([logits(r).tolist() for r, _ in rebuilt])
+    assert gateway.total("understudy_gateway_reconstructions_total",
+                         'cause="failed"') == len(rebuilt)
+
+    # Its own failover: the lost instance is placed again, the parity model stays apart.
+    wait_until("the killed server's instance forgotten", lambda: killed not in {
+        r["server_id"] for r in bed.http.get(f"/v1/apps/{APP}").json()["replicas"]}, 60, 0.1)
+    after = servers_of(wait_protected(bed, APP, timeout_s=120))
+    assert killed not in {*after["serving"], *after["instance"], *after["parity"]}
+    assert after["parity"][0] not in {*after["serving"], *after["instance"]}
+    for reply, _ in pair(gateway, samples):
+        assert reply.status_code == 200
