@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--max-in-flight", "1024", "--deadline-s", "30"]
         if options.straggler_ms is not None:
             extra += ["--straggler-ms", f"parm={options.straggler_ms:g}"]
-        gateway = start_gateway(work / "gateway", bed.state.controller_url, *extra)
+        gateway = start_gateway(work / "gateway", bed.state.controller_url, *extra,
+                                token_file=bed.token_file("gateway"))
         samples = LabelledSamples.from_store(store, FAMILY, seed=options.seed)
         assert samples is not None  # noqa: S101 - the import copied the evaluation set
         systems = [("parm", "parm"), ("equal_resources", "er")]

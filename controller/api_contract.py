@@ -46,6 +46,10 @@ ROUTE_ERRORS: dict[tuple[str, str], dict[int, str]] = {
 }
 """(method, path) -> the error statuses its core may answer, each an ``ErrorBody``."""
 
+MALFORMED_HTTP = "The request is not valid HTTP (e.g. a bad Content-Length header); the HTTP " \
+    "server answers this before any route sees the request, with a plain-text body"
+"""Every operation may get this 400: uvicorn's HTTP parser refuses malformed requests itself."""
+
 
 def document_route_errors(schema: dict[str, Any], content: dict[str, Any]) -> None:
     """Add :data:`ROUTE_ERRORS` to an OpenAPI ``schema`` (``content``: the ErrorBody's)."""
@@ -57,6 +61,12 @@ def document_route_errors(schema: dict[str, Any], content: dict[str, Any]) -> No
         for status, description in statuses.items():
             responses.setdefault(str(status), {"description": description,
                                                "content": content})
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["responses"].setdefault(
+                    "400", {"description": MALFORMED_HTTP,
+                            "content": {"text/plain": {"schema": {"type": "string"}}}})
 
 
 def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:

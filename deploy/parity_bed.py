@@ -132,14 +132,19 @@ class GatewayProcess:
 
 
 def start_gateway(run_dir: Path, controller_url: str, *extra: str,
-                  nice: int = 0) -> GatewayProcess:
-    """Start ``understudy gateway`` on a free port and wait until it routes."""
+                  nice: int = 0, token_file: Path | None = None) -> GatewayProcess:
+    """Start ``understudy gateway`` on a free port and wait until it routes.
+
+    ``token_file``: the gateway credential for the controller (a testbed's ``gateway`` one).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = (run_dir / "gateway.log").open("ab")
     command = [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
                "--controller-url", controller_url, "--port", str(port), "--run-dir",
                str(run_dir), *extra]
+    if token_file is not None:
+        command += ["--token-file", str(token_file)]
     if nice:
         command = ["nice", "-n", str(nice), *command]
     process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603

@@ -61,7 +61,8 @@ def gateway(bed: Testbed, tmp_path_factory: pytest.TempPathFactory
     # keep groups open long enough for the pairs this test sends.
     process = start_gateway(tmp_path_factory.mktemp("parity-gateway"),
                             bed.state.controller_url, "--straggler-ms", f"{APP}=5000",
-                            "--group-timeout-ms", "3000")
+                            "--group-timeout-ms", "3000",
+                            token_file=bed.token_file("gateway"))
     try:
         yield process
     finally:
