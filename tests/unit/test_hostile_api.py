@@ -170,7 +170,7 @@ def test_the_schema_documents_our_error_body_everywhere(api: tuple[CountingApp, 
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             for status, answer in operation["responses"].items():
-                if status.startswith("4"):
+                if status.startswith("4") and status != "400":  # 400: the HTTP server's own
                     error_refs.add(answer["content"]["application/json"]["schema"]["$ref"])
             if method in ("post", "patch", "delete"):
                 assert {"401", "413"} <= operation["responses"].keys(), (method, path)
