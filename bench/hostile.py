@@ -15,8 +15,10 @@ store), then replays, group by group:
 * ``names``: glob and traversal names in the artifact route, sent as raw paths (no other
   variant's file, no store path in an answer);
 * ``events``: bad query parameters and frames on the event stream;
-* ``impersonation``: two simulated agents; a second connection claiming the first's server,
-  a fake ``triton_down`` for it, a connection with no credential;
+* ``impersonation``: two simulated agents with their own credentials; the second one's
+  credential claiming the first one's server, then saying ``triton_down`` for it; the agent
+  socket with no, a wrong, a forged or another role's credential (refused: 1008, 401, 403; the
+  first server keeps its agent and its record);
 * ``registrations``: ``--registrations`` apps registered by concurrent POSTs, and duplicates
   (201 each, 409 for a duplicate, every app listed afterwards);
 * ``redis``: the redis-server SIGKILLed, then ``--outage-calls`` API calls timed from the kill
@@ -58,9 +60,7 @@ for path in (REPO, REPO / "bench"):
 
 import httpx  # noqa: E402
 from hostile_harness import (  # noqa: E402
-    AUTH,
     PREFIX,
-    TOKEN,
     Bench,
     declared,
     exchange,
@@ -166,7 +166,7 @@ def bodies(bench: Bench) -> None:
     bench.refused_frames(['{"v": 1, "type": "hello", "boot_id": "' + "b" * MAX_FRAME_BYTES
                           + '"}'], {1009}, "agent frame over 4 MiB")
     code, reason = exchange(f"{bench.ws}/v1/events/ws?since=1000000",
-                             ["x" * (MAX_FRAME_BYTES + 1)], {})
+                             ["x" * (MAX_FRAME_BYTES + 1)], bench.admin)
     bench.tally.check(code == 1009, f"event stream frame over 4 MiB: {code} {reason}")
 
 
@@ -205,19 +205,23 @@ def events(bench: Bench) -> None:
     for query in ("since=-1", "since=NaN", "since=1e309", "since=" + "9" * 40,
                   "app_id=" + "x" * 200, "app_id=%00", "since=abc", "limit=-1"):
         before = bench.dump()
-        code, reason = exchange(f"{bench.ws}/v1/events/ws?{query}", ["hello?"], {})
+        code, reason = exchange(f"{bench.ws}/v1/events/ws?{query}", ["hello?"], bench.admin)
         refused = code is None and reason == "403"
         closed = code == 1008 and reason == "the event stream takes no frames"
         bench.tally.check(refused or closed, f"event stream ?{query[:40]}: {code} {reason}")
         bench.unchanged(before, f"event stream ?{query[:40]}")
+    for headers in ({}, {"Authorization": "Bearer wrong"}):  # every role may follow it
+        code, reason = exchange(f"{bench.ws}/v1/events/ws?since=0", [], headers)
+        bench.tally.check(code is None and reason == "401",
+                          f"event stream with {headers or 'no credential'}: {code} {reason}")
     for frame in ("", "{}", '{"v": 1, "type": "hello"}', b"\x00" * 10, "x" * 100_000):
-        code, reason = exchange(f"{bench.ws}/v1/events/ws?since=0", [frame], {})
+        code, reason = exchange(f"{bench.ws}/v1/events/ws?since=0", [frame], bench.admin)
         bench.tally.check(code == 1008, f"event stream frame {frame[:10]!r}: {code} {reason}")
 
 
-async def _register(url: str, count: int) -> list[int]:
+async def _register(url: str, headers: dict[str, str], count: int) -> list[int]:
     limits = httpx.Limits(max_connections=16)
-    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=120,
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120,
                                  limits=limits) as client:
         gate = asyncio.Semaphore(16)
 
@@ -233,11 +237,11 @@ async def _register(url: str, count: int) -> list[int]:
 
 def registrations(bench: Bench, count: int) -> float:
     started = time.monotonic()
-    statuses = asyncio.run(_register(bench.controller.url, count))
+    statuses = asyncio.run(_register(bench.controller.url, bench.admin, count))
     elapsed = time.monotonic() - started
     for i, status in enumerate(statuses):
         bench.tally.answer((status, b""), {201}, f"registration {i}")
-    duplicates = asyncio.run(_register(bench.controller.url, 50))
+    duplicates = asyncio.run(_register(bench.controller.url, bench.admin, 50))
     for i, status in enumerate(duplicates):
         bench.tally.answer((status, b""), {409}, f"duplicate registration {i}")
     stored = bench.redis.hlen(f"{PREFIX}apps")
@@ -381,14 +385,12 @@ def main() -> None:
 
 
 def impersonation(bench: Bench) -> None:
-    """Two simulated agents; an impostor claims the first one's server.
-
-    With one shared token (the controller's only credential today) nothing tells an agent from
-    an impostor: a second connection claiming a server is accepted and replaces the real one,
-    and its ``triton_down`` is believed. Each such acceptance is counted as a state corruption.
-    """
+    """Two simulated agents, each with its own credential; an impostor claims the first one's
+    server with the second one's credential, and others try the agent socket with no, a wrong,
+    a forged or another role's credential."""
     agents = SimAgentProcesses(bench.controller.url, 2, 1, sites=2, log_dir=bench.run_dir,
-                               capacity={"memory_mb": 16000.0, "compute": 100.0}, token=TOKEN)
+                               capacity={"memory_mb": 16000.0, "compute": 100.0},
+                               credentials_dir=bench.controller.credentials)
     try:
         agents.wait_ready()
         agents.command("connect")
@@ -406,32 +408,36 @@ def _impostor(bench: Bench, victim: str, other: str) -> None:
     url = bench.ws + AGENT_WS_PATH
     record = servers(bench)[victim]
     seq = last_declaration(bench)
-    impostor_headers = AUTH  # the credential of the other server's agent (one token for all)
     claim = hello(victim, capacity='{"memory_mb": 1.0}', site='"site-evil"')
-    code, reason = exchange(url, [claim, '{"v": 1, "type": "triton_down", "at": 1.0}',
-                                   "not json"], impostor_headers)
-    refused_hello = code == 1008 and "bad frame" not in reason
+    triton_down = '{"v": 1, "type": "triton_down", "at": 1.0}'
+    code, reason = exchange(url, [claim, triton_down, "not json"], bench.agent(other))
+    refused_hello = code == 1008 and not reason.startswith("bad frame")
     bench.tally.check(refused_hello, f"a connection with {other}'s credential spoke for "
                                      f"{victim} ({code} {reason!r})", corruption=True)
-    believed = wait("a declaration of the impostor's triton_down", lambda: declared(
-        bench, victim, "triton died", seq), timeout_s=3.0)
-    bench.tally.check(not believed, f"an impostor's triton_down declared {victim} failed",
-                      corruption=True)
+    believed = wait(f"a declaration of {victim}", lambda: declared(bench, victim, seq),
+                    timeout_s=3.0, expected=False)
+    bench.tally.check(not believed, f"the impostor's frames or its close declared {victim} "
+                                    f"failed", corruption=True)
     after = servers(bench).get(victim, {})
-    bench.tally.check((after.get("site_id"), after.get("capacity")) ==
-                      (record["site_id"], record["capacity"]),
-                      f"an impostor's hello rewrote {victim}'s record: {after}", corruption=True)
-    code, reason = exchange(url, ['{"v": 1, "type": "triton_down", "at": 1.0}'],
-                             impostor_headers)
+    bench.tally.check((after.get("site_id"), after.get("capacity"), after.get("state"),
+                       after.get("connected")) == (record["site_id"], record["capacity"],
+                                                   "up", True),
+                      f"the impostor changed {victim}'s record: {after}", corruption=True)
+    code, reason = exchange(url, [triton_down], bench.agent(other))
     bench.tally.check(code == 1008, f"a triton_down before any hello: {code} {reason!r}")
-    for headers, what in (({}, "no credential"),
-                          ({"Authorization": "Bearer wrong"}, "a wrong credential")):
+    forged = "agent.0." + victim + "." + "0" * 64
+    for headers, status, what in (
+            ({}, "401", "no credential"), ({"Authorization": "Bearer wrong"}, "401", "a wrong one"),
+            ({"Authorization": f"Bearer {forged}"}, "401", "a forged agent credential"),
+            (bench.admin, "403", "the admin credential"), (bench.named("read"), "403", "read"),
+            (bench.named("client"), "403", "client"), (bench.named("gateway"), "403", "gateway")):
         code, reason = exchange(url, [hello(victim)], headers)
-        bench.tally.check(code is None and reason == "401", f"{what}: {code} {reason!r}")
-    # Whatever the impostor did, the real agent must hold its server again.
-    bench.tally.check(wait(f"{victim} up and connected again", lambda: servers(bench).get(
-        victim, {}).get("state") == "up" and servers(bench)[victim].get("connected")),
-        f"{victim} did not come back after the impostor")
+        bench.tally.check(code is None and reason == status,
+                          f"agent socket with {what}: {code} {reason!r}",
+                          corruption=code is not None)
+    still = servers(bench).get(victim, {})
+    bench.tally.check(still.get("state") == "up" and still.get("connected") is True,
+                      f"{victim} lost its agent to an impostor: {still}", corruption=True)
 
 
 if __name__ == "__main__":

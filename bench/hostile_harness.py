@@ -21,13 +21,15 @@ import redis
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
 from deploy.sim_driver import ControllerProcess
 from understudy.wire.artifacts import Manifest
+from understudy.wire.credentials import bearer, read_token_file
 from understudy.wire.protocol import AGENT_WS_PATH
 
-TOKEN = "hostile-bench"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HOSTILE_AGENT = "h-1"
+"""The server whose agent credential the hostile hellos are sent with."""
 PREFIX = "us:"
 VOLATILE = frozenset({"events", "event_seq", "declarations", "declaration_seq", "rev", "plan"})
 """Keys the controller changes by itself (events, declarations, the warm plan, the revision)."""
@@ -79,9 +81,22 @@ class Bench:
         self.redis = redis.Redis.from_url(self.redis_server.url, decode_responses=True)
         self.tally = Tally()
         self.controller = self._start_controller()
+        assert self.controller.credentials is not None  # noqa: S101 - not --insecure
+        self.store = CredentialStore(self.controller.credentials)
+        self.admin = self.controller.auth
+        """The admin credential's header."""
+
+    def agent(self, server_id: str) -> dict[str, str]:
+        """The header of ``server_id``'s agent credential."""
+        return bearer(self.store.agent_token(server_id))
+
+    def named(self, name: str) -> dict[str, str]:
+        """The header of a named credential (``read``, ``client``, ``gateway``, ``admin``)."""
+        return bearer(read_token_file(self.store.token_path(name)))
 
     def _start_controller(self) -> ControllerProcess:
-        process = ControllerProcess(self.run_dir, token=TOKEN, log_level="WARNING", extra=[
+        # The credential store is made in run_dir on the first start and kept by a restart.
+        process = ControllerProcess(self.run_dir, log_level="WARNING", extra=[
             "--redis-url", self.redis_server.redacted_url, "--redis-password-file",
             str(self.redis_server.password_file), "--startup-grace-s", "5",
             "--artifacts", str(self.artifacts)])
@@ -127,8 +142,8 @@ class Bench:
         """An agent connection that sends ``frames`` is closed with one of ``codes``, and
         nothing in Redis changes."""
         before = self.dump()
-        code, reason = exchange(self.ws + AGENT_WS_PATH, frames, AUTH if headers is None
-                                 else headers)
+        code, reason = exchange(self.ws + AGENT_WS_PATH, frames,
+                                self.agent(HOSTILE_AGENT) if headers is None else headers)
         self.tally.check(code in codes and bool(reason), f"{what}: closed {code} {reason!r}")
         self.unchanged(before, what)
 
@@ -194,7 +209,7 @@ def raw(bench: Bench, method: str, path: str) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", bench.controller.port, timeout=30)
     try:
         connection.putrequest(method, path, skip_accept_encoding=True)
-        connection.putheader("Authorization", AUTH["Authorization"])
+        connection.putheader("Authorization", bench.admin["Authorization"])
         connection.putheader("Content-Length", "0")
         connection.endheaders()
         response = connection.getresponse()
@@ -222,9 +237,10 @@ def servers(bench: Bench) -> dict[str, dict[str, Any]]:
     return {s["server_id"]: s for s in bench.controller.http.get("/v1/servers").json()}
 
 
-def declared(bench: Bench, server_id: str, reason: str, after: int) -> bool:
+def declared(bench: Bench, server_id: str, after: int) -> bool:
+    """Whether the controller declared ``server_id`` failed since declaration ``after``."""
     found = bench.controller.http.get("/v1/declarations", params={"since": after}).json()
-    return any(d["server_id"] == server_id and d["reason"] == reason for d in found)
+    return any(d["server_id"] == server_id for d in found)
 
 
 def last_declaration(bench: Bench) -> int:
@@ -232,11 +248,16 @@ def last_declaration(bench: Bench) -> int:
     return max((d["seq"] for d in found), default=0)
 
 
-def wait(what: str, check: Any, timeout_s: float = 30.0) -> bool:
+def wait(what: str, check: Any, timeout_s: float = 30.0, *, expected: bool = True) -> bool:
+    """Whether ``check()`` came true within ``timeout_s`` (``expected``: say so if it did not;
+    otherwise say so if it did)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
+            if not expected:
+                print(f"  ({what} happened)", flush=True)
             return True
         time.sleep(0.05)
-    print(f"  (timed out waiting for {what})", flush=True)
+    if expected:
+        print(f"  (timed out waiting for {what})", flush=True)
     return False

@@ -3,7 +3,8 @@
 FastAPI documents a route's success answer and its 422, but not the errors the core raises
 behind it (``controller.errors``: 404 for an unknown app, 409 for a conflict, ...):
 :data:`ROUTE_ERRORS` names them per operation and :func:`document_route_errors` writes them into
-the OpenAPI schema, so that a client learns every status it may get. The schemathesis run of
+the OpenAPI schema, so that a client learns every status it may get, with the 400 the HTTP
+server itself answers to a request it cannot parse. The schemathesis run of
 ``tests/integration/test_fuzz_api.py`` fails on any status a route answers that is not there.
 
 And routing facts the middlewares and the 405 answer need: :func:`allowed_methods` (a path's
@@ -45,14 +46,23 @@ ROUTE_ERRORS: dict[tuple[str, str], dict[int, str]] = {
         409: "The graph is not live, or was not registered with observe=true"},
 }
 """(method, path) -> the error statuses its core may answer, each an ``ErrorBody``."""
-
-MALFORMED_HTTP = "The request is not valid HTTP (e.g. a bad Content-Length header); the HTTP " \
-    "server answers this before any route sees the request, with a plain-text body"
+MALFORMED_HTTP = {
+    "description": "The request is not valid HTTP (e.g. a bad Content-Length header); the HTTP "
+                   "server answers this before any route sees the request, with a plain-text "
+                   "body",
+    "content": {"text/plain": {"schema": {"type": "string"}}}}
 """Every operation may get this 400: uvicorn's HTTP parser refuses malformed requests itself."""
 
 
 def document_route_errors(schema: dict[str, Any], content: dict[str, Any]) -> None:
-    """Add :data:`ROUTE_ERRORS` to an OpenAPI ``schema`` (``content``: the ErrorBody's)."""
+    """Add :data:`ROUTE_ERRORS` and :data:`MALFORMED_HTTP` to an OpenAPI ``schema``.
+
+    ``content`` is the ErrorBody's.
+    """
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.setdefault("responses", {}).setdefault("400", MALFORMED_HTTP)
     for (method, path), statuses in ROUTE_ERRORS.items():
         operation = schema.get("paths", {}).get(path, {}).get(method.lower())
         if operation is None:  # a table out of step with the routes is a bug, not a default
@@ -61,12 +71,6 @@ def document_route_errors(schema: dict[str, Any], content: dict[str, Any]) -> No
         for status, description in statuses.items():
             responses.setdefault(str(status), {"description": description,
                                                "content": content})
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            if isinstance(operation, dict) and "responses" in operation:
-                operation["responses"].setdefault(
-                    "400", {"description": MALFORMED_HTTP,
-                            "content": {"text/plain": {"schema": {"type": "string"}}}})
 
 
 def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
