@@ -567,21 +567,31 @@ class Testbed:
         wait_until(f"{name} to exit", lambda: not _alive(info.pid), 30, 0.05)
 
     def down(self) -> None:
-        """Stop everything (clients first, Redis last) and keep the logs."""
+        """Stop everything (clients first, Redis last) and keep the logs.
+
+        Each tier (clients, gateway, agents, controller, Redis) is signalled at once and then
+        waited for together: an agent's stop (its Triton's unloads) takes seconds, and stopping
+        the agents one after another made a testbed's shutdown grow with its size.
+        """
         names = list(self.state.processes)
-        order = ([n for n in names if n.startswith("clients")]
-                 + ["gateway"] * ("gateway" in names)
-                 + [n for n in names if n.startswith("agent-")]
-                 + [n for n in ("controller", "redis") if n in names])
-        for name in order:
-            info = self.state.processes[name]
-            if not _alive(info.pid):
-                continue
+        tiers = ([n for n in names if n.startswith("clients")], ["gateway"],
+                 [n for n in names if n.startswith("agent-")], ["controller"], ["redis"])
+        for tier in tiers:
+            self._stop_together([self.state.processes[n] for n in tier if n in names])
+        self.http.close()
+
+    @staticmethod
+    def _stop_together(infos: list[ProcessInfo], grace_s: float = 15.0) -> None:
+        """SIGTERM the process groups at once, wait for all; SIGKILL those left after grace_s."""
+        running = [info for info in infos if _alive(info.pid)]
+        for info in running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(info.pid, signal.SIGTERM)
-            try:
-                wait_until(f"{name} to stop", lambda pid=info.pid: not _alive(pid), 15, 0.05)
-            except TestbedError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(info.pid, signal.SIGKILL)
-        self.http.close()
+        try:
+            wait_until("processes to stop",
+                       lambda: not any(_alive(info.pid) for info in running), grace_s, 0.05)
+        except TestbedError:
+            for info in running:
+                if _alive(info.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(info.pid, signal.SIGKILL)
