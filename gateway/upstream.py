@@ -15,6 +15,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.http_server import write_parts
+
 logger = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 1 << 30
@@ -91,10 +93,8 @@ class _Connection(asyncio.Protocol):
         if len(body) <= JOIN_MAX_BYTES:
             self.transport.write(head + body if body else head)
         else:
-            # Two writes instead of one joined: a copy of a large body costs more than a
-            # second system call.
-            self.transport.write(head)
-            self.transport.write(body)
+            # Not joined: a copy of a large body costs more than a vectored write.
+            write_parts(self.transport, head, body)
         try:
             return await self._waiter
         except BaseException:
