@@ -99,6 +99,26 @@ class _Head:
         return "close" not in connection
 
 
+HEAD_CACHE_ENTRIES = 256
+HEAD_CACHE_MAX_BYTES = 2048
+_heads: dict[bytes, _Head] = {}
+"""Heads already parsed, by their bytes: a client sends the same head again and again (the
+same path, headers and body length), and parsing it is the largest Python cost of a request."""
+
+
+def _read_head(raw: bytes) -> _Head:
+    """The parsed head (a copy of a cached one when the same bytes came before)."""
+    known = _heads.get(raw)
+    if known is None:
+        known = _parse_head(raw)
+        if len(raw) > HEAD_CACHE_MAX_BYTES:
+            return known
+        if len(_heads) >= HEAD_CACHE_ENTRIES:
+            _heads.clear()
+        _heads[raw] = known
+    return _Head(known.method, known.target, known.version, dict(known.headers))
+
+
 def _parse_head(raw: bytes) -> _Head:
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -195,7 +215,7 @@ class _Connection(asyncio.BufferedProtocol):
             return False
         if end > MAX_HEAD_BYTES:
             raise HttpError(431, "request head too large")
-        head = _parse_head(bytes(self._pending[:end]))
+        head = _read_head(bytes(self._pending[:end]))
         del self._pending[:end + 4]
         self._head = head
         return True
