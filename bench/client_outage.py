@@ -1,6 +1,6 @@
 """Client-observed outage on a live 6-server testbed, through the gateway and through the SDK.
 
-Usage: ``python bench/client_outage.py [--singles 12] [--site-failures 2] [--quick]``.
+Usage: ``python bench/client_outage.py [--singles 24] [--site-failures 4] [--quick]``.
 
 A 6-server, 3-site testbed (Redis, the controller, one agent with its own Triton per server,
 the testbed's inference gateway) with 12 generated apps, half critical, their weights at
@@ -468,8 +468,8 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--singles", type=int, default=12, help="single-server failures")
-    parser.add_argument("--site-failures", type=int, default=2, help="whole-site failures")
+    parser.add_argument("--singles", type=int, default=24, help="single-server failures")
+    parser.add_argument("--site-failures", type=int, default=4, help="whole-site failures")
     parser.add_argument("--apps", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=1000,
                         help="requests per path for the gateway's added latency")
