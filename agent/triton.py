@@ -5,7 +5,10 @@ model-control mode with ``--disable-auto-complete-config`` (a small model then l
 instead of ~1.3 s), bound to 127.0.0.1 (or the one address given) on the ports given. Beside it
 runs the per-server torch runtime (:mod:`model_repo.runtime`) that the generated models use, so
 that a model's load time is its own and not the cost of importing torch again.
-Model control is the agent's alone (:mod:`agent.triton_access`).
+Model control is the agent's alone (:mod:`agent.triton_access`), and goes over gRPC: Triton's
+HTTP server runs a load on the worker thread that the request's connection is bound to, and every
+other connection bound to that thread, inference included, waits until the model is loaded;
+its gRPC server runs loads and unloads on threads of their own.
 
 Only this module calls ``tritonclient`` on behalf of the agent and the profiler.
 """
@@ -31,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.processes import child_setup
 from agent.triton_access import (
-    MODEL_CONTROL_HEADER,
+    GRPC_MODEL_CONTROL_HEADER,
     MODEL_CONTROL_KEY_FILE,
     bind_address,
     is_every_interface,
@@ -43,6 +46,11 @@ from understudy.wire.secret_files import new_secret, write_secret_file
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+CONTROL_TIMEOUT_S = 300.0
+"""Longest wait for a model-control call (a large model's load)."""
+GRPC_NO_ANSWER = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
+                            "StatusCode.CANCELLED"})
+"""gRPC statuses that mean no answer from Triton (retryable), not a refused call."""
 
 
 class TritonError(RuntimeError):
@@ -418,12 +426,23 @@ class TritonServer:
             self._clients.client = client
         return client
 
+    def _grpc(self) -> Any:
+        """This thread's gRPC client: model control (see the module doc)."""
+        client = getattr(self._clients, "control", None)
+        if client is None:
+            import tritonclient.grpc as grpcclient
+
+            client = grpcclient.InferenceServerClient(self.config.grpc_url)
+            self._clients.control = client
+        return client
+
     def _close_client(self) -> None:
-        client = getattr(self._clients, "client", None)
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
-            self._clients.client = None
+        for name in ("client", "control"):
+            client = getattr(self._clients, name, None)
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+                setattr(self._clients, name, None)
 
     def is_ready(self) -> bool:
         """Triton's readiness endpoint (False when it does not answer)."""
@@ -439,20 +458,24 @@ class TritonServer:
         try:
             return function(*args, **kwargs)
         except InferenceServerException as exc:
+            if exc.status() in GRPC_NO_ANSWER:  # gRPC's transport errors: Triton is not there
+                self._close_client()
+                raise TritonUnavailableError(f"{what}: Triton did not answer "
+                                             f"({exc.message()})") from exc
             raise ModelLoadError(f"{what}: {exc.message()}") from exc
         except Exception as exc:  # noqa: BLE001 - transport errors are retryable
             self._close_client()
             raise TritonUnavailableError(f"{what}: Triton did not answer ({exc})") from exc
 
     def _control(self) -> dict[str, str]:
-        """Headers of a model-control call (this start's key)."""
-        return {MODEL_CONTROL_HEADER: self._control_key}
+        """Metadata of a model-control call over gRPC (this start's key)."""
+        return {GRPC_MODEL_CONTROL_HEADER: self._control_key}
 
     def load(self, model_name: str) -> float:
         """Load (or reload) a model; returns the wall time of the load call in seconds."""
         started = time.perf_counter()
-        self._call(f"load {model_name}", self._http().load_model, model_name,
-                   headers=self._control())
+        self._call(f"load {model_name}", self._grpc().load_model, model_name,
+                   headers=self._control(), client_timeout=CONTROL_TIMEOUT_S)
         return time.perf_counter() - started
 
     def unload(self, model_name: str, wait: bool = True, timeout_s: float = 60.0) -> float:
@@ -463,8 +486,8 @@ class TritonServer:
         its worker (and the worker's memory) is gone.
         """
         started = time.perf_counter()
-        self._call(f"unload {model_name}", self._http().unload_model, model_name,
-                   headers=self._control())
+        self._call(f"unload {model_name}", self._grpc().unload_model, model_name,
+                   headers=self._control(), client_timeout=CONTROL_TIMEOUT_S)
         deadline = time.monotonic() + timeout_s
         while wait and self._still_loaded(model_name):
             if time.monotonic() > deadline:
@@ -488,9 +511,10 @@ class TritonServer:
         """
         for attempt in range(3):
             try:
-                return list(self._call("repository index",
-                                       self._http().get_model_repository_index,
-                                       headers=self._control()))
+                index = self._call("repository index", self._grpc().get_model_repository_index,
+                                   headers=self._control(), as_json=True,
+                                   client_timeout=CONTROL_TIMEOUT_S)
+                return list(index.get("models", []))
             except ModelLoadError as exc:
                 if "failed to stat" not in str(exc) or attempt == 2:
                     raise

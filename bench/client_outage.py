@@ -1,6 +1,6 @@
 """Client-observed outage on a live 6-server testbed, through the gateway and through the SDK.
 
-Usage: ``python bench/client_outage.py [--singles 12] [--site-failures 2] [--quick]``.
+Usage: ``python bench/client_outage.py [--singles 24] [--site-failures 4] [--quick]``.
 
 A 6-server, 3-site testbed (Redis, the controller, one agent with its own Triton per server,
 the testbed's inference gateway) with 12 generated apps, half critical, their weights at
@@ -66,10 +66,13 @@ from deploy.outage import (  # noqa: E402
 )
 from deploy.report import analyse, load_requests, outcomes_json, serving_on  # noqa: E402
 from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
+from deploy.timeline import format_timeline, timeline  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
 from model_repo.artifacts import DEFAULT_SCALE  # noqa: E402
 
 RUN_DIR = REPO / "runs" / "bench-client-outage"
+SLOWEST_SHOWN = 4
+"""Warm outages of the 50 requests/s clients printed with their timelines (all are saved)."""
 SLOW_RPS, FAST_RPS = 5.0, 50.0
 BENCH_SCALE = 0.1
 """Weights at a tenth of their profiled size: every request reads all of its model's weights,
@@ -362,11 +365,18 @@ def judge(failures: list[dict[str, Any]], events: list[dict[str, Any]],
                 outage(of("progressive", rate, via)), 50)
             figures[f"warm_longest_gap_{tag}_p50_ms"] = _pct(
                 [o.longest_gap_ms for o in of("warm", rate, via)], 50)
-    figures.update(breakdown(failures, outcomes, outages, requests,
-                             gateway_moves(RUN_DIR / "logs" / "gateway.log")))
+    moves = gateway_moves(RUN_DIR / "logs" / "gateway.log")
+    figures.update(breakdown(failures, outcomes, outages, requests, moves))
+    warm = sorted((o for o in of("warm", None) if o.outage_ms is not None),
+                  key=lambda o: -(o.outage_ms or 0.0))
+    timelines = [timeline(o, failures[o.failure], events, requests, moves) for o in warm]
+    slow = [t for t in timelines if t["client"].endswith("@50")][:SLOWEST_SHOWN]
+    print(f"the {len(slow)} slowest warm outages of the 50 requests/s clients:")
+    for line in slow:
+        print(format_timeline(line))
     (RUN_DIR / "client_outages.json").write_text(json.dumps(
         {"outages": outages_json(outages), "outcomes": outcomes_json(outcomes),
-         "groups": groups}, indent=2))
+         "groups": groups, "warm_timelines": timelines}, indent=2))
     return figures
 
 
@@ -458,8 +468,8 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--singles", type=int, default=12, help="single-server failures")
-    parser.add_argument("--site-failures", type=int, default=2, help="whole-site failures")
+    parser.add_argument("--singles", type=int, default=24, help="single-server failures")
+    parser.add_argument("--site-failures", type=int, default=4, help="whole-site failures")
     parser.add_argument("--apps", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=1000,
                         help="requests per path for the gateway's added latency")

@@ -23,7 +23,15 @@ import time
 from typing import Any
 
 from deploy.declarations import AGENT, KILL, SITE, STOP, TRITON, Injection
-from deploy.testbed import Testbed, TestbedError, wait_until
+from deploy.testbed import (
+    ProcessInfo,
+    Testbed,
+    TestbedError,
+    signal_group,
+    signal_process,
+    start_ticks,
+    wait_until,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +47,10 @@ def kill(bed: Testbed, servers: list[str], site: str = "") -> float:
 
 def pause(bed: Testbed, server_id: str) -> float:
     """SIGSTOP one server's process group; returns (and records) the instant."""
-    pgid = _group(bed, server_id)
+    group = _agent(bed, server_id)
     before = bed.serving_before([server_id])
     at = time.time()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGSTOP)
+    signal_group(group, signal.SIGSTOP)
     bed.state.failures.append({"servers": [server_id], "at": at, "kind": STOP, "site": "",
                                "revived": {}, **before})
     bed.state.save()
@@ -57,9 +64,10 @@ def kill_triton(bed: Testbed, server_id: str) -> float:
     The record keeps the killed ``pid``. TestbedError when the agent runs no Triton now.
     """
     pid = triton_pid(bed, server_id)
-    if pid is None:
+    started = start_ticks(pid) if pid is not None else None
+    if pid is None or started is None:
         raise TestbedError(f"{server_id}'s agent runs no tritonserver now")
-    return _signal_one(bed, server_id, pid, TRITON)
+    return _signal_one(bed, server_id, pid, started, TRITON)
 
 
 def kill_agent(bed: Testbed, server_id: str) -> float:
@@ -67,7 +75,8 @@ def kill_agent(bed: Testbed, server_id: str) -> float:
 
     The record keeps the agent's ``pid`` (its process group: see :func:`group_members`).
     """
-    return _signal_one(bed, server_id, _group(bed, server_id), AGENT)
+    agent = _agent(bed, server_id)
+    return _signal_one(bed, server_id, agent.pid, agent.started, AGENT)
 
 
 def triton_pid(bed: Testbed, server_id: str) -> int | None:
@@ -102,11 +111,11 @@ def _processes(pgid: int | None = None) -> list[tuple[int, int, str]]:
     return found
 
 
-def _signal_one(bed: Testbed, server_id: str, pid: int, kind: str) -> float:
+def _signal_one(bed: Testbed, server_id: str, pid: int, started: int | None,
+                kind: str) -> float:
     before = bed.serving_before([server_id])
     at = time.time()
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    signal_process(pid, started, signal.SIGKILL, f"{server_id}'s {kind}")
     bed.state.failures.append({"servers": [server_id], "at": at, "kind": kind, "site": "",
                                "revived": {}, "pid": pid, **before})
     bed.state.save()
@@ -116,10 +125,9 @@ def _signal_one(bed: Testbed, server_id: str, pid: int, kind: str) -> float:
 
 def resume(bed: Testbed, server_id: str) -> float:
     """SIGCONT a stopped server's process group; returns (and records) the instant."""
-    pgid = _group(bed, server_id)
+    group = _agent(bed, server_id)
     at = time.time()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGCONT)
+    signal_group(group, signal.SIGCONT)
     record = _open_failure(bed, server_id)
     if record is not None:
         record["resumed_at"] = at
@@ -201,10 +209,14 @@ def _up(bed: Testbed, server_id: str) -> bool:
 
 
 def _group(bed: Testbed, server_id: str) -> int:
+    return _agent(bed, server_id).pid
+
+
+def _agent(bed: Testbed, server_id: str) -> ProcessInfo:
     info = bed.state.processes.get(f"agent-{server_id}")
     if info is None:
         raise TestbedError(f"unknown server {server_id!r}")
-    return info.pid
+    return info
 
 
 def _open_failure(bed: Testbed, server_id: str) -> dict[str, Any] | None:

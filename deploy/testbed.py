@@ -86,6 +86,10 @@ class ProcessInfo:
     pid: int
     log: str
     args: list[str]
+    started: int | None = None
+    """When the process started, in clock ticks since boot (``/proc/PID/stat``); a pid whose
+    process started at another time is a reused one, never signalled. None in a record from
+    before this field (the pid alone is trusted)."""
 
 
 @dataclass
@@ -152,7 +156,8 @@ def _clear_previous_run(run_dir: Path) -> None:
     """Remove a stopped testbed's state from ``run_dir``; refuse while one still runs there."""
     if (run_dir / STATE_FILE).exists():
         previous = TestbedState.load(run_dir)
-        running = [name for name, info in previous.processes.items() if _alive(info.pid)]
+        running = [name for name, info in previous.processes.items()
+                   if _alive(info.pid, info.started)]
         if running:
             raise TestbedError(f"a testbed still runs in {run_dir} ({', '.join(running)}); "
                                "run `understudy testbed down` first")
@@ -217,7 +222,7 @@ def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> Pr
             process_group=0, cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=(lambda: _set_niceness(nice)) if nice else None)
-    info = ProcessInfo(name, process.pid, str(log_path), args)
+    info = ProcessInfo(name, process.pid, str(log_path), args, start_ticks(process.pid))
     state.processes[name] = info
     state.save()
     return info
@@ -248,15 +253,69 @@ def _understudy(*args: str) -> list[str]:
     return [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", *args]
 
 
-def _alive(pid: int) -> bool:
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot; None when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3, the state
+    except (IndexError, ValueError):
+        return None
+
+
+def reused(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` now names another process than the one that started at ``started``."""
+    if started is None:
+        return False
+    now = start_ticks(pid)
+    return now is not None and now != started
+
+
+def _alive(pid: int, started: int | None = None) -> bool:
+    """Whether the process is running (not a zombie) and is the one started at ``started``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return False
+    if reused(pid, started):
         return False
     with contextlib.suppress(OSError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         if stat.split(") ", 1)[1].startswith("Z"):
             return False
+    return True
+
+
+def signal_group(info: ProcessInfo, sig: int) -> bool:
+    """Signal the process group ``info`` leads; False when it is gone or its pid was reused.
+
+    A group outlives its leader while members remain, and the kernel does not hand out a pid
+    that still names a group, so a leader that is gone (no ``/proc`` entry) still names our
+    group: only a live process of that pid that started at another time is someone else's.
+    """
+    if reused(info.pid, info.started):
+        logger.warning("%s: pid %d is another process now; not signalled", info.name, info.pid)
+        return False
+    try:
+        os.killpg(info.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def signal_process(pid: int, started: int | None, sig: int, what: str = "") -> bool:
+    """Signal one process; False when it is gone or ``pid`` names another process now."""
+    if started is not None and start_ticks(pid) != started:
+        logger.warning("%s: pid %d is gone or another process now; not signalled",
+                       what or "process", pid)
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
     return True
 
 
@@ -525,16 +584,15 @@ class Testbed:
             info = self.state.processes.get(f"agent-{server_id}")
             if info is None:
                 raise TestbedError(f"unknown server {server_id!r}")
-            groups.append(info.pid)
+            groups.append(info)
         record: dict[str, Any] = {"servers": server_ids}
         record.update(self.serving_before(server_ids))
         at = time.time()
         signalled: dict[str, float] = {}
         with _unpreempted():  # a site's servers die together, as in a power cut
-            for server_id, pgid in zip(server_ids, groups, strict=True):
+            for server_id, info in zip(server_ids, groups, strict=True):
                 signalled[server_id] = time.time()
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+                signal_group(info, signal.SIGKILL)
         record["at"] = at
         record["signalled"] = signalled
         self.state.failures.append(record)
@@ -562,9 +620,8 @@ class Testbed:
     def kill_process(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal one recorded process group (controller, redis, clients ...)."""
         info = self.state.processes[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(info.pid, sig)
-        wait_until(f"{name} to exit", lambda: not _alive(info.pid), 30, 0.05)
+        signal_group(info, sig)
+        wait_until(f"{name} to exit", lambda: not _alive(info.pid, info.started), 30, 0.05)
 
     def down(self) -> None:
         """Stop everything (clients first, Redis last) and keep the logs.
@@ -583,15 +640,13 @@ class Testbed:
     @staticmethod
     def _stop_together(infos: list[ProcessInfo], grace_s: float = 15.0) -> None:
         """SIGTERM the process groups at once, wait for all; SIGKILL those left after grace_s."""
-        running = [info for info in infos if _alive(info.pid)]
+        running = [info for info in infos if _alive(info.pid, info.started)]
         for info in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(info.pid, signal.SIGTERM)
+            signal_group(info, signal.SIGTERM)
         try:
             wait_until("processes to stop",
-                       lambda: not any(_alive(info.pid) for info in running), grace_s, 0.05)
+                       lambda: not any(_alive(i.pid, i.started) for i in running), grace_s, 0.05)
         except TestbedError:
             for info in running:
-                if _alive(info.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(info.pid, signal.SIGKILL)
+                if _alive(info.pid, info.started):
+                    signal_group(info, signal.SIGKILL)

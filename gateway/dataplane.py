@@ -8,6 +8,7 @@ answer. Replies keep Triton's bytes; only the model's name is changed back from 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -139,16 +140,22 @@ def rename_infer_reply(body: bytes, model_name: str, app_id: str,
     Only the JSON header is searched (the whole body without the binary extension; Triton
     writes ``model_name`` first), and the binary header length grows or shrinks with the name.
     """
-    needle = b'"model_name":"' + model_name.encode() + b'"'
+    needle, replacement = _names(model_name, app_id)
     limit = len(body) if header_length is None else min(header_length, len(body))
     at = body.find(needle, 0, min(limit, 4096))
     if at < 0:
         return Renamed(body, header_length)
-    replacement = b'"model_name":' + json.dumps(app_id).encode()
     renamed = b"".join((body[:at], replacement, body[at + len(needle):]))
     if header_length is not None:
         header_length += len(replacement) - len(needle)
     return Renamed(renamed, header_length)
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(model_name: str, app_id: str) -> tuple[bytes, bytes]:
+    """The model's name as Triton writes it in a reply, and the app's that replaces it."""
+    return (b'"model_name":"' + model_name.encode() + b'"',
+            b'"model_name":' + json.dumps(app_id).encode())
 
 
 def rename_metadata(body: bytes, app_id: str) -> bytes:

@@ -148,6 +148,62 @@ class Dispatcher:
         return await _Exchange(self, request).run()
 
 
+MOVED, STOPPING, DEADLINE = "moved", "stopping", "deadline"
+
+
+class _Interrupt:
+    """Cancels a request's task when its single attempt must end (see ``_Exchange._first``).
+
+    ``why`` says what happened: the app left the attempt's server (or was deleted), the
+    gateway stops, or the deadline passed.
+    """
+
+    __slots__ = ("task", "board", "app_id", "server_id", "why", "_changed", "_stopping",
+                 "_timer")
+
+    def __init__(self, task: asyncio.Task[Any], board: RouteBoard, request: InferRequest,
+                 server_id: str, stopping: asyncio.Future[None]) -> None:
+        self.task = task
+        self.board = board
+        self.app_id = request.app_id
+        self.server_id = server_id
+        self.why: str | None = None
+        self._changed = board.changed(request.app_id)
+        self._changed.add_done_callback(self._on_change)
+        self._stopping = stopping
+        stopping.add_done_callback(self._on_stop)
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
+            request.deadline, self._fire, DEADLINE)
+
+    def _on_change(self, _: asyncio.Future[RouteChange]) -> None:
+        if self.why is not None:
+            return
+        app = self.board.route(self.app_id)
+        if app is None or (app.serving is not None and app.serving.server_id != self.server_id):
+            self._fire(MOVED)
+            return
+        # Another change (a backup ready, the app served nowhere for now): keep waiting. The
+        # route is read, not the change, so a change that nobody was waiting for is not missed.
+        self._changed = self.board.changed(self.app_id)
+        self._changed.add_done_callback(self._on_change)
+
+    def _on_stop(self, _: asyncio.Future[None]) -> None:
+        self._fire(STOPPING)
+
+    def _fire(self, why: str) -> None:
+        if self.why is None:
+            self.why = why
+            self.task.cancel()
+
+    def disarm(self) -> None:
+        """The attempt ended: no more interruptions."""
+        self._changed.remove_done_callback(self._on_change)
+        self._stopping.remove_done_callback(self._on_stop)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class _Exchange:
     """The attempts of one request."""
 
@@ -173,6 +229,12 @@ class _Exchange:
         board = self.d.board
         if not board.loaded.is_set():
             await self._wait_loaded()
+        app = board.route(request.app_id)
+        if (self.hedge_s is None and app is not None and app.serving is not None
+                and self.loop.time() < request.deadline):
+            answer = await self._first(app.serving)
+            if answer is not None:
+                return answer
         try:
             while True:
                 app = board.route(request.app_id)
@@ -200,6 +262,50 @@ class _Exchange:
         finally:
             for task in self.tasks:
                 task.cancel()
+
+    async def _first(self, route: Location) -> Answer | None:
+        """The usual case: one attempt, awaited in the request's own task; None to go on.
+
+        No task per attempt and no wait on several futures: the attempt is interrupted (its
+        task cancelled, then uncancelled) only when the app leaves its server, the gateway
+        stops or the deadline passes. Anything but an answer leaves the rest to the loop of
+        :meth:`run`, as if the attempt had been one of its own.
+        """
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        self.attempts = 1
+        self.first_sent = self.loop.time()
+        interrupt = _Interrupt(task, self.d.board, self.request, route.server_id,
+                               self.d.stopping)
+        try:
+            reply = await self.send(route, self.request)
+        except asyncio.CancelledError:
+            if interrupt.why is None or task.uncancel() > 0:
+                raise  # the client went away, or someone else cancelled the request
+            return self._interrupted(interrupt.why, route)
+        except UpstreamError as exc:
+            self._failed(route, str(exc))
+            return None
+        finally:
+            interrupt.disarm()
+        reason = failure_of(reply)
+        if reason is not None:
+            self._failed(route, reason)
+            return None
+        return Answer(reply, route, self.attempts, self.resends, False, False)
+
+    def _interrupted(self, why: str, route: Location) -> None:
+        if why == STOPPING:
+            raise StoppingError("the gateway is stopping")
+        if why == DEADLINE:
+            raise DeadlineError(f"{self.request.app_id}: no answer from {route.server_id}/"
+                                f"{route.variant} before the deadline (1 attempts)")
+        if self.d.board.route(self.request.app_id) is None:
+            raise AppDeletedError(f"app {self.request.app_id!r} was deleted")
+        self.paced.clear()  # a replica named anew is worth a try at once
+        self.failures.clear()
+        self.cause = "moved"
 
     async def _wait_loaded(self) -> None:
         remaining = self.request.deadline - self.loop.time()

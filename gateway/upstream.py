@@ -15,6 +15,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.http_server import write_parts
+
 logger = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 1 << 30
@@ -91,10 +93,8 @@ class _Connection(asyncio.Protocol):
         if len(body) <= JOIN_MAX_BYTES:
             self.transport.write(head + body if body else head)
         else:
-            # Two writes instead of one joined: a copy of a large body costs more than a
-            # second system call.
-            self.transport.write(head)
-            self.transport.write(body)
+            # Not joined: a copy of a large body costs more than a vectored write.
+            write_parts(self.transport, head, body)
         try:
             return await self._waiter
         except BaseException:
@@ -134,17 +134,10 @@ class _Connection(asyncio.Protocol):
             if len(self._buffer) > MAX_HEAD_BYTES:
                 raise UpstreamError("reply header too large")
             return False
-        lines = bytes(self._buffer[:end]).decode("latin-1").split("\r\n")
+        raw = bytes(self._buffer[:end])
         del self._buffer[:end + 4]
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise UpstreamError(f"malformed status line {lines[0][:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0":
+        status, headers, closes = _read_head(raw)
+        if closes:
             self.reusable = False
         if 100 <= status < 200:
             return self._parse_head() if self._buffer else False  # skip 100 Continue
@@ -202,6 +195,39 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_exception(exc)
         if self.transport is not None:
             self.transport.close()
+
+
+HEAD_CACHE_ENTRIES = 256
+HEAD_CACHE_MAX_BYTES = 2048
+_heads: dict[bytes, tuple[int, dict[str, str], bool]] = {}
+"""Reply heads already parsed, by their bytes: Triton answers a model's requests with the same
+head again and again."""
+
+
+def _read_head(raw: bytes) -> tuple[int, dict[str, str], bool]:
+    """(status, headers with lower-case names, whether the connection closes after)."""
+    known = _heads.get(raw)
+    if known is None:
+        known = _parse_head(raw)
+        if len(raw) <= HEAD_CACHE_MAX_BYTES:
+            if len(_heads) >= HEAD_CACHE_ENTRIES:
+                _heads.clear()
+            _heads[raw] = known
+    status, headers, closes = known
+    return status, dict(headers), closes
+
+
+def _parse_head(raw: bytes) -> tuple[int, dict[str, str], bool]:
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise UpstreamError(f"malformed status line {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    closes = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
+    return int(parts[1]), headers, closes
 
 
 class HttpUpstream:

@@ -259,8 +259,8 @@ def _status(options: argparse.Namespace) -> int:
 
     testbed = _load(options)
     for name, info in testbed.state.processes.items():
-        sys.stdout.write(f"{name:12} pid {info.pid:7} {'up' if _alive(info.pid) else 'down':5}"
-                         f" {info.log}\n")
+        state = "up" if _alive(info.pid, info.started) else "down"
+        sys.stdout.write(f"{name:12} pid {info.pid:7} {state:5} {info.log}\n")
     return 0
 
 
