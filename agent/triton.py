@@ -549,6 +549,22 @@ class TritonServer:
                             outputs=[output])
         return np.asarray(result.as_numpy(output_name))
 
+    def infer_outputs(self, model_name: str, batch: np.ndarray, outputs: list[str],
+                      input_name: str = "image") -> dict[str, np.ndarray]:
+        """The named outputs of ``model_name`` for a float32 batch.
+
+        For example an early-exit model's ``logits``, ``exit_index`` and ``exec_us``
+        (``model_repo.early_exit``).
+        """
+        import tritonclient.http as httpclient
+
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        tensor = httpclient.InferInput(input_name, list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)
+        result = self._call(f"infer {model_name}", self._http().infer, model_name, [tensor],
+                            outputs=[httpclient.InferRequestedOutput(n) for n in outputs])
+        return {name: np.asarray(result.as_numpy(name)) for name in outputs}
+
     def inference_statistics(self, model_name: str) -> dict[str, Any]:
         """Triton's statistics of one model: request counts and durations, batches executed."""
         stats = self._call(f"statistics of {model_name}",

@@ -113,7 +113,7 @@ def render_model_config(model_name: str, manifest: Manifest, weights: str,
     if manifest.format == "triton":
         raise ArtifactError(f"{manifest.variant} is a Triton model directory served as it is; "
                             "it has its own config")
-    (source,), (target,) = manifest.inputs, manifest.outputs
+    (source,), (target, *extras) = manifest.inputs, manifest.outputs
     return (
         f'name: "{model_name}"\n'
         f'backend: "{backend}"\n'
@@ -124,6 +124,7 @@ def render_model_config(model_name: str, manifest: Manifest, weights: str,
         + _parameter("format", manifest.format) + _parameter("weights", weights)
         + _parameter("input", source.name) + _parameter("output", target.name)
         + _parameter("input_dims", json.dumps(list(source.dims)))
+        + (_parameter("extra_outputs", ",".join(e.name for e in extras)) if extras else "")
         + (_parameter("device", device) if device != "cpu" else "")
     )
 

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from model_repo.early_exit import EXTRA_OUTPUTS
 from understudy.wire.artifacts import TensorSpec
 from understudy.wire.bounds import check_name
 
@@ -285,12 +286,22 @@ def _signature(path: Path, where: str, fmt: VariantFormat, target: Path,
 
 def _check_wrappable(path: Path, where: str, inputs: tuple[TensorSpec, ...],
                      outputs: tuple[TensorSpec, ...]) -> None:
-    """The per-server runtime serves one FP32 tensor in and one FP32 tensor out."""
-    for kind, tensors in (("inputs", inputs), ("outputs", outputs)):
+    """The per-server runtime serves one FP32 tensor in and one FP32 tensor out.
+
+    The output may be followed by the runtime's reserved extra outputs (``exit_index`` INT32,
+    ``exec_us`` FP32, dims [1]: ``model_repo.early_exit``).
+    """
+    for kind, tensors in (("inputs", inputs), ("outputs", outputs[:1])):
         if len(tensors) != 1 or tensors[0].data_type != "FP32":
             shown = ", ".join(f"{t.name}:{t.data_type}" for t in tensors) or "none"
             raise ManifestError(path, f"{where}.model", f"the runtime serves models with one "
                                 f"FP32 {kind[:-1]}; this one has {shown}")
+    for extra in outputs[1:]:
+        if EXTRA_OUTPUTS.get(extra.name) != extra.data_type or list(extra.dims) != [1]:
+            known = ", ".join(f"{name} {kind} [1]" for name, kind in EXTRA_OUTPUTS.items())
+            raise ManifestError(path, f"{where}.model", f"output {extra.name} "
+                                f"({extra.data_type} {list(extra.dims)}) is not one the runtime "
+                                f"adds after the model's (it adds {known})")
     if len(outputs[0].dims) != 1:
         raise ManifestError(path, f"{where}.model", f"the runtime serves one vector per item "
                             f"(N x K); output {outputs[0].name} has dims {list(outputs[0].dims)}")

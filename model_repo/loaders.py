@@ -9,7 +9,9 @@ returns one float32 array, which is what the Python model and the native backend
 ``torchscript``), ``weights`` (the file, relative to the model directory), ``network_spec``
 (synthetic only), ``input`` / ``output`` (tensor names, default ``image`` / ``logits``),
 ``input_dims`` (JSON list, one item's shape, for the warm-up), ``threads`` and ``device``
-(``cpu``, or ``cuda:N`` for a model placed on a GPU).
+(``cpu``, or ``cuda:N`` for a model placed on a GPU), ``extra_outputs`` (comma-separated
+reserved names, ``exit_index`` and ``exec_us``, answered after the model's output:
+``model_repo.early_exit``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from model_repo.early_exit import (
+    EXEC_TIME_OUTPUT,
+    EXIT_OUTPUT,
+    NUMPY_TYPES,
+    extra_output_type,
+    is_staged,
+    run_staged,
+)
 from model_repo.network import NetworkSpec, meta_network
 
 IMPORTED_FORMATS = ("onnx", "torchscript")
@@ -42,6 +52,8 @@ class LoadSpec:
     output_name: str = DEFAULT_OUTPUT
     input_dims: tuple[int, ...] = ()
     device: str = "cpu"
+    extra_outputs: tuple[str, ...] = ()
+    """Reserved outputs answered after the model's own (``model_repo.early_exit``)."""
 
 
 @dataclass
@@ -66,39 +78,67 @@ def load_spec(parameters: dict[str, str], model_dir: Path) -> LoadSpec:
     spec = (NetworkSpec.from_dict(json.loads(parameters["network_spec"]))
             if fmt == "synthetic" else None)
     dims = tuple(int(d) for d in json.loads(parameters.get("input_dims", "[]")))
+    extras = tuple(name.strip() for name in parameters.get("extra_outputs", "").split(",")
+                   if name.strip())
+    for name in extras:
+        extra_output_type(name)  # ValueError for an unknown name
+    if extras and fmt == "synthetic":
+        raise ValueError("extra outputs are served for imported models only")
     if spec is not None and not dims:
         dims = (3, spec.image_side, spec.image_side)
     return LoadSpec(weights=(model_dir / parameters["weights"]).resolve(), format=fmt,
                     spec=spec, threads=int(parameters.get("threads", "1")),
                     input_name=parameters.get("input", DEFAULT_INPUT),
                     output_name=parameters.get("output", DEFAULT_OUTPUT),
-                    input_dims=dims, device=parameters.get("device", "cpu"))
+                    input_dims=dims, device=parameters.get("device", "cpu"),
+                    extra_outputs=extras)
 
 
 class LoadedModel:
-    """A model ready to serve: float32 array in, float32 array out."""
+    """A model ready to serve: float32 array in, float32 array out (and the extra outputs)."""
 
-    def __init__(self, run: Any, device: str) -> None:
+    def __init__(self, run: Any, device: str, extra_outputs: tuple[str, ...] = (),
+                 staged: Any = None) -> None:
         self._run = run
+        self._staged = staged
         self.device = device
+        self.extra_outputs = extra_outputs
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """The model's output for a batch (float32, batch dimension first)."""
-        return np.ascontiguousarray(self._run(np.ascontiguousarray(batch, dtype=np.float32)),
-                                    dtype=np.float32)
+        return self.infer_outputs(batch)[0]
+
+    def infer_outputs(self, batch: np.ndarray) -> list[np.ndarray]:
+        """The model's output, then each extra output (N x 1 of its type), for a batch."""
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        n = batch.shape[0]
+        if self._staged is not None:
+            result = self._staged(batch)
+            primary, exits, exec_us = result.logits, result.exits, result.exec_us
+        else:
+            started = time.perf_counter()
+            primary = self._run(batch)
+            elapsed_us = (time.perf_counter() - started) * 1e6
+            exits = np.zeros(n, dtype=np.int32)
+            exec_us = np.full(n, elapsed_us, dtype=np.float32)
+        values = {EXIT_OUTPUT: exits, EXEC_TIME_OUTPUT: exec_us}
+        return [np.ascontiguousarray(primary, dtype=np.float32)] + [
+            np.ascontiguousarray(values[name], dtype=NUMPY_TYPES[extra_output_type(name)])
+            .reshape(n, 1) for name in self.extra_outputs]
 
 
 def load_model(load: LoadSpec) -> tuple[LoadedModel, LoadReport]:
     """Read, build and warm up one model (one warm-up inference of batch 1)."""
     started = time.perf_counter()
+    staged = None
     if load.format == "onnx":
         run, read_done = _onnx(load)
     elif load.format == "torchscript":
-        run, read_done = _torchscript(load)
+        run, read_done, staged = _torchscript(load)
     else:
         run, read_done = _synthetic(load)
     built = time.perf_counter()
-    model = LoadedModel(run, load.device)
+    model = LoadedModel(run, load.device, load.extra_outputs, staged)
     warm = tuple(1 if d < 0 else d for d in load.input_dims)
     model.infer(np.zeros((1, *warm), dtype=np.float32))
     warmed = time.perf_counter()
@@ -124,12 +164,18 @@ def _synthetic(load: LoadSpec) -> tuple[Any, float]:
     return _torch_runner(module, load.device), read_done
 
 
-def _torchscript(load: LoadSpec) -> tuple[Any, float]:
+def _torchscript(load: LoadSpec) -> tuple[Any, float, Any]:
+    """The runner, when the read ended, and a staged runner for an early-exit model (or None)."""
     import torch
 
     torch.set_num_threads(max(1, load.threads))
     module = torch.jit.load(str(load.weights), map_location=load.device).eval()
-    return _torch_runner(module, load.device), time.perf_counter()
+    read_done = time.perf_counter()
+    staged = None
+    if is_staged(module):
+        def staged(batch: np.ndarray) -> Any:
+            return run_staged(module, torch.from_numpy(batch).to(load.device))
+    return _torch_runner(module, load.device), read_done, staged
 
 
 def _torch_runner(module: Any, device: str) -> Any:

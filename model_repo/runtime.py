@@ -11,7 +11,8 @@ inference and then serves that model's batches over its own Unix-socket connecti
 worker lives exactly as long as that connection, i.e. as long as the Triton model instance.
 
 Wire format (the only one, both directions): ``!II`` header length and payload length, a JSON
-header, then raw payload bytes (a C-contiguous float32 array for tensors). No pickle.
+header, then raw payload bytes (a C-contiguous float32 array for tensors; an answer's extra
+outputs, ``model_repo.early_exit``, follow the model's output, N 4-byte values each). No pickle.
 
 Without a runtime (``UNDERSTUDY_RUNTIME_SOCKET`` unset) the model falls back to
 :class:`InProcessRunner`, which imports torch inside the Triton stub: slower to load, same results.
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from model_repo.early_exit import NUMPY_TYPES, extra_output_type
 from model_repo.huge_pages import collapse_heap
 from model_repo.loaders import (
     LoadedModel,
@@ -118,6 +120,30 @@ def _array_from(header: dict[str, Any], payload: bytearray) -> np.ndarray:
     return np.frombuffer(payload, dtype=np.float32).reshape(header["shape"])
 
 
+def _outputs_from(header: dict[str, Any], payload: bytearray,
+                  extras: list[tuple[str, str]]) -> list[np.ndarray]:
+    """An answer's arrays: the model's output (``shape``), then each extra (N x 1, 4 bytes)."""
+    shape = header["shape"]
+    primary_bytes = int(np.prod(shape)) * 4
+    arrays = [np.frombuffer(payload, dtype=np.float32, count=primary_bytes // 4).reshape(shape)]
+    rows = shape[0]
+    for index, (_, data_type) in enumerate(extras[:int(header.get("extras", 0))]):
+        arrays.append(np.frombuffer(payload, dtype=NUMPY_TYPES[data_type], count=rows,
+                                    offset=primary_bytes + 4 * rows * index).reshape(rows, 1))
+    return arrays
+
+
+def extras_field(names: tuple[str, ...]) -> str:
+    """The spawn reply's ``extras``: ``name:TYPE`` per extra output, comma-separated."""
+    return ",".join(f"{name}:{extra_output_type(name)}" for name in names)
+
+
+def parse_extras(text: str) -> list[tuple[str, str]]:
+    """The extra outputs a spawn reply announces: (name, Triton data type) pairs."""
+    return [(name, kind) for name, _, kind in
+            (item.partition(":") for item in text.split(",") if item)]
+
+
 # --- the model side (inside the Triton stub) -------------------------------------------------
 
 
@@ -147,15 +173,21 @@ class RuntimeClient:
             self._sock.close()
             raise RuntimeError_(header.get("error", "worker failed to load the model"))
         self.report = LoadReport(**header["report"])
+        self.extras = parse_extras(str(header.get("extras", "")))
+        """The extra outputs the worker answers after the model's output: (name, type)."""
 
     def infer(self, images: np.ndarray) -> np.ndarray:
         """Logits for a batch of images (float32, N x 3 x H x W)."""
+        return self.infer_outputs(images)[0]
+
+    def infer_outputs(self, images: np.ndarray) -> list[np.ndarray]:
+        """The model's output, then each extra output (N x 1), for a batch."""
         images = np.ascontiguousarray(images, dtype=np.float32)
         send_frame(self._sock, {"op": "infer", **_array_header(images)}, images.tobytes())
         header, payload = recv_frame(self._sock)
         if not header.get("ok"):
             raise RuntimeError_(header.get("error", "inference failed"))
-        return _array_from(header, payload)
+        return _outputs_from(header, payload, self.extras)
 
     def close(self) -> None:
         """Release the worker (it exits when the connection closes)."""
@@ -174,12 +206,17 @@ class InProcessRunner:
             load = synthetic_load(weights, spec, threads)
         self._model: LoadedModel | None
         self._model, self.report = load_model(load)
+        self.extras = [(name, extra_output_type(name)) for name in load.extra_outputs]
 
     def infer(self, images: np.ndarray) -> np.ndarray:
         """The output for a batch (float32, batch dimension first)."""
+        return self.infer_outputs(images)[0]
+
+    def infer_outputs(self, images: np.ndarray) -> list[np.ndarray]:
+        """The model's output, then each extra output (N x 1), for a batch."""
         if self._model is None:
             raise RuntimeError_("the model was closed")
-        return self._model.infer(images)
+        return self._model.infer_outputs(images)
 
     def close(self) -> None:
         """Drop the model."""
@@ -274,8 +311,10 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - any load failure is reported to the model
         send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return
-    # The output's name: the native backend answers each request with a tensor of that name.
-    send_frame(conn, {"ok": True, "report": report.__dict__, "output": load.output_name})
+    # The output's name: the native backend answers each request with a tensor of that name,
+    # then with each extra output (``model_repo.early_exit``) the reply announces.
+    send_frame(conn, {"ok": True, "report": report.__dict__, "output": load.output_name,
+                      "extras": extras_field(load.extra_outputs)})
     _yield_to_loads(base_nice)
     while True:
         try:
@@ -283,11 +322,13 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
         except (EOFError, OSError):
             return
         try:
-            logits = model.infer(_array_from(header, payload))
+            outputs = model.infer_outputs(_array_from(header, payload))
         except Exception as exc:  # noqa: BLE001 - a bad batch must not kill the worker
             send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        send_frame(conn, {"ok": True, **_array_header(logits)}, logits.tobytes())
+        # The model's output, then each extra output's N values (4 bytes each), in order.
+        send_frame(conn, {"ok": True, **_array_header(outputs[0]), "extras": len(outputs) - 1},
+                   b"".join(array.tobytes() for array in outputs))
 
 
 def _yield_to_loads(base_nice: int) -> None:

@@ -63,16 +63,18 @@ class TritonPythonModel:
                   for r in requests]
         sizes = [batch.shape[0] for batch in images]
         try:
-            logits = self.runner.infer(np.concatenate(images, axis=0))
+            outputs = self.runner.infer_outputs(np.concatenate(images, axis=0))
         except Exception as exc:  # noqa: BLE001 - report per request, keep the instance alive
             error = pb_utils.TritonError(f"inference failed: {exc}")
             return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
+        # The model's output, then the extra outputs (model_repo.early_exit), if any.
+        names = [self.output_name] + [name for name, _ in self.runner.extras]
         responses = []
         start = 0
         for size in sizes:
-            tensor = pb_utils.Tensor(self.output_name,
-                                     np.ascontiguousarray(logits[start:start + size]))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(array[start:start + size]))
+                       for name, array in zip(names, outputs, strict=True)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start += size
         return responses
 

@@ -22,6 +22,7 @@ struct TRITONBACKEND_Output;
 // Enumerations: the values are positions in Triton's declaration order and part of its ABI.
 enum TRITONSERVER_DataType {
   TRITONSERVER_TYPE_INVALID = 0,
+  TRITONSERVER_TYPE_INT32 = 8,
   TRITONSERVER_TYPE_FP32 = 11,
 };
 

@@ -8,16 +8,20 @@
 // connection to the runtime, which forks a worker that already holds torch:
 //
 //   initialize  -> {"op":"spawn","model":NAME,"model_dir":DIR,"config":MODEL_CONFIG}
-//               <- {"ok":true,"report":{...},"output":NAME} | {"ok":false,"error":"..."}
+//               <- {"ok":true,"report":{...},"output":NAME,"extras":"exit_index:INT32,..."}
+//                  | {"ok":false,"error":"..."}
 //   execute     -> {"op":"infer","shape":[N,C,H,W],"dtype":"float32"} + N*C*H*W floats
-//               <- {"ok":true,"shape":[N,K],"dtype":"float32"} + N*K floats | {"ok":false,...}
+//               <- {"ok":true,"shape":[N,K],"dtype":"float32","extras":E} + N*K floats, then
+//                  N 4-byte values per extra output | {"ok":false,...}
 //   finalize    close the connection (the worker exits with it)
 //
 // Frames are the runtime's: "!II" (big-endian header and payload lengths), a JSON header, the
 // raw payload. The socket path comes from UNDERSTUDY_RUNTIME_SOCKET in Triton's environment.
 // A dynamic batch of requests becomes one forward pass; its logits are split back by request.
 // A model has one FP32 input (whatever its name: the request's first) and one FP32 output,
-// named as the worker's spawn reply says.
+// named as the worker's spawn reply says, then the extra outputs the reply announces (an
+// early-exit model's exit index and each request's execution time: model_repo/early_exit.py),
+// each one value (INT32 or FP32) per item, answered as N x 1 tensors.
 // Every request and batch is reported to Triton's statistics, as Triton's own backends do, so
 // the server's inference counters and durations (and its metrics endpoint) count them.
 
@@ -204,13 +208,47 @@ class RuntimeConnection {
   int fd_ = -1;
 };
 
+// An extra output the worker answers after the model's own: its name and data type.
+struct ExtraOutput {
+  std::string name;
+  TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_FP32;
+};
+
 // One model instance: its runtime worker's connection.
 struct InstanceState {
   TRITONBACKEND_ModelInstance* instance = nullptr;
   std::string name;
   std::string output_name = kDefaultOutputName;
+  std::vector<ExtraOutput> extras;
   RuntimeConnection runtime;
 };
+
+// The spawn reply's "extras": "name:TYPE" items, comma-separated (TYPE INT32 or FP32).
+TRITONSERVER_Error* ParseExtras(const std::string& text, std::vector<ExtraOutput>* out) {
+  out->clear();
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos || colon == 0) {
+      return MakeError(TRITONSERVER_ERROR_INTERNAL, "bad extra output '" + item + "'");
+    }
+    ExtraOutput extra;
+    extra.name = item.substr(0, colon);
+    const std::string type = item.substr(colon + 1);
+    if (type == "INT32") {
+      extra.datatype = TRITONSERVER_TYPE_INT32;
+    } else if (type != "FP32") {
+      return MakeError(TRITONSERVER_ERROR_INTERNAL, "extra output " + extra.name +
+                       " has unsupported type " + type);
+    }
+    out->push_back(extra);
+    start = end + 1;
+  }
+  return nullptr;
+}
 
 TRITONSERVER_Error* SpawnWorker(TRITONBACKEND_ModelInstance* instance, InstanceState* state) {
   TRITONBACKEND_Model* model = nullptr;
@@ -255,7 +293,7 @@ TRITONSERVER_Error* SpawnWorker(TRITONBACKEND_ModelInstance* instance, InstanceS
   }
   std::string output = ReplyString(reply, "output");
   if (!output.empty()) state->output_name = output;
-  return nullptr;
+  return ParseExtras(ReplyString(reply, "extras"), &state->extras);
 }
 
 // The input of one request (its first and only one): its shape and its CPU buffers.
@@ -346,9 +384,32 @@ void Finish(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response,
   Drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
 }
 
-// Answers `request` with `rows` x `classes` logits, or with the error met on the way.
-void Respond(TRITONBACKEND_Request* request, const std::string& output_name,
-             const float* logits, int64_t rows, int64_t classes, const Timing& timing) {
+// Adds one output of `request`'s response: `dims` dimensions of 4-byte values from `data`.
+TRITONSERVER_Error* AddOutput(TRITONBACKEND_Response* response, const std::string& name,
+                              TRITONSERVER_DataType datatype, const int64_t* shape,
+                              const void* data, uint64_t bytes) {
+  TRITONBACKEND_Output* output = nullptr;
+  void* buffer = nullptr;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  int64_t memory_type_id = 0;
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &output, name.c_str(),
+                                                         datatype, shape, 2);
+  if (err == nullptr) {
+    err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &memory_type, &memory_type_id);
+  }
+  if (err == nullptr && memory_type == TRITONSERVER_MEMORY_GPU) {
+    err = MakeError(TRITONSERVER_ERROR_UNSUPPORTED, "output buffer in GPU memory");
+  }
+  if (err == nullptr) std::memcpy(buffer, data, bytes);
+  return err;
+}
+
+// Answers `request` with `rows` x `classes` logits and, per extra output, `rows` values taken
+// from `extras` (the batch's extra outputs, `batch_rows` values each, this request's starting
+// at row `first_row`), or with the error met on the way.
+void Respond(TRITONBACKEND_Request* request, const InstanceState& state, const float* logits,
+             int64_t rows, int64_t classes, const char* extras, int64_t batch_rows,
+             int64_t first_row, const Timing& timing) {
   TRITONBACKEND_Response* response = nullptr;
   TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, request);
   if (err != nullptr) {
@@ -356,25 +417,15 @@ void Respond(TRITONBACKEND_Request* request, const std::string& output_name,
     return;
   }
   const int64_t shape[2] = {rows, classes};
-  TRITONBACKEND_Output* output = nullptr;
-  void* buffer = nullptr;
-  const uint64_t bytes = static_cast<uint64_t>(rows * classes) * sizeof(float);
-  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-  int64_t memory_type_id = 0;
-  err = TRITONBACKEND_ResponseOutput(response, &output, output_name.c_str(),
-                                     TRITONSERVER_TYPE_FP32, shape, 2);
-  if (err == nullptr) {
-    err = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &memory_type, &memory_type_id);
+  err = AddOutput(response, state.output_name, TRITONSERVER_TYPE_FP32, shape, logits,
+                  static_cast<uint64_t>(rows * classes) * sizeof(float));
+  const int64_t extra_shape[2] = {rows, 1};
+  for (size_t e = 0; err == nullptr && e < state.extras.size(); ++e) {
+    const char* values = extras + (static_cast<int64_t>(e) * batch_rows + first_row) * 4;
+    err = AddOutput(response, state.extras[e].name, state.extras[e].datatype, extra_shape,
+                    values, static_cast<uint64_t>(rows) * 4);
   }
-  if (err == nullptr && memory_type == TRITONSERVER_MEMORY_GPU) {
-    err = MakeError(TRITONSERVER_ERROR_UNSUPPORTED, "output buffer in GPU memory");
-  }
-  if (err != nullptr) {
-    Finish(request, response, err, timing);
-    return;
-  }
-  std::memcpy(buffer, logits, bytes);
-  Finish(request, response, nullptr, timing);
+  Finish(request, response, err, timing);
 }
 
 void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t count) {
@@ -437,9 +488,12 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
     err = MakeError(TRITONSERVER_ERROR_INTERNAL, "inference failed: " + ReplyError(reply));
   }
   const int64_t rows = shape[0];
-  if (err == nullptr && (rows <= 0 || logits.size() % (rows * sizeof(float)) != 0)) {
+  const int64_t extras = static_cast<int64_t>(state->extras.size());
+  const int64_t values = rows > 0 ? static_cast<int64_t>(logits.size() / sizeof(float)) : 0;
+  if (err == nullptr && (rows <= 0 || logits.size() % (rows * sizeof(float)) != 0 ||
+                         values / rows <= extras)) {
     err = MakeError(TRITONSERVER_ERROR_INTERNAL, "the runtime returned " +
-                    std::to_string(logits.size()) + " bytes of logits for " +
+                    std::to_string(logits.size()) + " bytes of outputs for " +
                     std::to_string(rows) + " images");
   }
   if (err != nullptr) {
@@ -453,12 +507,16 @@ void Execute(InstanceState* state, TRITONBACKEND_Request** requests, uint32_t co
   Drop(TRITONBACKEND_ModelInstanceReportBatchStatistics(
       state->instance, static_cast<uint64_t>(rows), timing.exec_start_ns,
       timing.compute_start_ns, timing.compute_end_ns, NowNs()));
-  const int64_t classes = static_cast<int64_t>(logits.size() / sizeof(float)) / rows;
+  // The payload: rows x classes logits, then `extras` blocks of rows 4-byte values.
+  const int64_t classes = values / rows - extras;
   const float* at = reinterpret_cast<const float*>(logits.data());
+  const char* extra_values = logits.data() + rows * classes * sizeof(float);
+  int64_t first_row = 0;
   for (size_t r = 0; r < batch.size(); ++r) {
     const int64_t n = batch_inputs[r]->shape[0];
-    Respond(batch[r], state->output_name, at, n, classes, timing);
+    Respond(batch[r], *state, at, n, classes, extra_values, rows, first_row, timing);
     at += n * classes;
+    first_row += n;
   }
 }
 

@@ -1,7 +1,9 @@
-"""``understudy models build|import|train-digits|profile|list``: the artifact store.
+"""``understudy models build|import|train-digits|train-early-exit|profile|profile-early-exit|list``.
 
 ``build`` writes the synthetic families (generated networks with seeded weights) and, unless
-``--no-digits``, trains the real ``digits`` family and imports it (both cached); ``import``
+``--no-digits``, trains the real ``digits`` family and imports it (both cached), and with
+``--early-exit`` the dynamic ``digits_ee`` family too (``train-early-exit`` trains it alone,
+``profile-early-exit`` measures its served execution-time distribution); ``import``
 brings a user's family in from its manifest (``docs/models.md``); ``profile`` measures the
 synthetic variants on a real Triton; ``list`` says which variants are synthetic.
 """
@@ -19,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STORE = Path("runs/artifacts")
 DEFAULT_DIGITS_DIR = Path("runs/digits")
+DEFAULT_EARLY_EXIT_DIR = Path("runs/digits_ee")
 DEMO_FAMILIES = ("mobilenet_v3", "shufflenet_v2", "convnext", "efficientnet", "regnet_y")
 
 
@@ -45,6 +48,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                        help="skip training and importing the real digits family")
     build.add_argument("--digits-dir", type=Path, default=DEFAULT_DIGITS_DIR,
                        help=f"where the digits family is trained (default {DEFAULT_DIGITS_DIR})")
+    build.add_argument("--early-exit", action="store_true",
+                       help="also train and import the early-exit digits_ee family (a dynamic "
+                            f"model; trained in {DEFAULT_EARLY_EXIT_DIR})")
     imports = actions.add_parser("import", help="import a family of your models from its "
                                  "manifest: check, store, profile on Triton, measure accuracy")
     imports.add_argument("manifest", type=Path, help="the family manifest (YAML or JSON)")
@@ -60,6 +66,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     digits.add_argument("--out", type=Path, default=DEFAULT_DIGITS_DIR,
                         help=f"output folder (default {DEFAULT_DIGITS_DIR})")
     digits.add_argument("--force", action="store_true", help="train again even if cached")
+    early = actions.add_parser("train-early-exit", help="train the early-exit digits_ee family "
+                               "(a dynamic model) and write its manifest and TorchScript files")
+    early.add_argument("--out", type=Path, default=DEFAULT_EARLY_EXIT_DIR,
+                       help=f"output folder (default {DEFAULT_EARLY_EXIT_DIR})")
+    early.add_argument("--force", action="store_true", help="train again even if cached")
+    probe = actions.add_parser("profile-early-exit", help="serve early-exit variants on a fresh "
+                               "Triton at batch 1: per-exit latency, execution-time p50/p99")
+    probe.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    probe.add_argument("--variants", type=_csv, default=["digits_ee", "digits_ee_s"])
+    probe.add_argument("--requests", type=int, default=300,
+                       help="held-out digits sent, one request each (default 300)")
+    probe.add_argument("--work-dir", type=Path, default=Path("runs/early_exit_probe"))
+    probe.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
     listing = actions.add_parser("list", help="list the variants in an artifact store")
     listing.add_argument("--store", type=Path, default=DEFAULT_STORE)
     profile = actions.add_parser("profile", help="measure the synthetic variants on a real "
@@ -95,6 +114,7 @@ def run(options: argparse.Namespace) -> int:
     from model_repo.profiles import ProfileError
 
     actions = {"build": _build, "import": _import, "train-digits": _train_digits,
+               "train-early-exit": _train_early_exit, "profile-early-exit": _profile_early_exit,
                "list": lambda o: _list(o.store), "profile": _profile}
     try:
         return int(actions[options.models_command](options))
@@ -117,13 +137,58 @@ def _build(options: argparse.Namespace) -> int:
     total = sum(m.weights_mb for m in manifests)
     sys.stdout.write(f"{len(manifests)} synthetic variants, {total:.0f} MB of weights in "
                      f"{options.out}\n")
+    status = 0
     if not options.no_digits:
         from model_repo.digits import MANIFEST_NAME, train_digits
 
         train_digits(options.digits_dir)
-        return _import(argparse.Namespace(
-            manifest=options.digits_dir / MANIFEST_NAME, store=options.out, force=False,
-            check=False, repeats=3, requests=30, work_dir=Path("runs/import"), device="auto"))
+        status = _import(_import_options(options.digits_dir / MANIFEST_NAME, options.out))
+    if status == 0 and options.early_exit:
+        from model_repo.digits_ee import MANIFEST_NAME as EE_MANIFEST
+        from model_repo.digits_ee import train_early_exit
+
+        train_early_exit(DEFAULT_EARLY_EXIT_DIR)
+        status = _import(_import_options(DEFAULT_EARLY_EXIT_DIR / EE_MANIFEST, options.out))
+    return status
+
+
+def _import_options(manifest: Path, store: Path) -> argparse.Namespace:
+    return argparse.Namespace(manifest=manifest, store=store, force=False, check=False,
+                              repeats=3, requests=30, work_dir=Path("runs/import"),
+                              device="auto")
+
+
+def _train_early_exit(options: argparse.Namespace) -> int:
+    from model_repo.digits_ee import MANIFEST_NAME, train_early_exit
+
+    record = train_early_exit(options.out, force=options.force)
+    for name, variant in record["variants"].items():
+        mix = " ".join(f"{share:.2f}" for share in variant["exit_fractions"])
+        heads = " ".join(f"{top1:.3f}" for top1 in variant["top1_per_exit_head"])
+        sys.stdout.write(f"{name:12} {variant['parameters']:9d} params  held-out top-1 "
+                         f"{variant['top1']:.4f}  exit mix {mix}  per-exit top-1 {heads}\n")
+    sys.stdout.write(f"family manifest: {options.out / MANIFEST_NAME} "
+                     f"(understudy models import {options.out / MANIFEST_NAME})\n")
+    return 0
+
+
+def _profile_early_exit(options: argparse.Namespace) -> int:
+    from agent.early_exit_probe import profile_variants
+
+    if not 1 <= options.requests <= 100_000:
+        raise ValueError("--requests must be between 1 and 100000")
+    results = profile_variants(options.store, options.variants, options.work_dir,
+                               options.requests, options.device)
+    for name, result in results.items():
+        sys.stdout.write(f"{name}: {result['requests']} requests at batch 1, top-1 "
+                         f"{result.get('top1')}\n")
+        sys.stdout.write("  exit  share  exec_us p50  round trip us p50\n")
+        for row in result["per_exit"]:
+            sys.stdout.write(f"  {row['exit']:4d}  {row['share']:.3f}  {row['exec_us_p50']:11.1f}"
+                             f"  {row['round_trip_us_p50']:17.1f}\n")
+        sys.stdout.write(f"  exec_us p50 {result['exec_us_p50']}  p99 {result['exec_us_p99']}  "
+                         f"p99/p50 {result['exec_p99_over_p50']}  cv {result['exec_us_cv']}\n")
+    sys.stdout.write(json.dumps(results, sort_keys=True) + "\n")
     return 0
 
 
