@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,11 @@ def export(model: Any, out_dir: Path, name: str) -> Path:
     import torch
 
     path = out_dir / f"{name}.pt"
-    torch.jit.script(model).save(str(path))
+    with warnings.catch_warnings():
+        # TorchScript is deprecated in favour of torch.export, which does not keep
+        # data-dependent control flow; the per-server runtime loads TorchScript.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.script(model).save(str(path))
     return path
 
 
