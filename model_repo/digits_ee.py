@@ -232,17 +232,27 @@ def train_early_exit(out_dir: Path, force: bool = False) -> dict[str, Any]:
                         record["variants"][plan.name]["exit_fractions"])
     finally:
         torch.set_num_threads(threads)
-    (out_dir / MANIFEST_NAME).write_text(family_manifest(), encoding="utf-8")
+    (out_dir / MANIFEST_NAME).write_text(family_manifest(record), encoding="utf-8")
     (out_dir / STAMP_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n",
                                       encoding="utf-8")
     return record
 
 
-def family_manifest() -> str:
-    """The ``digits_ee.yaml`` that ``understudy models import`` takes."""
+def family_manifest(record: dict[str, Any] | None = None) -> str:
+    """The ``digits_ee.yaml`` that ``understudy models import`` takes.
+
+    With the training ``record``, its header says, per variant, the thresholds and the exit
+    mix and top-1 measured on the held-out split (the manifest's schema has no field for them:
+    the ``exit_index`` and ``exec_us`` outputs are what mark a variant as dynamic).
+    """
     lines = [
         f"# The {FAMILY} family (early exits: a dynamic model), written by",
         "# `understudy models train-early-exit`.",
+    ]
+    for name, variant in (record or {}).get("variants", {}).items():
+        lines.append(f"# {name}: thresholds {variant['thresholds']}, held-out exit mix "
+                     f"{variant['exit_fractions']}, top-1 {variant['top1']:.4f}")
+    lines += [
         f"family: {FAMILY}",
         f"max_batch_size: {MAX_BATCH_SIZE}",
         f"inputs: [{{name: {INPUT_NAME}, data_type: FP32, dims: [1, 8, 8]}}]",
