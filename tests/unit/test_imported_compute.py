@@ -1,13 +1,13 @@
 """An imported variant's compute is its latency beyond the serving path's, and a critical app of
 an imported family gets a warm backup on a test bed that has room for one.
 
-The figures of ``_TINY`` are what an import measured for the integration test's family (two
-models that compute next to nothing: ``x @ A @ B`` through 6 and 4096 wide layers) on a busy
-2-core machine. Their p50 is the serving path (HTTP, Triton's dynamic batcher, the runtime) plus
-jitter, and the jitter put the 6-wide model 0.2 ms above the 4096-wide one. Read with a fixed
-1 ms overhead, the small model "needed" 2.2 times the large one's compute; the 2-server test bed
-sizes each server to the large primary's demand, so the small backup did not fit the free
-server and the large one not the warm budget: the critical app stayed uncovered.
+``_TINY`` holds figures of the kind an import gives the integration test's family (two models
+that compute next to nothing: ``x @ A @ B`` through 6 and 4096 wide layers): their p50 is the
+serving path (HTTP, Triton's dynamic batcher, the runtime) plus jitter, here with the 6-wide
+model 0.2 ms above the 4096-wide one. Read with a fixed 1 ms overhead, the small model "needs"
+2.2 times the large one's compute; the 2-server test bed sizes each server to the large
+primary's demand, so the small backup does not fit the free server and the large one not the
+warm budget: the critical app stays uncovered.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from policies.warm_ilp import plan_warm_backups
 from sim.generator import generate_cluster
 from understudy.wire.artifacts import Manifest, TensorSpec
 
-# variant -> (batch-1 p50 ms, resident MB, artifact MB), as measured.
+# variant -> (batch-1 p50 ms, resident MB, artifact MB).
 _TINY = {"tiny_small": (1.3627, 4.3, 0.000447), "tiny_large": (1.1617, 4.92, 0.196774)}
 _PROBE_P90_MS = 1.45
 """What the probe (a model computing nothing, served the same way) takes 9 requests in 10."""
