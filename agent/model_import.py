@@ -4,13 +4,15 @@ Steps: the family manifest is checked (``model_repo.family_manifest``: every err
 file and the field); its variants are written into the artifact store
 (``model_repo.imported``); each one is profiled on a real Triton as the profiler profiles the
 generated ones (load and unload times, resident memory, p50/p99 latency of batch 1 and the p50
-of larger batches); its top-1 accuracy is measured by sending the evaluation set through that
-Triton, or its declared figure is recorded as declared; the family's profile document is then
-written beside its variants, where the controller, the testbed and the simulator find it.
+of larger batches), and just before it the serving path's own latency, with a probe that
+computes nothing (``agent.overhead_probe``); its top-1 accuracy is measured by sending the
+evaluation set through that Triton, or its declared figure is recorded as declared; the
+family's profile document is then written beside its variants, where the controller, the
+testbed and the simulator find it.
 
 An import whose artifacts and evaluation set are unchanged since the last one, and whose
-profile exists, is skipped (``force`` redoes it): ``understudy models build`` relies on that
-to keep ``make demo``'s set-up short after the first time.
+profile exists with the serving path measured, is skipped (``force`` redoes it): ``understudy
+models build`` relies on that to keep ``make demo``'s set-up short after the first time.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.gpu import choose_device
+from agent.overhead_probe import OverheadProbe, write_probe
 from agent.profiler import (
     ProfileSettings,
     fit_load_time,
@@ -68,6 +71,8 @@ def up_to_date(store: Path, family: ImportFamily) -> bool:
         return False
     if {v.name for v in doc.variants} != {v.name for v in family.variants}:
         return False
+    if any(v.measured is None or v.measured.overhead_ms is None for v in doc.variants):
+        return False  # profiled before the serving path was measured: compute reads high
     if family.evaluation is not None and not (store / family.family / EVALUATION_FILE).exists():
         return False
     for variant in family.variants:
@@ -136,12 +141,19 @@ def _profile(family: ImportFamily, entries: list[StoreEntry], work_dir: Path,
         device_name=gpu.name if gpu is not None else None))
     declared = {v.name: v.declared_accuracy for v in family.variants}
     results: list[VariantResult] = []
+    probe: OverheadProbe | None = None
     server.start()
     try:
+        probe_entry = write_probe(work_dir / "probe", entries[0].manifest)
+        if probe_entry is not None:
+            probe = OverheadProbe(server, probe_entry, settings, device=chosen)
         for entry in entries:
             model = link_model(server.config.model_repository, entry, server.model_backend,
                                device=chosen)
+            overhead = probe.measure() if probe is not None else None
             measurement = measure_with_retry(server, model, entry, settings)
+            measurement = measurement.model_copy(update={"overhead_ms": (
+                round(overhead, 4) if overhead is not None else None)})
             top1 = None
             if evaluation is not None:
                 server.load(model)
@@ -155,5 +167,7 @@ def _profile(family: ImportFamily, entries: list[StoreEntry], work_dir: Path,
             if progress is not None:
                 progress(result)
     finally:
+        if probe is not None:
+            probe.close()
         server.stop()
     return results

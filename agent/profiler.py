@@ -102,8 +102,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _latencies_ms(server: TritonServer, model: str, batch: np.ndarray, names: tuple[str, str],
-                  requests: int) -> list[float]:
+def request_latencies_ms(server: TritonServer, model: str, batch: np.ndarray,
+                         names: tuple[str, str], requests: int) -> list[float]:
+    """Wall time of ``requests`` requests of ``batch``, one after the other, ms."""
     out = []
     for _ in range(requests):
         started = time.perf_counter()
@@ -129,11 +130,12 @@ def measure_variant(server: TritonServer, model: str, entry: StoreEntry,
         if repeat == 0:
             for _ in range(settings.warmup_requests):
                 server.infer(model, image, *names)
-            latencies_ms = _latencies_ms(server, model, image, names, settings.latency_requests)
+            latencies_ms = request_latencies_ms(server, model, image, names,
+                                                settings.latency_requests)
             for size in settings.batch_sizes:
                 if 1 < size <= entry.manifest.max_batch_size:
                     batch = sample_batch(entry.manifest, size)
-                    by_batch[str(size)] = _percentile(_latencies_ms(
+                    by_batch[str(size)] = _percentile(request_latencies_ms(
                         server, model, batch, names, max(5, settings.latency_requests // 5)), 50)
             resident = server.model_memory_mb([model]).get(model)
             device_mb = server.model_device_memory_mb([model]).get(model)

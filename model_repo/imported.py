@@ -166,6 +166,14 @@ def write_family(store: Path, family: ImportFamily) -> list[Manifest]:
     return manifests
 
 
+def compute_ms(measurement: Measurement) -> float:
+    """A variant's compute time per batch-1 request: its p50 beyond the serving path's share."""
+    overhead = measurement.overhead_ms
+    if overhead is None:
+        overhead = LATENCY_OVERHEAD_MS
+    return max(0.0, measurement.latency_p50_ms - overhead)
+
+
 def family_document(family: str, results: Sequence[VariantResult], manifest_path: str,
                     fit: LoadTimeFit | None = None) -> dict[str, Any]:
     """The profile document of an imported family (``model_repo.profiles`` schema).
@@ -174,10 +182,12 @@ def family_document(family: str, results: Sequence[VariantResult], manifest_path
     it), ``top1_pct`` the absolute figure. Memory is what the loaded instance holds (its
     private resident memory, plus its GPU memory where it runs on one), never less than its
     artifact. Compute follows the packaged profiles' rule read backwards: there, batch-1
-    latency is a fixed overhead (``LATENCY_OVERHEAD_MS``) plus the compute time, and
-    ``compute_per_rps`` (percent of one device per request/s) is that compute time in ms / 10;
-    here the measured p50 gives the latency, so ``compute_per_rps`` = (p50 - overhead) / 10,
-    never below 0.
+    latency is a fixed overhead plus the compute time, and ``compute_per_rps`` (percent of one
+    device per request/s) is that compute time in ms / 10; here the measured p50 gives the
+    latency and the overhead is the serving path's, measured on the same Triton with a probe
+    that computes nothing (``Measurement.overhead_ms``, its p90), so ``compute_per_rps`` =
+    (p50 - overhead) / 10, never below 0. A measurement without it (an older profile) falls
+    back to the packaged profiles' ``LATENCY_OVERHEAD_MS``.
     """
     top1 = {r.manifest.variant: (r.top1 if r.top1 is not None else r.declared_top1)
             for r in results}
@@ -198,8 +208,7 @@ def family_document(family: str, results: Sequence[VariantResult], manifest_path
             "accuracy_source": "measured" if result.top1 is not None else "declared",
             "format": result.manifest.format,
             "memory_mb": round(max(memory, 0.1), 2),
-            "compute_per_rps": round(max(0.0, m.latency_p50_ms - LATENCY_OVERHEAD_MS) / 10.0,
-                                     6),
+            "compute_per_rps": round(compute_ms(m) / 10.0, 6),
             "latency_ms": {"reference": latency, m.server_type: latency},
             "load_time_s": round(m.load_s, 4),
             "size_mb": result.manifest.weights_mb,

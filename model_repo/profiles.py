@@ -118,6 +118,11 @@ class Measurement(_Strict):
     """Memory the instance holds on its GPU (NVML), for a model placed on one."""
     device: str | None = None
     """Where the instance ran: ``cpu`` or a GPU's name (absent: cpu)."""
+    overhead_ms: float | None = Field(None, ge=0)
+    """p90 batch-1 latency of a model that computes nothing, with the variant's tensors, served
+    the same way on the same Triton just before the variant was measured: the share of a
+    request's latency that is the serving path's, not the model's (imports; absent: not
+    measured)."""
 
 
 class LoadTimeFit(_Strict):

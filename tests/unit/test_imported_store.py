@@ -41,12 +41,13 @@ def family(tmp_path: Path):  # noqa: ANN201 - an ImportFamily
     return load_family_manifest(tmp_path / "family.json")
 
 
-def measurement(load_s: float, resident_mb: float) -> Measurement:
+def measurement(load_s: float, resident_mb: float,
+                overhead_ms: float | None = 0.4) -> Measurement:
     return Measurement(host="h", server_type="testbed", artifact_scale=1.0, weights_mb=0.001,
                        repeats=1, load_s=load_s, load_s_runs=[load_s], unload_s=0.01,
                        latency_p50_ms=0.5, latency_p99_ms=1.0, latency_requests=10,
                        resident_mb=resident_mb, measured_on=date.today().isoformat(),
-                       latency_ms_by_batch={"1": 0.5})
+                       latency_ms_by_batch={"1": 0.5}, overhead_ms=overhead_ms)
 
 
 def test_the_store_holds_each_variant_with_its_manifest_and_config(family, tmp_path: Path) -> None:
@@ -154,6 +155,15 @@ def test_an_import_is_up_to_date_until_an_artifact_changes(family, tmp_path: Pat
     assert not up_to_date(store, family)
     small, large = write_family(store, family)
     assert not up_to_date(store, family)  # written, not yet profiled
+    write_profile(store, family_document("fam", [
+        VariantResult(small, measurement(0.01, 4.0), 0.8),
+        VariantResult(large, measurement(0.02, 9.0), 0.9)], "family.json"))
+    assert up_to_date(store, family)
+    # A profile from before the serving path was measured is imported again.
+    write_profile(store, family_document("fam", [
+        VariantResult(small, measurement(0.01, 4.0, overhead_ms=None), 0.8),
+        VariantResult(large, measurement(0.02, 9.0), 0.9)], "family.json"))
+    assert not up_to_date(store, family)
     write_profile(store, family_document("fam", [
         VariantResult(small, measurement(0.01, 4.0), 0.8),
         VariantResult(large, measurement(0.02, 9.0), 0.9)], "family.json"))
