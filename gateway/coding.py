@@ -1,8 +1,11 @@
 """Coding groups in the gateway (ParM §4.1): k dispatched queries, one parity query, one decode.
 
 Queries of an app protected by parity models are sent to its instances at once, as without
-coding, and each then joins its app's open *coding group*, as it came (its tensors are read
-only when the group is encoded, off the queries' way). When the group holds k queries it is
+coding, and each then joins an open *coding group* of its app, as it came (its tensors are read
+only when the group is encoded, off the queries' way): the oldest open group with no query on
+the same instance, so that the k queries of a group are on k separate instances (ParM §4.5,
+Fig. 4; a group with two queries on one slow instance could rebuild neither), or a new group
+when every open one has a query there. When the group holds k queries it is
 encoded (``parity.coding``) into a parity query, sent to one of the app's parity models; nothing
 waits for it. A group whose queries cannot be coded together (a tensor the gateway does not
 read, different shapes) is closed unprotected. A group that does
@@ -58,6 +61,8 @@ class Member:
 
     query_id: str
     request: InferRequest
+    server_id: str = ""
+    """The instance the query was sent to ('' when unknown)."""
     query: Query | None = None
     """Its tensors, read when the group is encoded."""
     reply: UpstreamReply | None = None
@@ -88,6 +93,10 @@ class Group:
     def full(self) -> bool:
         """Whether the group holds its k queries."""
         return len(self.members) >= self.k
+
+    def takes(self, server_id: str) -> bool:
+        """Whether a query sent to ``server_id`` may join (no member there yet)."""
+        return not server_id or all(m.server_id != server_id for m in self.members)
 
     def news(self) -> asyncio.Future[None]:
         """Resolved at the group's next change (a reply, the parity output, its end)."""
@@ -188,20 +197,27 @@ class Coder:
         self.send_parity = send_parity
         self.group_timeout_s = group_timeout_s
         self.events = events
-        self._open: dict[tuple[Any, ...], Group] = {}
+        self._open: dict[tuple[Any, ...], list[Group]] = {}
+        """Open groups by (k, encoder), oldest first."""
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def join(self, query_id: str, request: InferRequest, k: int, encoder: EncoderKind) -> Group:
-        """Put a dispatched query into its open group; encode and send the group once full."""
+    def join(self, query_id: str, request: InferRequest, k: int, encoder: EncoderKind,
+             server_id: str = "") -> Group:
+        """Put a dispatched query into an open group; encode and send the group once full.
+
+        The oldest open group without a query on ``server_id`` takes it; a new one when none
+        does.
+        """
         key = (k, encoder)
-        group = self._open.get(key)
+        groups = self._open.setdefault(key, [])
+        group = next((g for g in groups if g.takes(server_id)), None)
         if group is None:
-            group = self._open[key] = Group(f"{self.app_id}-g{next(self._ids)}", k, encoder,
-                                            key)
+            group = Group(f"{self.app_id}-g{next(self._ids)}", k, encoder, key)
+            groups.append(group)
             asyncio.get_running_loop().call_later(self.group_timeout_s, self._expire, group)
-        group.members.append(Member(query_id, request))
+        group.members.append(Member(query_id, request, server_id))
         if group.full:
-            del self._open[key]
+            groups.remove(group)
             task = asyncio.get_running_loop().create_task(self._encode_and_send(group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -210,8 +226,9 @@ class Coder:
     def _expire(self, group: Group) -> None:
         if group.full or group.closed:
             return
-        if self._open.get(group.signature) is group:
-            del self._open[group.signature]
+        groups = self._open.get(group.signature, [])
+        if group in groups:
+            groups.remove(group)
         group.close(f"the group timed out with {len(group.members)} of {group.k} queries")
         self._report("timeout")
 

@@ -328,7 +328,8 @@ class _Protected:
         request = self.request
         coding = parity_coding(route)
         if self.mode == "parity" and coding is not None:
-            self.group = self.p.coder.join(self.query_id, request, *coding)
+            server = self.location.server_id if self.location is not None else ""
+            self.group = self.p.coder.join(self.query_id, request, *coding, server)
         if self.mode == "approximate-backup":
             members = {m.server_id for m in route.members()}
             backup = next((b for s, b in sorted(route.backups.items()) if s not in members), None)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gateway.board import RouteBoard
+from gateway.coding import Coder, Group
 from gateway.exchange import Answer, InferRequest
 from gateway.protection import ProtectedPolicy, Protection, effective_mode, parity_coding
 from gateway.queue import FifoPolicy
@@ -288,6 +289,31 @@ def test_no_query_waits_for_its_group_to_fill_and_a_stale_group_times_out() -> N
         assert recorder.groups == []
         await asyncio.sleep(0.08)
         assert recorder.groups == ["timeout"] and not fake.parity_inputs
+
+    run(scenario)
+
+
+def test_a_group_takes_its_queries_from_separate_instances() -> None:
+    async def scenario() -> None:
+        sent: list[list[str]] = []
+
+        async def send_parity(group: Group, inputs: dict[str, np.ndarray],
+                              template: Any) -> dict[str, np.ndarray]:
+            sent.append([m.query_id for m in group.members])
+            return {"logits": model(inputs["image"])}
+
+        coder = Coder(APP, send_parity, 0.05)
+        xs = queries(4)
+        first = coder.join("q1", request(xs[0]), 2, EncoderKind.ADDITION, "s1")
+        second = coder.join("q2", request(xs[1]), 2, EncoderKind.ADDITION, "s1")
+        assert second is not first  # both on s1: a group of them could rebuild neither
+        third = coder.join("q3", request(xs[2]), 2, EncoderKind.ADDITION, "s2")
+        assert third is first and first.full and not second.full  # the oldest open group
+        fourth = coder.join("q4", request(xs[3]), 2, EncoderKind.ADDITION, "s2")
+        assert fourth is second
+        await asyncio.sleep(0.01)
+        assert sent == [["q1", "q3"], ["q2", "q4"]]
+        assert [m.server_id for m in first.members] == ["s1", "s2"]
 
     run(scenario)
 
