@@ -158,6 +158,7 @@ class ProtectedPolicy:
         """Outputs of the last model answer (the default response's shapes and types)."""
         self._queries = 0
         self._ids = itertools.count(1)
+        self._lingering: set[asyncio.Task[UpstreamReply]] = set()
 
     def next_query_id(self) -> str:
         """A query id unique within the app (coding groups name their members by it)."""
@@ -277,9 +278,30 @@ class ProtectedPolicy:
             except NotCodable:
                 return
 
+    def linger(self, task: asyncio.Task[UpstreamReply], until: float) -> None:
+        """Let an attempt whose query a stand-in answered run on until its server answers.
+
+        Its instance stays busy with it (counted in flight) until then, as an instance that
+        pulls its next query from §6.1's single queue only when it is done: cancelling it
+        would make a slow instance look idle and send it the next query. Cancelled at
+        ``until`` (the request's deadline) at the latest.
+        """
+        self._lingering.add(task)
+        timer = asyncio.get_running_loop().call_at(until, task.cancel)
+
+        def done(finished: asyncio.Task[UpstreamReply]) -> None:
+            timer.cancel()
+            self._lingering.discard(finished)
+            if not finished.cancelled():
+                finished.exception()  # retrieved: a late failure is nobody's concern now
+
+        task.add_done_callback(done)
+
     def close(self) -> None:
-        """Cancel the parity queries in flight."""
+        """Cancel the parity queries and the lingering attempts in flight."""
         self.coder.close()
+        for task in list(self._lingering):
+            task.cancel()
 
 
 def _header_length(headers: Mapping[str, str]) -> int | None:
@@ -315,11 +337,17 @@ class _Protected:
     async def run(self) -> Answer:
         route = self.p.board.route(self.request.app_id)
         assert route is not None  # noqa: S101 - checked by the policy
+        answer: Answer | None = None
         try:
             self._send_next(route)  # first: the query is on its way before any coding
             self._prepare(route)
-            return await self._loop()
+            answer = await self._loop()
+            return answer
         finally:
+            if answer is not None and answer.source != "model" and self.attempt is not None \
+                    and not self.attempt.done():
+                self.p.linger(self.attempt, self.request.deadline)
+                self.attempt = None
             for task in (self.attempt, self.backup):
                 if task is not None:
                     task.cancel()

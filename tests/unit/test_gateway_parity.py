@@ -357,6 +357,26 @@ def test_a_prediction_that_misses_its_deadline_is_decoded_and_the_late_one_dropp
     run(scenario)
 
 
+def test_a_straggler_answered_by_reconstruction_stays_busy_until_it_answers() -> None:
+    async def scenario() -> None:
+        _, fake, recorder, policy, plain = setup(*parm(2), straggler_ms=20)
+        fake.mode["s1"] = "hang"
+        xs = queries(3, seed=6)
+        answers = await asyncio.gather(*(policy.dispatch(request(x), plain) for x in xs[:2]))
+        assert sorted(a.source for a in answers) == ["model", "reconstructed"]
+        assert policy.outstanding["s1"] == 1  # still working on it: not idle to the balancer
+        third = await policy.dispatch(request(xs[2]), plain)
+        assert third.route.server_id == "s2" and fake.calls.count(("s1", "v")) == 1
+        fake.release.set()
+        for _ in range(50):
+            if policy.outstanding["s1"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert policy.outstanding["s1"] == 0
+
+    run(scenario)
+
+
 def test_without_a_decodable_group_a_failed_query_is_sent_to_another_instance() -> None:
     async def scenario() -> None:
         _, fake, recorder, policy, plain = setup(*parm(2), group_timeout_ms=20)
