@@ -1,7 +1,7 @@
 """Tail latency with parity models (ParM §6) against Equal-Resources, on a live testbed.
 
-Usage: ``python bench/parm_tail.py [--rates 80,160,240] [--seconds 20] [--k 2]``
-(run it under ``flock /tmp/understudy-bench.lock``: it starts a testbed).
+Usage: ``python bench/parm_tail.py [--rates 60,120,180] [--seconds 20] [--k 2]`` (run it under
+``flock /tmp/understudy-bench.lock``: it starts a testbed; ``--help`` lists the options).
 
 Set-up, as an operator does it (``deploy/parity_bed.py``): the digits family is trained and
 imported, the parity model of ``digits_cnn`` for k is trained and written into the store, and a
@@ -17,12 +17,19 @@ prediction reconstructed as soon as the parity output and the k - 1 others are i
 not, §4.1's first rule), ``er`` balanced over its instances. Each query goes to the instance with
 the fewest in flight (§6.1's single queue).
 
-**Background load** (§6.1 induces network shuffles between random instances; on one machine
-they would load every server alike, so here the imbalance is other tenants' inference on the
-same model instances, as in §6.2.4): ``--shuffles`` background workers each, again and again,
-wait an exponential time (mean ``--gap-ms``), pick one of the system's k + 1 servers at random
-and send it a burst of batch-8 requests straight to its Triton (``--burst-concurrency`` at once,
-for a time drawn from ``--burst-ms``). Both systems get the same seeded schedule.
+**Background load** (``bench/parm_background.py``): §6.1 slows the servers that background
+network shuffles run between, and only them ("we do not introduce computational
+multitenancy"). Here every server shares this machine's cores, so anything that burns CPU on
+one server slows all of them, the parity model and the other instances with it, which is not
+the imbalance ParM is built for. The default background, ``stall``, slows one server without
+burning CPU: ``--episodes`` workers each, again and again, wait an exponential time (mean
+``--gap-ms``), pick one of the system's k + 1 servers at random (an instance or the parity
+model) and pause its Triton (SIGSTOP) for a time drawn from ``--burst-ms`` (with ``--run-ms``
+above 0: paused ``--pause-ms``, running ``--run-ms``, in turn). ``inference`` (§6.2.4's
+multitenant inference) sends the chosen server bursts of batch-8 requests straight to its
+Triton (``--burst-concurrency`` at once) instead; ``none`` adds nothing. ``--background`` takes
+several, comma-separated: the first gives the top-level figures, each is in
+``by_background``. Both systems get the same seeded schedule.
 
 **Load**: an open-loop Poisson client at each rate of ``--rates`` for ``--seconds`` (after 2 s
 of warm-up), digits of the held-out split, one query per request (batch size 1, as §6). Each
@@ -35,8 +42,11 @@ where the gateway and the model instances of this machine saturate without redun
 SIGKILLed; every query sent from the kill until the controller has placed the instance again
 (its instance_ready) is counted: answered (and how: by the model, reconstructed), or not.
 
+Each measurement also reports how late the client sent its queries (``client_lag_*``: the
+client shares the cores), the gateway's CPU time per query and how busy the machine was.
+
 Last line: one JSON object. ``parm`` and ``equal_resources`` hold ``p50_ms`` and ``p999_ms``
-per rate and at the highest rate; ``p999_reduction_pct`` = 100 (1 - ParM p99.9 / ER p99.9) and
+at the highest rate; ``p999_reduction_pct`` = 100 (1 - ParM p99.9 / ER p99.9) and
 ``median_change_pct`` = 100 (ParM p50 / ER p50 - 1), both at the highest rate (``by_rate`` has
 each rate's); ``failure`` has ``unanswered_during_failure``.
 """
@@ -62,6 +72,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from parm_background import KINDS, BackgroundSettings, background  # noqa: E402
+
 from deploy.parity_bed import (  # noqa: E402
     FAMILY,
     GatewayProcess,
@@ -78,23 +90,12 @@ from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
 VARIANT = "digits_cnn"
 WARMUP_S = 2.0
-BATCH = 8
 
 
 def infer_body(images: np.ndarray) -> bytes:
     return json.dumps({"inputs": [{"name": "image", "shape": list(images.shape),
                                    "datatype": "FP32",
                                    "data": images.ravel().tolist()}]}).encode()
-
-
-def binary_body(images: np.ndarray) -> tuple[bytes, tuple[tuple[str, str], ...]]:
-    """A request in the binary tensor extension (cheap to read: the background's)."""
-    header = json.dumps({"inputs": [{"name": "image", "shape": list(images.shape),
-                                     "datatype": "FP32",
-                                     "parameters": {"binary_data_size": images.nbytes}}],
-                         "parameters": {"binary_data_output": True}}).encode()
-    return header + images.tobytes(), (("Content-Type", "application/octet-stream"),
-                                       ("Inference-Header-Content-Length", str(len(header))))
 
 
 JSON_HEADERS = (("Content-Type", "application/json"),)
@@ -111,19 +112,36 @@ class Outcome:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
     sources: dict[str, int] = field(default_factory=dict)
+    lag_ms: list[float] = field(default_factory=list)
+    """How late the client sent each query after its scheduled time (the client's own delay,
+    counted in the latency)."""
 
     def summary(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms)
+        lag = np.asarray(self.lag_ms)
         return {"queries": int(lat.size) + self.errors, "errors": self.errors,
-                "p50_ms": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
-                "p99_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
-                "p999_ms": round(float(np.percentile(lat, 99.9)), 3) if lat.size else None,
-                "answers": dict(sorted(self.sources.items()))}
+                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "p999_ms": _pct(lat, 99.9),
+                "max_ms": round(float(lat.max()), 3) if lat.size else None,
+                "answers": dict(sorted(self.sources.items())),
+                "client_lag_p50_ms": _pct(lag, 50), "client_lag_p999_ms": _pct(lag, 99.9)}
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values.size else None
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU jiffies of the whole machine so far (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return float(sum(fields) - idle), float(sum(fields))
 
 
 async def one(client: HttpUpstream, hostport: str, path: str, body: bytes, due: float,
               outcome: Outcome | None, record: bool) -> None:
     loop = asyncio.get_running_loop()
+    if outcome is not None and record:
+        outcome.lag_ms.append((loop.time() - due) * 1000.0)
     try:
         reply = await client.request(hostport, "POST", path, JSON_HEADERS, body)
         ok = reply.status == 200
@@ -167,50 +185,6 @@ async def open_loop(gateway_port: int, app_id: str, rate: float, seconds: float,
     return outcome
 
 
-@dataclass(frozen=True)
-class BackgroundSettings:
-    shuffles: int = 2
-    gap_ms: float = 300.0
-    burst_ms: tuple[float, float] = (100.0, 400.0)
-    concurrency: int = 8
-
-
-async def background(targets: list[tuple[str, str]], settings: BackgroundSettings,
-                     seed: int, stop: asyncio.Event) -> int:
-    """Bursts of batch-8 requests straight to a random server's model; the bursts sent."""
-    rng = random.Random(seed)
-    client = HttpUpstream(connect_timeout_s=5.0)
-    loop = asyncio.get_running_loop()
-    body, headers = binary_body(np.random.default_rng(seed).random((BATCH, 1, 8, 8),
-                                                                   dtype=np.float32))
-    bursts = 0
-
-    async def hammer(hostport: str, path: str, until: float) -> None:
-        while loop.time() < until and not stop.is_set():
-            try:
-                await client.request(hostport, "POST", path, headers, body)
-            except UpstreamError:
-                await asyncio.sleep(0.01)
-
-    async def worker() -> None:
-        nonlocal bursts
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), rng.expovariate(1000.0 / settings.gap_ms))
-                return
-            except TimeoutError:
-                pass
-            hostport, model = rng.choice(targets)
-            until = loop.time() + rng.uniform(*settings.burst_ms) / 1000.0
-            bursts += 1
-            await asyncio.gather(*(hammer(hostport, f"/v2/models/{model}/infer", until)
-                                   for _ in range(settings.concurrency)))
-
-    await asyncio.gather(*(worker() for _ in range(settings.shuffles)))
-    await client.close()
-    return bursts
-
-
 def targets_of(bed: Testbed, app_id: str) -> list[tuple[str, str]]:
     """(host:port, Triton model) of every model the app has on a server (instances, parity)."""
     view = bed.http.get(f"/v1/apps/{app_id}").json()
@@ -228,17 +202,21 @@ async def measure(gateway: GatewayProcess, app_id: str, rate: float, seconds: fl
                   seed: int) -> dict[str, Any]:
     stop = asyncio.Event()
     cpu_before = cpu_seconds(gateway.process.pid)
+    busy_before, total_before = machine_busy()
     noise = asyncio.ensure_future(background(targets_of(bed, app_id), settings, seed, stop))
     try:
         outcome = await open_loop(gateway.port, app_id, rate, seconds, samples,
                                   random.Random(seed))
     finally:
         stop.set()
-        bursts = await noise
+        episodes = await noise
     cpu_ms = (cpu_seconds(gateway.process.pid) - cpu_before) * 1000.0
+    busy_after, total_after = machine_busy()
     queries = max(1, len(outcome.latencies_ms) + outcome.errors)
-    return {**outcome.summary(), "background_bursts": bursts, "rate_rps": rate,
-            "gateway_cpu_ms_per_query": round(cpu_ms / queries / (1 + WARMUP_S / seconds), 3)}
+    return {**outcome.summary(), "background_episodes": episodes, "rate_rps": rate,
+            "gateway_cpu_ms_per_query": round(cpu_ms / queries / (1 + WARMUP_S / seconds), 3),
+            "machine_busy_pct": round(100.0 * (busy_after - busy_before)
+                                      / max(1.0, total_after - total_before), 1)}
 
 
 def failure_case(bed: Testbed, gateway_port: int, rate: float, samples: LabelledSamples,
@@ -303,15 +281,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="measured seconds per rate and system")
     parser.add_argument("--k", type=int, default=2, choices=(2, 3, 4))
-    parser.add_argument("--shuffles", type=int, default=2)
+    parser.add_argument("--background", default="stall",
+                        help=f"background kinds, comma-separated ({', '.join(KINDS)}); the "
+                             "first gives the top-level figures, the others go to "
+                             "by_background")
+    parser.add_argument("--episodes", type=int, default=2,
+                        help="background episodes running side by side")
     parser.add_argument("--gap-ms", type=float, default=300.0)
-    parser.add_argument("--burst-ms", default="100,400")
-    parser.add_argument("--burst-concurrency", type=int, default=8)
+    parser.add_argument("--burst-ms", default="100,400",
+                        help="an episode's length, drawn uniformly between the two")
+    parser.add_argument("--pause-ms", type=float, default=50.0,
+                        help="stall: each pause of the server")
+    parser.add_argument("--run-ms", type=float, default=0.0,
+                        help="stall: the server runs this long between pauses (0: paused for "
+                             "the whole episode)")
+    parser.add_argument("--burst-concurrency", type=int, default=8,
+                        help="inference: requests at once")
     parser.add_argument("--saturation", action="store_true",
                         help="also measure k plain instances (no redundancy) at each rate")
     parser.add_argument("--straggler-ms", type=float, default=None,
                         help="ParM's straggler time (the gateway's --straggler-ms; default "
                              "its own: 0, reconstruct as soon as possible)")
+    parser.add_argument("--no-failure", action="store_true", help="skip the failure case")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work", type=Path, default=None)
     options = parser.parse_args(argv)
@@ -319,8 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                                                       "%(message)s")
     rates = [float(r) for r in options.rates.split(",")]
     lo, hi = (float(x) for x in options.burst_ms.split(","))
-    settings = BackgroundSettings(options.shuffles, options.gap_ms, (lo, hi),
-                                  options.burst_concurrency)
+    kinds = options.background.split(",")
+    if not kinds or any(kind not in KINDS for kind in kinds):
+        parser.error(f"--background: kinds among {', '.join(KINDS)}")
+    backgrounds = [BackgroundSettings(kind, options.episodes, options.gap_ms, (lo, hi),
+                                      options.burst_concurrency, options.pause_ms,
+                                      options.run_ms) for kind in kinds]
     work = options.work or Path(tempfile.mkdtemp(prefix="parm-tail-"))
     started = time.monotonic()
     store = work / "artifacts"
@@ -347,42 +342,56 @@ def main(argv: list[str] | None = None) -> int:
         systems = [("parm", "parm"), ("equal_resources", "er")]
         if options.saturation:
             systems.append(("no_redundancy", "plain"))
-        by_rate: dict[str, dict[str, Any]] = {}
-        for index, rate in enumerate(rates):
-            row = by_rate[f"{rate:g}"] = {}
-            for name, app_id in systems:
-                row[name] = asyncio.run(measure(gateway, app_id, rate, options.seconds,
-                                                samples, bed, settings,
-                                                options.seed * 1000 + index))
-                print(json.dumps({"rate_rps": rate, "system": name, **row[name]}), flush=True)
-            row["p999_reduction_pct"] = _reduction(row)
-            row["median_change_pct"] = _median_change(row)
-        failure = failure_case(bed, gateway.port, rates[len(rates) // 2], samples,
-                               options.seed)
+        by_background = {settings.kind: sweep(gateway, bed, samples, systems, rates,
+                                              options.seconds, settings, options.seed)
+                         for settings in backgrounds}
+        failure = None if options.no_failure else failure_case(
+            bed, gateway.port, rates[len(rates) // 2], samples, options.seed)
         metrics = gateway.metrics()
     finally:
         if gateway is not None:
             gateway.stop()
         bed.down()
+    by_rate = by_background[backgrounds[0].kind]
     top_row = by_rate[f"{max(rates):g}"]
     result = {
         "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
         "straggler_ms": options.straggler_ms or 0.0,
-        "background": {"shuffles": settings.shuffles, "gap_ms": settings.gap_ms,
-                       "burst_ms": list(settings.burst_ms),
-                       "concurrency": settings.concurrency, "batch": BATCH},
+        "background": backgrounds[0].describe(),
         "parm": {"p50_ms": top_row["parm"]["p50_ms"], "p999_ms": top_row["parm"]["p999_ms"]},
         "equal_resources": {"p50_ms": top_row["equal_resources"]["p50_ms"],
                             "p999_ms": top_row["equal_resources"]["p999_ms"]},
         "p999_reduction_pct": top_row["p999_reduction_pct"],
         "median_change_pct": top_row["median_change_pct"],
         "by_rate": by_rate,
+        "by_background": {kind: {rate: {key: row[key] for key in ("p999_reduction_pct",
+                                                                   "median_change_pct")}
+                                 for rate, row in rows.items()}
+                          for kind, rows in by_background.items()},
         "failure": failure,
-        "unanswered_during_failure": failure["unanswered_during_failure"],
+        "unanswered_during_failure": None if failure is None
+        else failure["unanswered_during_failure"],
         "reconstructions_total": _metric_sum(metrics, "understudy_gateway_reconstructions_total"),
         "setup_s": round(setup_s, 1), "total_s": round(time.monotonic() - started, 1)}
     print(json.dumps(result))
     return 0
+
+
+def sweep(gateway: GatewayProcess, bed: Testbed, samples: LabelledSamples,
+          systems: list[tuple[str, str]], rates: list[float], seconds: float,
+          settings: BackgroundSettings, seed: int) -> dict[str, dict[str, Any]]:
+    """Every system at every rate under one background (the same schedule for each system)."""
+    by_rate: dict[str, dict[str, Any]] = {}
+    for index, rate in enumerate(rates):
+        row = by_rate[f"{rate:g}"] = {}
+        for name, app_id in systems:
+            row[name] = asyncio.run(measure(gateway, app_id, rate, seconds, samples, bed,
+                                            settings, seed * 1000 + index))
+            print(json.dumps({"background": settings.kind, "rate_rps": rate, "system": name,
+                              **row[name]}), flush=True)
+        row["p999_reduction_pct"] = _reduction(row)
+        row["median_change_pct"] = _median_change(row)
+    return by_rate
 
 
 def _reduction(row: dict[str, Any]) -> float:
