@@ -449,6 +449,39 @@ predictions unavailable). Targets: A_d(k=2) at most 10 points below A_a, A_d fal
          ("falling_with_k", "A_d falls with k"),
          ("min_margin_over_default", "smallest A_d minus default"),
          ("variant", "deployed variant"))),
+    "parm_tail": Bench(
+        "Parity models (ParM): tail latency against Equal-Resources",
+        "python bench/parm_tail.py", """\
+ParM §6.2.1 on a live testbed on this machine (`docs/parity.md`): Redis, the controller and
+2 (k + 1) agents each with its own Triton; an app of `digits_cnn` protected by `parity:k` (k
+instances and a parity model the controller places on a server none of them uses) against
+Equal-Resources (k + 1 plain instances), both through one `understudy gateway` (coding groups
+of k queries on k separate instances, a prediction reconstructed as soon as the parity output
+and the k - 1 others are in; each query to the instance with the fewest in flight, an instance
+answered for by a reconstruction still busy until its own answer). An open-loop Poisson client
+of batch-1 digits at each rate (latency from each query's scheduled send), the systems in turn
+under the same seeded background: by default `stall`, one server at a time (an instance or the
+parity model) paused by SIGSTOP for 100-400 ms, two such episodes side by side after
+exponential gaps, which slows that server alone as §6.1's network shuffles do (CPU-burning
+background slows every server on a shared machine); `by_background` has the others asked for.
+`p999_reduction_pct` = 100 (1 - ParM p99.9 / ER p99.9) and `median_change_pct` at the highest
+rate (targets >= 35 and <= 5). Failure case: a ParM instance's server SIGKILLed at the middle
+rate, every query until the controller has placed the instance again counted
+(`unanswered_during_failure`, target 0). All servers share the machine's cores: the parity
+queries are 1/k more inference on them (the paper gives the parity model its own machine).""",
+        (("p999_reduction_pct", "p99.9 reduction vs Equal-Resources (%)"),
+         ("median_change_pct", "median change vs Equal-Resources (%)"),
+         ("parm.p50_ms", "ParM p50 (ms)"),
+         ("parm.p999_ms", "ParM p99.9 (ms)"),
+         ("equal_resources.p50_ms", "Equal-Resources p50 (ms)"),
+         ("equal_resources.p999_ms", "Equal-Resources p99.9 (ms)"),
+         ("unanswered_during_failure", "unanswered during the failure"),
+         ("failure.reconstructed_during_failure", "reconstructed during the failure"),
+         ("failure.failover_s", "failover (s)"),
+         ("reconstructions_total", "reconstructions (all runs)"),
+         ("k", "k"),
+         ("rates_rps", "rates (req/s)"),
+         ("total_s", "bench duration (s)"))),
     "hostile": Bench(
         "Hostile input, a Redis kill and a restart", "python bench/hostile.py", """\
 A redis-server of its own and `understudy controller` on it (a small artifact store), then, group
