@@ -25,7 +25,7 @@ import json
 import os
 import random
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +46,27 @@ class BackgroundSettings:
     pause_ms: float = 50.0
     run_ms: float = 0.0
 
+    @property
+    def name(self) -> str:
+        if self.kind == "stall" and self.run_ms > 0:
+            return f"stall:{self.pause_ms:g}/{self.run_ms:g}"
+        return self.kind
+
+    def parse(self, spec: str) -> BackgroundSettings:
+        """These settings with the kind ``spec`` names (``stall:PAUSE/RUN`` sets both)."""
+        kind, _, timing = spec.partition(":")
+        if kind not in KINDS or (timing and kind != "stall"):
+            raise ValueError(f"{spec!r}: kinds among {', '.join(KINDS)}, or stall:PAUSE/RUN")
+        if not timing:
+            return replace(self, kind=kind)
+        pause, _, run = timing.partition("/")
+        pause_ms, run_ms = float(pause), float(run or 0)
+        if not (0 < pause_ms < 10_000 and 0 <= run_ms < 10_000):
+            raise ValueError(f"{spec!r}: PAUSE in (0, 10000) ms, RUN in [0, 10000) ms")
+        return replace(self, kind=kind, pause_ms=pause_ms, run_ms=run_ms)
+
     def describe(self) -> dict[str, object]:
-        common: dict[str, object] = {"kind": self.kind, "episodes": self.episodes,
+        common: dict[str, object] = {"kind": self.name, "episodes": self.episodes,
                                      "gap_ms": self.gap_ms, "burst_ms": list(self.burst_ms)}
         if self.kind == "stall":
             return {**common, "pause_ms": self.pause_ms, "run_ms": self.run_ms}

@@ -282,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured seconds per rate and system")
     parser.add_argument("--k", type=int, default=2, choices=(2, 3, 4))
     parser.add_argument("--background", default="stall",
-                        help=f"background kinds, comma-separated ({', '.join(KINDS)}); the "
-                             "first gives the top-level figures, the others go to "
+                        help=f"background kinds, comma-separated ({', '.join(KINDS)}; "
+                             "stall:PAUSE/RUN for a stall with its own --pause-ms and "
+                             "--run-ms); the first gives the top-level figures, each is in "
                              "by_background")
     parser.add_argument("--episodes", type=int, default=2,
                         help="background episodes running side by side")
@@ -310,12 +311,12 @@ def main(argv: list[str] | None = None) -> int:
                                                       "%(message)s")
     rates = [float(r) for r in options.rates.split(",")]
     lo, hi = (float(x) for x in options.burst_ms.split(","))
-    kinds = options.background.split(",")
-    if not kinds or any(kind not in KINDS for kind in kinds):
-        parser.error(f"--background: kinds among {', '.join(KINDS)}")
-    backgrounds = [BackgroundSettings(kind, options.episodes, options.gap_ms, (lo, hi),
-                                      options.burst_concurrency, options.pause_ms,
-                                      options.run_ms) for kind in kinds]
+    default = BackgroundSettings("stall", options.episodes, options.gap_ms, (lo, hi),
+                                 options.burst_concurrency, options.pause_ms, options.run_ms)
+    try:
+        backgrounds = [default.parse(spec) for spec in options.background.split(",")]
+    except ValueError as exc:
+        parser.error(f"--background: {exc}")
     work = options.work or Path(tempfile.mkdtemp(prefix="parm-tail-"))
     started = time.monotonic()
     store = work / "artifacts"
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         systems = [("parm", "parm"), ("equal_resources", "er")]
         if options.saturation:
             systems.append(("no_redundancy", "plain"))
-        by_background = {settings.kind: sweep(gateway, bed, samples, systems, rates,
+        by_background = {settings.name: sweep(gateway, bed, samples, systems, rates,
                                               options.seconds, settings, options.seed)
                          for settings in backgrounds}
         failure = None if options.no_failure else failure_case(
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:
             gateway.stop()
         bed.down()
-    by_rate = by_background[backgrounds[0].kind]
+    by_rate = by_background[backgrounds[0].name]
     top_row = by_rate[f"{max(rates):g}"]
     result = {
         "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
@@ -387,7 +388,7 @@ def sweep(gateway: GatewayProcess, bed: Testbed, samples: LabelledSamples,
         for name, app_id in systems:
             row[name] = asyncio.run(measure(gateway, app_id, rate, seconds, samples, bed,
                                             settings, seed * 1000 + index))
-            print(json.dumps({"background": settings.kind, "rate_rps": rate, "system": name,
+            print(json.dumps({"background": settings.name, "rate_rps": rate, "system": name,
                               **row[name]}), flush=True)
         row["p999_reduction_pct"] = _reduction(row)
         row["median_change_pct"] = _median_change(row)
