@@ -6,11 +6,12 @@ parity model alike), for a time drawn from ``burst_ms``; seeded, so both systems
 schedule:
 
 - ``stall`` (the default): the server's Triton is paused (SIGSTOP) for ``pause_ms`` and let run
-  (SIGCONT) for ``run_ms``, again and again until the episode ends (``run_ms`` 0: paused for the
-  whole episode). ParM §6.1 slows the servers that background network shuffles run between,
-  and only them ("we do not introduce computational multitenancy"); on one machine, where every
-  server shares the same cores, a pause is the way to slow one server without slowing the
-  others. It costs no CPU.
+  (SIGCONT) for ``run_ms``, again and again until the episode ends (by default 20 and 20: the
+  server at half speed, a request on it held up to 20 ms; ``run_ms`` 0, ``stall:episode``:
+  paused for the whole episode, a freeze rather than a slowdown). ParM §6.1 slows the servers
+  that background network shuffles run between, and only them ("we do not introduce
+  computational multitenancy"); on one machine, where every server shares the same cores, a
+  pause is the way to slow one server without slowing the others. It costs no CPU.
 - ``inference``: other tenants' inference on the same model instances (§6.2.4): batch-8
   requests straight to the server's Triton, ``concurrency`` at once. On one machine they also
   take the CPU the other servers (the parity model among them) need, so every server slows
@@ -43,22 +44,28 @@ class BackgroundSettings:
     gap_ms: float = 300.0
     burst_ms: tuple[float, float] = (100.0, 400.0)
     concurrency: int = 8
-    pause_ms: float = 50.0
-    run_ms: float = 0.0
+    pause_ms: float = 20.0
+    run_ms: float = 20.0
 
     @property
     def name(self) -> str:
-        if self.kind == "stall" and self.run_ms > 0:
-            return f"stall:{self.pause_ms:g}/{self.run_ms:g}"
-        return self.kind
+        if self.kind != "stall":
+            return self.kind
+        return f"stall:{self.pause_ms:g}/{self.run_ms:g}" if self.run_ms > 0 else "stall:episode"
 
     def parse(self, spec: str) -> BackgroundSettings:
-        """These settings with the kind ``spec`` names (``stall:PAUSE/RUN`` sets both)."""
+        """These settings with the kind ``spec`` names.
+
+        ``stall:PAUSE/RUN`` sets the stall's timing, ``stall:episode`` pauses for whole episodes.
+        """
         kind, _, timing = spec.partition(":")
         if kind not in KINDS or (timing and kind != "stall"):
-            raise ValueError(f"{spec!r}: kinds among {', '.join(KINDS)}, or stall:PAUSE/RUN")
+            raise ValueError(f"{spec!r}: kinds among {', '.join(KINDS)}, stall:PAUSE/RUN or "
+                             "stall:episode")
         if not timing:
             return replace(self, kind=kind)
+        if timing == "episode":
+            return replace(self, kind=kind, run_ms=0.0)
         pause, _, run = timing.partition("/")
         pause_ms, run_ms = float(pause), float(run or 0)
         if not (0 < pause_ms < 10_000 and 0 <= run_ms < 10_000):

@@ -24,19 +24,22 @@ one server slows all of them, the parity model and the other instances with it, 
 the imbalance ParM is built for. The default background, ``stall``, slows one server without
 burning CPU: ``--episodes`` workers each, again and again, wait an exponential time (mean
 ``--gap-ms``), pick one of the system's k + 1 servers at random (an instance or the parity
-model) and pause its Triton (SIGSTOP) for a time drawn from ``--burst-ms`` (with ``--run-ms``
-above 0: paused ``--pause-ms``, running ``--run-ms``, in turn). ``inference`` (§6.2.4's
-multitenant inference) sends the chosen server bursts of batch-8 requests straight to its
-Triton (``--burst-concurrency`` at once) instead; ``none`` adds nothing. ``--background`` takes
-several, comma-separated: the first gives the top-level figures, each is in
-``by_background``. Both systems get the same seeded schedule.
+model) and, for a time drawn from ``--burst-ms``, pause its Triton (SIGSTOP) for
+``--pause-ms`` and let it run for ``--run-ms`` in turn (by default 20 and 20: half speed, a
+request held up to 20 ms, as a link shared with a shuffle; ``stall:episode``: paused for the
+whole episode). ``inference`` (§6.2.4's multitenant inference) sends the chosen server bursts
+of batch-8 requests straight to its Triton (``--burst-concurrency`` at once) instead; ``none``
+adds nothing. ``--background`` takes several, comma-separated: the first gives the top-level
+figures, each is in ``by_background``. Both systems get the same seeded schedule.
 
-**Load**: an open-loop Poisson client at each rate of ``--rates`` for ``--seconds`` (after 2 s
-of warm-up), digits of the held-out split, one query per request (batch size 1, as §6). Each
-query's latency is from its scheduled send time to its answer, so a client that falls behind
-counts against the system. The systems alternate at each rate (ParM first). The rates go up to
-where the gateway and the model instances of this machine saturate without redundancy, which
-``--saturation`` reports: p99.9 of a third app of k plain instances at each rate.
+**Load**: an open-loop Poisson client at each rate of ``--rates`` for ``--seconds``, digits of
+the held-out split, one query per request (batch size 1, as §6). Each query's latency is from
+its scheduled send time to its answer, so a client that falls behind counts against the
+system. Each system's seconds at a rate are cut into ``--slices`` slices (each after 1 s of
+warm-up) taken in turn with the other system's (ParM first, then ER first, ...), so that both
+meet the same machine as other work on it comes and goes. The rates go up to where the gateway
+and the model instances of this machine saturate without redundancy, which ``--saturation``
+reports: p99.9 of a third app of k plain instances at each rate.
 
 **Failure case**: ParM at the middle rate, without background load; one instance's server is
 SIGKILLed; every query sent from the kill until the controller has placed the instance again
@@ -89,7 +92,8 @@ from deploy.topology import make_topology  # noqa: E402
 from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
 VARIANT = "digits_cnn"
-WARMUP_S = 2.0
+WARMUP_S = 1.0
+"""Seconds of queries before each slice's measured ones (not counted)."""
 
 
 def infer_body(images: np.ndarray) -> bytes:
@@ -112,6 +116,8 @@ class Outcome:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
     sources: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    """Queries sent, the warm-up's included."""
     lag_ms: list[float] = field(default_factory=list)
     """How late the client sent each query after its scheduled time (the client's own delay,
     counted in the latency)."""
@@ -182,6 +188,7 @@ async def open_loop(gateway_port: int, app_id: str, rate: float, seconds: float,
     if tasks:
         await asyncio.wait(tasks, timeout=60)
     await client.close()
+    outcome.sent = n
     return outcome
 
 
@@ -197,9 +204,35 @@ def targets_of(bed: Testbed, app_id: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+@dataclass
+class Tally:
+    """One system's measurements at one rate, over its slices."""
+
+    outcome: Outcome = field(default_factory=Outcome)
+    episodes: int = 0
+    gateway_cpu_s: float = 0.0
+    busy: float = 0.0
+    total: float = 0.0
+
+    def add(self, outcome: Outcome) -> None:
+        self.outcome.latencies_ms += outcome.latencies_ms
+        self.outcome.lag_ms += outcome.lag_ms
+        self.outcome.errors += outcome.errors
+        self.outcome.sent += outcome.sent
+        for source, count in outcome.sources.items():
+            self.outcome.sources[source] = self.outcome.sources.get(source, 0) + count
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.outcome.summary(), "background_episodes": self.episodes,
+                "gateway_cpu_ms_per_query": round(1000.0 * self.gateway_cpu_s
+                                                  / max(1, self.outcome.sent), 3),
+                "machine_busy_pct": round(100.0 * self.busy / max(1.0, self.total), 1)}
+
+
 async def measure(gateway: GatewayProcess, app_id: str, rate: float, seconds: float,
                   samples: LabelledSamples, bed: Testbed, settings: BackgroundSettings,
-                  seed: int) -> dict[str, Any]:
+                  seed: int, tally: Tally) -> None:
+    """One slice: the app at ``rate`` for ``seconds`` under the background; into ``tally``."""
     stop = asyncio.Event()
     cpu_before = cpu_seconds(gateway.process.pid)
     busy_before, total_before = machine_busy()
@@ -209,14 +242,12 @@ async def measure(gateway: GatewayProcess, app_id: str, rate: float, seconds: fl
                                   random.Random(seed))
     finally:
         stop.set()
-        episodes = await noise
-    cpu_ms = (cpu_seconds(gateway.process.pid) - cpu_before) * 1000.0
+        tally.episodes += await noise
+    tally.gateway_cpu_s += cpu_seconds(gateway.process.pid) - cpu_before
     busy_after, total_after = machine_busy()
-    queries = max(1, len(outcome.latencies_ms) + outcome.errors)
-    return {**outcome.summary(), "background_episodes": episodes, "rate_rps": rate,
-            "gateway_cpu_ms_per_query": round(cpu_ms / queries / (1 + WARMUP_S / seconds), 3),
-            "machine_busy_pct": round(100.0 * (busy_after - busy_before)
-                                      / max(1.0, total_after - total_before), 1)}
+    tally.busy += busy_after - busy_before
+    tally.total += total_after - total_before
+    tally.add(outcome)
 
 
 def failure_case(bed: Testbed, gateway_port: int, rate: float, samples: LabelledSamples,
@@ -280,20 +311,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="query rates (requests/s), comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="measured seconds per rate and system")
+    parser.add_argument("--slices", type=int, default=4,
+                        help="each system's seconds at a rate in this many slices, taken in "
+                             "turn with the other system's")
     parser.add_argument("--k", type=int, default=2, choices=(2, 3, 4))
     parser.add_argument("--background", default="stall",
                         help=f"background kinds, comma-separated ({', '.join(KINDS)}; "
                              "stall:PAUSE/RUN for a stall with its own --pause-ms and "
-                             "--run-ms); the first gives the top-level figures, each is in "
-                             "by_background")
+                             "--run-ms, stall:episode for whole-episode pauses); the first "
+                             "gives the top-level figures, each is in by_background")
     parser.add_argument("--episodes", type=int, default=2,
                         help="background episodes running side by side")
     parser.add_argument("--gap-ms", type=float, default=300.0)
     parser.add_argument("--burst-ms", default="100,400",
                         help="an episode's length, drawn uniformly between the two")
-    parser.add_argument("--pause-ms", type=float, default=50.0,
+    parser.add_argument("--pause-ms", type=float, default=20.0,
                         help="stall: each pause of the server")
-    parser.add_argument("--run-ms", type=float, default=0.0,
+    parser.add_argument("--run-ms", type=float, default=20.0,
                         help="stall: the server runs this long between pauses (0: paused for "
                              "the whole episode)")
     parser.add_argument("--burst-concurrency", type=int, default=8,
@@ -311,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "%(message)s")
     rates = [float(r) for r in options.rates.split(",")]
     lo, hi = (float(x) for x in options.burst_ms.split(","))
+    if options.slices < 1:
+        parser.error("--slices: at least 1")
     default = BackgroundSettings("stall", options.episodes, options.gap_ms, (lo, hi),
                                  options.burst_concurrency, options.pause_ms, options.run_ms)
     try:
@@ -344,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         if options.saturation:
             systems.append(("no_redundancy", "plain"))
         by_background = {settings.name: sweep(gateway, bed, samples, systems, rates,
-                                              options.seconds, settings, options.seed)
+                                              options.seconds, options.slices, settings,
+                                              options.seed)
                          for settings in backgrounds}
         failure = None if options.no_failure else failure_case(
             bed, gateway.port, rates[len(rates) // 2], samples, options.seed)
@@ -357,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     top_row = by_rate[f"{max(rates):g}"]
     result = {
         "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
+        "slices": options.slices,
         "straggler_ms": options.straggler_ms or 0.0,
         "background": backgrounds[0].describe(),
         "parm": {"p50_ms": top_row["parm"]["p50_ms"], "p999_ms": top_row["parm"]["p999_ms"]},
@@ -379,15 +417,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sweep(gateway: GatewayProcess, bed: Testbed, samples: LabelledSamples,
-          systems: list[tuple[str, str]], rates: list[float], seconds: float,
+          systems: list[tuple[str, str]], rates: list[float], seconds: float, slices: int,
           settings: BackgroundSettings, seed: int) -> dict[str, dict[str, Any]]:
-    """Every system at every rate under one background (the same schedule for each system)."""
+    """Every system at every rate under one background.
+
+    Each system's ``seconds`` are cut into ``slices`` taken in turn with the other systems'
+    (the first system first, then the last first, ...), so that both meet the same machine
+    (other work on it comes and goes); both systems get the same background schedule in a
+    slice.
+    """
     by_rate: dict[str, dict[str, Any]] = {}
     for index, rate in enumerate(rates):
-        row = by_rate[f"{rate:g}"] = {}
-        for name, app_id in systems:
-            row[name] = asyncio.run(measure(gateway, app_id, rate, seconds, samples, bed,
-                                            settings, seed * 1000 + index))
+        tallies = {name: Tally() for name, _ in systems}
+        for part in range(slices):
+            for name, app_id in systems if part % 2 == 0 else systems[::-1]:
+                asyncio.run(measure(gateway, app_id, rate, seconds / slices, samples, bed,
+                                    settings, seed * 1000 + index * 100 + part, tallies[name]))
+        row = by_rate[f"{rate:g}"] = {name: {**tally.summary(), "rate_rps": rate}
+                                      for name, tally in tallies.items()}
+        for name, _ in systems:
             print(json.dumps({"background": settings.name, "rate_rps": rate, "system": name,
                               **row[name]}), flush=True)
         row["p999_reduction_pct"] = _reduction(row)
