@@ -459,16 +459,18 @@ Equal-Resources (k + 1 plain instances), both through one `understudy gateway` (
 of k queries on k separate instances, a prediction reconstructed as soon as the parity output
 and the k - 1 others are in; each query to the instance with the fewest in flight, an instance
 answered for by a reconstruction still busy until its own answer). An open-loop Poisson client
-of batch-1 digits at each rate (latency from each query's scheduled send), the systems in turn
-under the same seeded background: by default `stall`, one server at a time (an instance or the
-parity model) paused by SIGSTOP for 100-400 ms, two such episodes side by side after
-exponential gaps, which slows that server alone as §6.1's network shuffles do (CPU-burning
-background slows every server on a shared machine); `by_background` has the others asked for.
-`p999_reduction_pct` = 100 (1 - ParM p99.9 / ER p99.9) and `median_change_pct` at the highest
-rate (targets >= 35 and <= 5). Failure case: a ParM instance's server SIGKILLed at the middle
-rate, every query until the controller has placed the instance again counted
-(`unanswered_during_failure`, target 0). All servers share the machine's cores: the parity
-queries are 1/k more inference on them (the paper gives the parity model its own machine).""",
+of batch-1 digits at each rate (latency from each query's scheduled send), each system's
+seconds in slices taken in turn with the other's, under the same seeded background: by
+default `stall`, two episodes side by side, each after an exponential gap (mean 300 ms)
+slowing one server drawn at random (an instance or the parity model) for 100-400 ms by pausing
+its Triton 20 ms out of every 40 (SIGSTOP), which slows that server alone as §6.1's network
+shuffles do (CPU-burning background, `inference`, slows every server of a shared machine);
+`by_background` has the others asked for. `p999_reduction_pct` = 100 (1 - ParM p99.9 / ER
+p99.9) and `median_change_pct` at the highest rate (targets >= 35 and <= 5). Failure case: a
+ParM instance's server SIGKILLed at the middle rate, every query until the controller has
+placed the instance again counted (`unanswered_during_failure`, target 0). All servers share
+the machine's cores: the parity queries are 1/k more inference on them (the paper gives the
+parity model its own machine).""",
         (("p999_reduction_pct", "p99.9 reduction vs Equal-Resources (%)"),
          ("median_change_pct", "median change vs Equal-Resources (%)"),
          ("parm.p50_ms", "ParM p50 (ms)"),
