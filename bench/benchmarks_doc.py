@@ -451,7 +451,7 @@ predictions unavailable). Targets: A_d(k=2) at most 10 points below A_a, A_d fal
          ("variant", "deployed variant"))),
     "parm_tail": Bench(
         "Parity models (ParM): tail latency against Equal-Resources",
-        "python bench/parm_tail.py", """\
+        "python bench/parm_tail.py --background stall,inference,none", """\
 ParM §6.2.1 on a live testbed on this machine (`docs/parity.md`): Redis, the controller and
 2 (k + 1) agents each with its own Triton; an app of `digits_cnn` protected by `parity:k` (k
 instances and a parity model the controller places on a server none of them uses) against

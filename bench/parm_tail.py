@@ -1,6 +1,6 @@
 """Tail latency with parity models (ParM §6) against Equal-Resources, on a live testbed.
 
-Usage: ``python bench/parm_tail.py [--rates 60,120,180] [--seconds 20] [--k 2]`` (run it under
+Usage: ``python bench/parm_tail.py [--rates 100,150,200] [--seconds 20] [--k 2]`` (run it under
 ``flock /tmp/understudy-bench.lock``: it starts a testbed; ``--help`` lists the options).
 
 Set-up, as an operator does it (``deploy/parity_bed.py``): the digits family is trained and
@@ -307,7 +307,7 @@ def replaced(bed: Testbed, killed: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rates", default="60,120,180",
+    parser.add_argument("--rates", default="100,150,200",
                         help="query rates (requests/s), comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="measured seconds per rate and system")
