@@ -15,18 +15,20 @@ store), then replays, group by group:
 * ``names``: glob and traversal names in the artifact route, sent as raw paths (no other
   variant's file, no store path in an answer);
 * ``events``: bad query parameters and frames on the event stream;
-* ``impersonation``: two simulated agents with their own credentials; the second one's
-  credential claiming the first one's server, then saying ``triton_down`` for it; the agent
-  socket with no, a wrong, a forged or another role's credential (refused: 1008, 401, 403; the
-  first server keeps its agent and its record);
+* ``impersonation``: four simulated agents with their own credentials (they stay connected
+  until the end); the second one's credential claiming the first one's server, then saying
+  ``triton_down`` for it; the agent socket with no, a wrong, a forged or another role's
+  credential (refused: 1008, 401, 403; the first server keeps its agent and its record);
 * ``registrations``: ``--registrations`` apps registered by concurrent POSTs, and duplicates
-  (201 each, 409 for a duplicate, every app listed afterwards);
+  (201 each, 409 for a duplicate, every app listed afterwards, every app serving and every
+  critical one, half of them, with a warm backup);
 * ``redis``: the redis-server SIGKILLed, then ``--outage-calls`` API calls timed from the kill
   (each must be a 503 with Retry-After, but a read answered from the records the controller
-  held before it noticed), Redis restarted on the same data, and nothing a call during the
-  outage asked for applied;
-* ``restart``: SIGTERM (it must stop), a new controller on the same Redis must start and serve
-  every app, with nothing quarantined.
+  held before it noticed), Redis restarted on the same data, nothing a call during the
+  outage asked for applied, and every app where it was;
+* ``restart``: SIGTERM (it must stop), a new controller on the same Redis must start, take
+  every agent back, and serve every app where it was (same status, serving server and
+  replicas), with nothing quarantined (``restart_ok``).
 
 Every request, frame exchange and check is a case. ``crashes``: the controller exited or
 /readyz was not 200 after a group. ``http_5xx``: an answer of 500 or more, except the 503s
@@ -62,13 +64,16 @@ import httpx  # noqa: E402
 from hostile_harness import (  # noqa: E402
     PREFIX,
     Bench,
+    Placement,
     declared,
     exchange,
     hello,
     last_declaration,
     listed_apps,
+    placements,
     raw,
     servers,
+    settled,
     wait,
 )
 
@@ -235,7 +240,8 @@ async def _register(url: str, headers: dict[str, str], count: int) -> list[int]:
         return await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def registrations(bench: Bench, count: int) -> float:
+def registrations(bench: Bench, count: int) -> tuple[float, dict[str, Placement]]:
+    """Register ``count`` apps at once; the rate, and where they are once all serve."""
     started = time.monotonic()
     statuses = asyncio.run(_register(bench.controller.url, bench.admin, count))
     elapsed = time.monotonic() - started
@@ -249,8 +255,20 @@ def registrations(bench: Bench, count: int) -> float:
                       corruption=True)
     listed = listed_apps(bench.controller.http)
     bench.tally.check(listed == count, f"{listed} apps listed for {count} registered")
-    return count / elapsed
+    where = settled(bench.controller.http, count, SETTLE_S)
+    serving = sum(p[0] == "serving" for p in where.values())
+    bench.tally.check(serving == count, f"{serving} of {count} apps serving")
+    backed = sum(any(r[2] == "warm" for r in p[2]) for app, p in where.items()
+                 if int(app.removeprefix("reg-")) % 2 == 0)
+    bench.tally.check(backed == count // 2 + count % 2,
+                      f"{backed} of {count // 2 + count % 2} critical apps with a warm backup")
+    return count / elapsed, where
 
+
+FLEET = 4
+"""Simulated servers: room for 2,000 apps and a warm backup of every other one."""
+SETTLE_S = 300.0
+"""How long the apps may take to be placed (and placed again after a restart)."""
 
 OUTAGE_CALLS = [("GET", "/v1/apps", None), ("GET", "/v1/servers", None),
                 ("GET", "/v1/config", None), ("GET", "/v1/events", None),
@@ -259,14 +277,17 @@ OUTAGE_CALLS = [("GET", "/v1/apps", None), ("GET", "/v1/servers", None),
                 ("POST", "/v1/plan/solve", None), ("GET", "/v1/apps/reg-00002", None)]
 
 
-def redis_outage(bench: Bench, calls: int, apps: int) -> tuple[float, int]:
+def redis_outage(bench: Bench, calls: int,
+                 where: dict[str, Placement]) -> tuple[float, int]:
     """Kill Redis; time ``calls`` API calls from the kill; restart it.
 
     Every call must fail fast (503 with Retry-After), except a read the controller answers
-    from the records it holds before it has noticed the outage (counted apart). Returns the
-    p99 time to a 503 (ms) and how many reads were served.
+    from the records it holds before it has noticed the outage (counted apart). Afterwards
+    every app is where it was (``where``). Returns the p99 time to a 503 (ms) and how many
+    reads were served.
     """
     http = bench.controller.http
+    apps = len(where)
     config_before = http.get("/v1/config").json()
     bench.redis_server.kill()
     times, served = [], 0
@@ -299,7 +320,22 @@ def redis_outage(bench: Bench, calls: int, apps: int) -> tuple[float, int]:
                       "a registration refused during the outage was applied", corruption=True)
     bench.tally.check(http.get("/v1/config").json() == config_before,
                       "a config patch refused during the outage was applied", corruption=True)
+    _same_places(bench, where, "after the Redis outage")
     return 1000 * _p99(times), served
+
+
+def _same_places(bench: Bench, before: dict[str, Placement], when: str) -> bool:
+    """Every app serves where it did ``before`` (waiting for the controller to settle)."""
+    after = settled(bench.controller.http, len(before), SETTLE_S)
+    lost = sorted(before.keys() - after.keys())
+    moved = sorted(app for app in before.keys() & after.keys() if after[app] != before[app])
+    first = moved[0] if moved else None
+    return all([
+        bench.tally.check(not lost, f"{len(lost)} apps lost {when}: {lost[:5]}",
+                          corruption=True),
+        bench.tally.check(not moved, f"{len(moved)} apps not where they were {when}: "
+                                     f"{first} {before.get(first or '')} -> "
+                                     f"{after.get(first or '')}")])
 
 
 def _p99(values: list[float]) -> float:
@@ -308,8 +344,11 @@ def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def restart(bench: Bench, apps: int) -> bool:
-    """SIGTERM the controller; start another on the same Redis; whether it serves it all."""
+def restart(bench: Bench, where: dict[str, Placement]) -> bool:
+    """SIGTERM the controller; start another on the same Redis; whether it serves it all,
+    where it was, with every agent back and nothing quarantined."""
+    apps = len(where)
+    before = placements(bench.controller.http)
     old = bench.controller
     old.popen.send_signal(signal.SIGTERM)
     try:
@@ -329,10 +368,17 @@ def restart(bench: Bench, apps: int) -> bool:
         return False
     listed = listed_apps(bench.controller.http)
     quarantined = bench.redis.hlen(f"{PREFIX}quarantine")
+    fleet = sorted(bench.agents.sites) if bench.agents else []
+    back = wait("every agent back", lambda: all(
+        s.get("state") == "up" and s.get("connected") for s in
+        (servers(bench).get(server, {}) for server in fleet)))
     ok = [bench.tally.check(stopped, "stopped on SIGTERM"),
           bench.tally.check(listed == apps, f"{listed} apps served after the restart"),
           bench.tally.check(quarantined == 0, f"{quarantined} records quarantined at start",
-                            corruption=True)]
+                            corruption=True),
+          bench.tally.check(back, "the agents did not come back to the new controller"),
+          bench.tally.check(before == where, "placements changed before the restart"),
+          _same_places(bench, before, "after the restart")]
     return all(ok)
 
 
@@ -357,17 +403,19 @@ def main() -> None:
                 print(f"{name}: {tally.groups[name]} cases in "
                       f"{time.monotonic() - started:.1f} s", flush=True)
             tally.group = "registrations"
-            rate = registrations(bench, args.registrations)
+            rate, where = registrations(bench, args.registrations)
             bench.alive()
             print(f"registrations: {args.registrations} at {rate:.0f} apps/s", flush=True)
             tally.group = "redis"
-            p99_ms, served = redis_outage(bench, args.outage_calls, args.registrations)
+            p99_ms, served = redis_outage(bench, args.outage_calls, where)
             bench.alive()
             print(f"redis outage: p99 {p99_ms:.1f} ms to a 503; {served} reads answered from "
                   f"the records held before the outage was noticed", flush=True)
             tally.group = "restart"
-            restart_ok = restart(bench, args.registrations)
+            restart_ok = restart(bench, where)
         finally:
+            if bench.agents is not None:
+                bench.agents.close()
             log = bench.controller.log_path.read_text(errors="replace")
             bench.controller.stop()
             bench.redis_server.stop()
@@ -385,23 +433,22 @@ def main() -> None:
 
 
 def impersonation(bench: Bench) -> None:
-    """Two simulated agents, each with its own credential; an impostor claims the first one's
-    server with the second one's credential, and others try the agent socket with no, a wrong,
-    a forged or another role's credential."""
-    agents = SimAgentProcesses(bench.controller.url, 2, 1, sites=2, log_dir=bench.run_dir,
-                               capacity={"memory_mb": 16000.0, "compute": 100.0},
-                               credentials_dir=bench.controller.credentials)
-    try:
-        agents.wait_ready()
-        agents.command("connect")
-        victim, other = sorted(agents.sites)
-        up = wait("both simulated servers up", lambda: all(
-            s.get("state") == "up" and s.get("connected")
-            for s in (servers(bench).get(victim, {}), servers(bench).get(other, {}))))
-        bench.tally.check(up, "the simulated agents did not come up")
-        _impostor(bench, victim, other)
-    finally:
-        agents.close()
+    """Simulated agents, each with its own credential (they stay, to serve the registrations);
+    an impostor claims the first one's server with the second one's credential, and others try
+    the agent socket with no, a wrong, a forged or another role's credential."""
+    agents = SimAgentProcesses(bench.controller.url, FLEET, 1, sites=2, log_dir=bench.run_dir,
+                               capacity={"memory_mb": 32000.0, "compute": 100.0},
+                               credentials_dir=bench.controller.credentials,
+                               load_time_scale=0.01)
+    bench.agents = agents
+    agents.wait_ready()
+    agents.command("connect")
+    fleet = sorted(agents.sites)
+    up = wait("the simulated servers up", lambda: all(
+        s.get("state") == "up" and s.get("connected")
+        for s in (servers(bench).get(server, {}) for server in fleet)))
+    bench.tally.check(up, "the simulated agents did not come up")
+    _impostor(bench, fleet[0], fleet[1])
 
 
 def _impostor(bench: Bench, victim: str, other: str) -> None:

@@ -23,7 +23,7 @@ from websockets.sync.client import connect
 
 from controller.credentials import CredentialStore
 from controller.redis_server import RedisServer
-from deploy.sim_driver import ControllerProcess
+from deploy.sim_driver import ControllerProcess, SimAgentProcesses
 from understudy.wire.artifacts import Manifest
 from understudy.wire.credentials import bearer, read_token_file
 from understudy.wire.protocol import AGENT_WS_PATH
@@ -85,6 +85,8 @@ class Bench:
         self.store = CredentialStore(self.controller.credentials)
         self.admin = self.controller.auth
         """The admin credential's header."""
+        self.agents: SimAgentProcesses | None = None
+        """The simulated agents (from the impersonation group on)."""
 
     def agent(self, server_id: str) -> dict[str, str]:
         """The header of ``server_id``'s agent credential."""
@@ -220,17 +222,54 @@ def raw(bench: Bench, method: str, path: str) -> tuple[int, bytes]:
         connection.close()
 
 
-def listed_apps(http: httpx.Client) -> int:
-    listed, cursor = 0, None
+def all_apps(http: httpx.Client) -> list[dict[str, Any]]:
+    """Every app's view, page by page."""
+    found: list[dict[str, Any]] = []
+    cursor = None
     while True:
         response = http.get("/v1/apps", params={"limit": 1000, **(
             {"cursor": cursor} if cursor else {})}, timeout=120)
         response.raise_for_status()
-        listed += len(response.json())
+        found += response.json()
         link = response.headers.get("link", "")
         if 'rel="next"' not in link:
-            return listed
+            return found
         cursor = httpx.URL(link.split(";")[0].strip("<>")).params.get("cursor")
+
+
+def listed_apps(http: httpx.Client) -> int:
+    return len(all_apps(http))
+
+
+Placement = tuple[str, str | None, tuple[tuple[str, str, str], ...]]
+"""An app's status, its serving server, and its replicas (server, variant, role)."""
+
+
+def placements(http: httpx.Client) -> dict[str, Placement]:
+    """Where every app is: its status, serving server and replicas."""
+    return {app["app_id"]: (app["status"], (app["serving"] or {}).get("server_id"),
+                            tuple(sorted((r["server_id"], r["variant"], r["role"])
+                                         for r in app["replicas"])))
+            for app in all_apps(http)}
+
+
+def settled(http: httpx.Client, apps: int, timeout_s: float) -> dict[str, Placement]:
+    """The placements once ``apps`` apps are all serving and stay unchanged for a second
+    (or the last seen at ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Placement] = {}
+    stable_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = placements(http)
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        elif (len(now) == apps and all(p[0] == "serving" for p in now.values())
+              and time.monotonic() - stable_since >= 1.0):
+            return now
+        time.sleep(0.2)
+    print(f"  (placements not settled in {timeout_s:.0f} s: "
+          f"{Counter(p[0] for p in last.values())})", flush=True)
+    return last
 
 
 def servers(bench: Bench) -> dict[str, dict[str, Any]]:
