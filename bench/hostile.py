@@ -23,9 +23,9 @@ store), then replays, group by group:
   (201 each, 409 for a duplicate, every app listed afterwards, every app serving and every
   critical one, half of them, with a warm backup);
 * ``redis``: the redis-server SIGKILLed, then ``--outage-calls`` API calls timed from the kill
-  (each must be a 503 with Retry-After within a second, but a read answered from the records the controller
-  held before it noticed), Redis restarted on the same data, nothing a call during the
-  outage asked for applied, and every app where it was;
+  (each must be a 503 with Retry-After within a second, but a read answered from the records
+  the controller held before it noticed), Redis restarted on the same data, nothing a call
+  during the outage asked for applied, and every app where it was;
 * ``restart``: SIGTERM (it must stop), a new controller on the same Redis must start, take
   every agent back, and serve every app where it was (same status, serving server and
   replicas), with nothing quarantined (``restart_ok``).
