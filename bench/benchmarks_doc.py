@@ -492,19 +492,24 @@ intervals; empty, overlong (to 100,000 characters), unicode and unsafe ids in he
 and paths; oversized bodies (10 MB with a length, 2.5 MB without, 10 MB with no credential),
 overlong fields, deep nesting, non-finite numbers, bodies that are not JSON, frames over the 4 MiB
 limit; glob and traversal names in the artifact route, sent as raw paths; bad queries and frames on
-the event stream; two simulated agents with their own credentials and an impostor that claims the
-first one's server with the other's credential and says `triton_down` for it, and the agent socket
-with no, a wrong, a forged or another role's credential; `--registrations` (default 2,000) apps by
-16 concurrent POSTs, then 50 duplicates; a SIGKILL of Redis followed by `--outage-calls` (200) API
-calls timed from the kill, Redis restarted on its data; SIGTERM of the controller and a new one on
-the same Redis. Every request, frame exchange and check is a case. `crashes`: the controller exited
-or /readyz was not 200 after a group; `http_5xx`: an answer of 500 or more but the 503s of the
-outage; `state_corruptions`: a refused input that changed a record in Redis (dumped before and
-after), an impostor accepted or believed, a record quarantined at the restart, an app lost or one
-applied that was refused. `redis_down_fail_fast_p99_ms`: p99 from sending a call during the outage
-to its 503 (reads the controller answered from the records it held before it noticed the outage are
-counted apart). Targets: 0 crashes, 0 5xx, 0 state corruptions, restart_ok, fail-fast p99 ≤
-1000 ms.""",
+the event stream; four simulated agents with their own credentials (connected from then to the
+end) and an impostor that claims the first one's server with the second one's credential and says
+`triton_down` for it, and the agent socket with no, a wrong, a forged or another role's credential;
+`--registrations` (default 2,000) apps by 16 concurrent POSTs, then 50 duplicates, until every app
+serves and every critical one (half) has a warm backup; a SIGKILL of Redis followed by
+`--outage-calls` (200) API calls timed from the kill (each a 503 with Retry-After within 1 s, or a
+read), Redis restarted on its data, every app where it was; SIGTERM of the controller and a new one
+on the same Redis. The controller runs as by default: per-role credentials (no `--insecure`), Redis
+with a password (`--redis-password-file`). Every request, frame exchange and check is a case.
+`crashes`: the controller exited or /readyz was not 200 after a group; `http_5xx`: an answer of 500
+or more but the 503s of the outage; `state_corruptions`: a refused input that changed a record in
+Redis (dumped before and after), an impostor accepted or believed, a record quarantined at the
+restart, an app lost or one applied that was refused. `restart_ok`: the old controller stopped on
+SIGTERM, the new one took every agent back and serves every app with the same status, serving server
+and replicas, nothing quarantined. `redis_down_fail_fast_p99_ms`: p99 from sending a call during
+the outage to its 503 (reads the controller answered from the records it held before it noticed the
+outage are counted apart). Targets: 0 crashes, 0 5xx, 0 state corruptions, restart_ok, fail-fast
+p99 ≤ 1000 ms.""",
         (("cases", "cases"), ("crashes", "crashes"), ("http_5xx", "5xx answers"),
          ("state_corruptions", "state corruptions"), ("restart_ok", "restart ok"),
          ("redis_down_fail_fast_p99_ms", "Redis down: p99 to a 503 (ms)"),
