@@ -367,7 +367,7 @@ def restart(bench: Bench, where: dict[str, Placement]) -> bool:
     bench.tally.check(stopped, "the controller did not stop on SIGTERM within 15 s")
     old.stop()
     try:
-        bench.controller = bench._start_controller()
+        bench.controller = bench._start_controller(old.port)
     except Exception as exc:  # noqa: BLE001 - reported as the case's failure
         bench.tally.crashes += 1
         bench.tally.check(False, f"the controller did not start again: {exc}")

@@ -96,9 +96,10 @@ class Bench:
         """The header of a named credential (``read``, ``client``, ``gateway``, ``admin``)."""
         return bearer(read_token_file(self.store.token_path(name)))
 
-    def _start_controller(self) -> ControllerProcess:
-        # The credential store is made in run_dir on the first start and kept by a restart.
-        process = ControllerProcess(self.run_dir, log_level="WARNING", extra=[
+    def _start_controller(self, port: int = 0) -> ControllerProcess:
+        # The credential store is made in run_dir on the first start and kept by a restart;
+        # a restart takes the same port, where the agents look for their controller.
+        process = ControllerProcess(self.run_dir, log_level="WARNING", port=port, extra=[
             "--redis-url", self.redis_server.redacted_url, "--redis-password-file",
             str(self.redis_server.password_file), "--startup-grace-s", "5",
             "--artifacts", str(self.artifacts)])

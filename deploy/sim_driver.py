@@ -184,15 +184,17 @@ class ControllerProcess:
 
     Its credential store (``credentials``) is made here before it starts, so ``http`` carries
     the admin credential from the first call; ``insecure`` starts it without authentication.
+    ``port`` (default: a free one) lets a restarted controller take its predecessor's, so that
+    its agents find it again.
     """
 
     def __init__(self, run_dir: Path, *, insecure: bool = False, heartbeat_ms: float = 20.0,
-                 log_level: str = "INFO", extra: Iterable[str] = ()) -> None:
+                 log_level: str = "INFO", extra: Iterable[str] = (), port: int = 0) -> None:
         from controller.credentials import CredentialStore
         from understudy.wire.credentials import bearer, read_token_file
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = run_dir / "controller.log"
         self._log = self.log_path.open("ab")
