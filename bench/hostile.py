@@ -1,6 +1,7 @@
 """Hostile input against a real controller and Redis: every case counted, nothing may break.
 
-Usage: ``python bench/hostile.py [--registrations 2000] [--outage-calls 200]``.
+Usage: ``python bench/hostile.py [--registrations 2000] [--outage-calls 200]
+[--keep-logs DIR]``.
 
 Starts a redis-server of its own and ``understudy controller`` on it (with a small artifact
 store), then replays, group by group:
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import signal
 import statistics
 import subprocess
@@ -392,6 +394,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--registrations", type=int, default=2000)
     parser.add_argument("--outage-calls", type=int, default=200)
+    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                        help="copy the controller's, Redis's and the agents' logs here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         bench = Bench(Path(tmp))
@@ -425,6 +429,11 @@ def main() -> None:
             log = bench.controller.log_path.read_text(errors="replace")
             bench.controller.stop()
             bench.redis_server.stop()
+            if args.keep_logs is not None:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for found in (*bench.run_dir.glob("*.log"), bench.run_dir / "redis/redis.log"):
+                    if found.is_file():
+                        shutil.copy(found, args.keep_logs / found.name)
         tracebacks = log.count("Traceback")
         print(f"controller log: {tracebacks} tracebacks")
         for failure in tally.failures:
