@@ -266,6 +266,10 @@ class FailureDetector:
                  detected_at: float) -> None:
         if self._watched.pop(server_id, None) is None:
             return
+        if self._stopping:
+            logger.info("server %s: %s while the controller stops; not declared", server_id,
+                        reason)
+            return
         self._declared_at[server_id] = time.monotonic()
         self._send({"op": "unwatch", "server": server_id})
         detected_at = min(detected_at, time.time())
@@ -281,6 +285,15 @@ class FailureDetector:
     def watching(self, server_id: str) -> bool:
         """Whether the server is watched (not declared failed since its last watch)."""
         return server_id in self._watched
+
+    def shutting_down(self) -> None:
+        """The controller is stopping: nothing is declared from now on.
+
+        Its server closes every agent's connection before it stops (uvicorn's shutdown), and a
+        failover begun then would be cut off half-way and resumed by the next controller, which
+        watches every server again at its start anyway (``startup_reconcile``).
+        """
+        self._stopping = True
 
     async def stop(self) -> None:
         """Stop the monitor process and wait for it (its pipes closed with it)."""

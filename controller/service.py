@@ -232,9 +232,19 @@ class Controller:
     async def _on_triton_up(self, server_id: str, message: Any) -> None:
         await self.returns.on_triton_up(server_id, message)
 
+    def shutting_down(self) -> None:
+        """A stop signal came: no longer ready, and no server declared failed from now on.
+
+        Called from the server's signal handler (``understudy controller``), before the server
+        closes the agents' connections; :meth:`stop` comes after that.
+        """
+        self.ready = False
+        if hasattr(self, "detector"):
+            self.detector.shutting_down()
+
     async def stop(self) -> None:
         """Close connections and stop the embedded Redis."""
-        self.ready = False
+        self.shutting_down()
         if self.store is not None:
             self.store.stop_waiting()  # in a Redis outage, what waits for it fails: no hang
         if hasattr(self, "_converge"):

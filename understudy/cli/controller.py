@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(options: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
-    import uvicorn
-
     from controller.api import create_app
     from controller.records import ConfigPatch
     from controller.service import Controller, ControllerSettings
@@ -98,7 +97,8 @@ def run(options: argparse.Namespace) -> int:
     except (ValidationError, SecretFileError) as exc:
         logger.error("invalid controller settings: %s", exc)
         return 2
-    app = create_app(Controller(settings))
+    controller = Controller(settings)
+    app = create_app(controller)
     # The event loop (agent replies, client pushes) shares the GIL with the
     # planning threads (Algorithm 1, the warm ILP's model building). With CPython's default
     # 5 ms switch interval a CPU-bound planning thread makes each waiting loop turn, and
@@ -107,8 +107,26 @@ def run(options: argparse.Namespace) -> int:
     sys.setswitchinterval(0.001)
     tls = ({"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
            if settings.tls_cert is not None else {})
-    uvicorn.run(app, host=settings.host, port=settings.port, **server_options(), **tls)
+    serve(app, controller.shutting_down, host=settings.host, port=settings.port,
+          **server_options(), **tls)
     return 0
+
+
+def serve(app: Any, on_exit: Callable[[], None], **options: Any) -> None:
+    """Run uvicorn with ``options`` until SIGINT/SIGTERM, calling ``on_exit`` on the signal.
+
+    ``on_exit`` runs before uvicorn closes any connection (its lifespan shutdown comes only
+    after them): the controller must know that its agents' connections close because it
+    stops, not because their servers failed.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, **options)).run()
 
 
 def server_options() -> dict[str, Any]:
