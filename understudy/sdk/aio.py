@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -31,6 +32,7 @@ from understudy.sdk.follower import ControllerRoutes
 from understudy.sdk.locations import Location
 from understudy.sdk.records import InferResult, ModelMetadata, RequestRecord
 from understudy.sdk.transport import Prepared, Transport, make_transport
+from understudy.wire.credentials import ca_file_of, load_token
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +51,12 @@ class AsyncClient:
     Args:
         controller_url: the controller, ``http://host:port`` (``https://`` with ``ca_file``).
         protocol: ``http`` or ``grpc``: how requests reach the Tritons.
-        token: the controller's bearer token, when it asks for one.
-        ca_file: a CA bundle to trust for the controller's TLS certificate.
+        token: the client credential the controller asks for; when None, ``token_file``, else
+            the file ``$UNDERSTUDY_TOKEN_FILE`` names, else ``$UNDERSTUDY_TOKEN``
+            (docs/security.md). A file readable by others is refused (CredentialFileError).
+        token_file: a file holding the credential (first line).
+        ca_file: a CA bundle to trust for the controller's TLS certificate (when None,
+            ``$UNDERSTUDY_CA_FILE``, else the system's CAs).
         timeout_s: how long a call may wait across failovers when it names no timeout.
         on_record: called with the record of every inference (on the event loop).
         on_event: called with every controller event about an app in use (on the event loop).
@@ -58,18 +64,23 @@ class AsyncClient:
     """
 
     def __init__(self, controller_url: str = "", *, protocol: str = "http",
-                 token: str | None = None, ca_file: str | None = None,
+                 token: str | None = None, token_file: str | Path | None = None,
+                 ca_file: str | Path | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_record: RecordHook | None = None,
                  on_event: EventHook | None = None, routes: RouteSource | None = None,
                  transport: Transport | None = None) -> None:
         if routes is None and not controller_url:
             raise ValueError("a controller_url (or a route source) is needed")
+        if token is None:
+            token = load_token(Path(token_file) if token_file is not None else None)
+        trusted = ca_file_of(Path(ca_file) if ca_file is not None else None)
         self.transport = transport or make_transport(protocol)
         self.protocol = self.transport.protocol
         self.timeout_s = timeout_s
         self.on_record = on_record
         self.routes: RouteSource = routes or ControllerRoutes(
-            controller_url, RouteBoard(on_event), token=token, ca_file=ca_file)
+            controller_url, RouteBoard(on_event), token=token,
+            ca_file=str(trusted) if trusted is not None else None)
         self._follower: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
         self._closed = False

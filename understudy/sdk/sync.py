@@ -16,6 +16,7 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -38,11 +39,13 @@ class Client:
     """Blocking client of the apps of one controller (arguments as :class:`AsyncClient`)."""
 
     def __init__(self, controller_url: str = "", *, protocol: str = "http",
-                 token: str | None = None, ca_file: str | None = None,
+                 token: str | None = None, token_file: str | Path | None = None,
+                 ca_file: str | Path | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_record: RecordHook | None = None,
                  on_event: EventHook | None = None, routes: RouteSource | None = None,
                  transport: Transport | None = None) -> None:
-        self.aio = AsyncClient(controller_url, protocol=protocol, token=token, ca_file=ca_file,
+        self.aio = AsyncClient(controller_url, protocol=protocol, token=token,
+                               token_file=token_file, ca_file=ca_file,
                                timeout_s=timeout_s, on_record=on_record, on_event=on_event,
                                routes=routes, transport=transport)
         self._loop = asyncio.new_event_loop()
