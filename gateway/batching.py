@@ -381,10 +381,13 @@ class BatchPolicy:
                execs: dict[Hashable, float]) -> None:
         """Report a finished batch to the scheduler and the window of solo times."""
         assert self.profile is not None  # noqa: S101 - warm
-        solo = dict(execs)
+        law = self.profile.law
+        scale = law.scale(len(batch))
+        # a reported time runs from the batch's start to the row's exit, slowed by the rows
+        # beside it: the law's scale takes that back out
+        solo = {key: seconds / scale for key, seconds in execs.items()}
         if not solo and batch:  # a static model: the batch's time, per request alone
-            solo[batch[0].key] = max(0.0, latency - self.profile.law.overhead_s) / \
-                self.profile.law.scale(len(batch))
+            solo[batch[0].key] = max(0.0, latency - law.overhead_s) / scale
         self.solo.extend(solo.values())
         self.since_replan += len(solo)
         self.scheduler.completed(BatchDone(batch, started, latency, solo))

@@ -64,7 +64,9 @@ class FakeModel:
             self.busy -= 1
         outputs = {"logits": rows.astype(np.float32).reshape(-1, 1)}
         if self.report:
-            outputs["exec_us"] = (times * 1e6).astype(np.float32).reshape(-1, 1)
+            # from the batch's start to the row's exit: slowed by the rows beside it
+            scaled = times * (1 + self.slope * (len(rows) - 1))
+            outputs["exec_us"] = (scaled * 1e6).astype(np.float32).reshape(-1, 1)
         data, header = http_answer(query, outputs, route.model_name, "model")
         headers = {"content-type": "application/json"}
         if header is not None:
@@ -167,7 +169,7 @@ def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
         model.exec_s = lambda x: 0.006
         for _ in range(9):
             await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(30)))
-        assert max(p.solo) == pytest.approx(0.006)
+        assert max(p.solo) == pytest.approx(0.006, rel=0.3)  # in-batch times scaled back
         assert isinstance(p.scheduler, NexusLike) and p.scheduler.solo_s > 0.003  # re-planned
 
     run(scenario)
