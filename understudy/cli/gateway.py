@@ -95,6 +95,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "app's registered latency_slo_ms)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="rows in one batch a scheduler sends (default 8)")
+    parser.add_argument("--exec-output", default=None,
+                        help="output through which a dynamic model reports each row's "
+                             "execution time in microseconds (default exec_us)")
     parser.add_argument("--group-timeout-ms", type=float, default=None,
                         help="a coding group not filled this long is closed unprotected "
                              "(default 50)")
@@ -127,7 +130,7 @@ def run(options: argparse.Namespace) -> int:
             "group_timeout_ms": options.group_timeout_ms,
             "scheduler": dict(options.scheduler) if options.scheduler else None,
             "slo_ms": dict(options.slo_ms) if options.slo_ms else None,
-            "max_batch": options.max_batch},
+            "max_batch": options.max_batch, "exec_output": options.exec_output},
             ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid gateway settings: %s", exc)
