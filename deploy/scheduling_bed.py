@@ -16,6 +16,7 @@ from the pieces that exist:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -47,7 +48,7 @@ class ServedModel:
 def early_exit_available() -> bool:
     """Whether this checkout has the early-exit family."""
     try:
-        import model_repo.digits_ee  # noqa: F401
+        importlib.import_module(f"model_repo.{EARLY_EXIT_FAMILY}")
     except ImportError:
         return False
     return True
@@ -56,10 +57,9 @@ def early_exit_available() -> bool:
 def train_family(family: str, runs: Path = REPO / "runs") -> Path:
     """Train ``digits`` or ``digits_ee`` (cached in ``runs/<family>``); its manifest's path."""
     if family == EARLY_EXIT_FAMILY:
-        from model_repo import digits_ee
-
-        digits_ee.train_early_exit(runs / family)  # type: ignore[attr-defined]
-        return runs / family / digits_ee.MANIFEST_NAME  # type: ignore[attr-defined]
+        module = importlib.import_module(f"model_repo.{EARLY_EXIT_FAMILY}")
+        module.train_early_exit(runs / family)
+        return runs / family / str(module.MANIFEST_NAME)
     from model_repo.digits import MANIFEST_NAME, train_digits
 
     train_digits(runs / family)
