@@ -531,7 +531,8 @@ of a request of 8 rows, whose inverse times 8 is the capacity. Then, per model, 
 5 x that p99) and scheduler (Orloj as the simulator's "ours"; Clipper-like AIMD, Nexus-like plan
 from the mean with early drop, Clockwork-like EDF with the p99 and an action window of one p99,
 Triton-like max batch 8 and a queue delay of 0.1 x SLO), in a shuffled order per SLO: a warm-up,
-then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, random held-out
+then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at most
+`--max-rate` (400/s; client, gateway and model share the machine's cores), random held-out
 digits. A request finishes when its answer is back within the SLO of its scheduled send time;
 drops and late answers do not. `gain_vs_best_baseline_tight_pct`: on the dynamic model,
 100 (Orloj / best baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the

@@ -17,7 +17,8 @@ its ``--scheduler`` and ``--slo-ms``: every scheduler goes through the same gate
    model), and the median latency of a request of 8 rows gives the capacity at the largest
    batch, ``8 / latency(8)``.
 2. **Load**: Poisson arrivals at ``--load`` times that capacity (0.4, as the simulator's
-   ``orloj-fig*`` experiments), held-out digits drawn at random, for ``--seconds`` per run,
+   ``orloj-fig*`` experiments), at most ``--max-rate`` (400/s: the client and the gateway share
+   the machine with the model), held-out digits drawn at random, for ``--seconds`` per run,
    after a warm-up that lets the app's scheduler take over. A request *finishes* when its
    answer comes back within the SLO of its scheduled send time (a client that falls behind
    counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a late
@@ -206,8 +207,9 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
     shuffle = random.Random(args.seed)
     for key in models:
         capacity = MAX_BATCH / figures[key]["batch8_s"]
-        rate = args.load * capacity
+        rate = min(args.load * capacity, args.max_rate)
         figures[key]["rate_rps"] = rate
+        figures[key]["capacity_rps"] = capacity
         for slo in slos:
             slo_s = slo * figures[key]["p99_s"]
             shuffle.shuffle(order)
@@ -250,6 +252,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per run")
     parser.add_argument("--load", type=float, default=0.4,
                         help="arrival rate as a fraction of the capacity at batch 8")
+    parser.add_argument("--max-rate", type=float, default=400.0,
+                        help="at most this many requests per second (the client and the "
+                             "gateway share this machine's cores with the model)")
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--static-only", action="store_true")
@@ -317,6 +322,7 @@ def main() -> None:
         "exec_p50_ms": {k: round(f["p50_s"] * 1000, 3) for k, f in figures.items()},
         "batch8_ms": {k: round(f["batch8_s"] * 1000, 3) for k, f in figures.items()},
         "rate_rps": {k: round(f["rate_rps"], 1) for k, f in figures.items()},
+        "capacity_rps": {k: round(f["capacity_rps"], 1) for k, f in figures.items()},
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
         "dynamic_model": "dynamic" in models,
         "outcomes": result["outcomes"],
