@@ -85,6 +85,10 @@ def test_each_scheduler_answers_every_client_with_its_own_prediction_from_batche
     x, y = digits
     for i in range(30):  # the warm-up: one at a time, with probes
         assert infer(gateway, app, x[i:i + 1]).status_code == 200
+    batches_before = gateway.sample("understudy_gateway_batch_size_count", app_id=app,
+                                    scheduler=app) or 0.0
+    rows_before = gateway.sample("understudy_gateway_batch_size_sum", app_id=app,
+                                 scheduler=app) or 0.0
     replies = predictions(gateway, app, x[:160])
     answered = [(r, label) for r, label in zip(replies, y[:160], strict=True)
                 if r.status_code == 200]
@@ -100,6 +104,7 @@ def test_each_scheduler_answers_every_client_with_its_own_prediction_from_batche
     batches = gateway.sample("understudy_gateway_batch_size_count", app_id=app, scheduler=app)
     rows = gateway.sample("understudy_gateway_batch_size_sum", app_id=app, scheduler=app)
     assert batches is not None and rows is not None
+    batches, rows = batches - batches_before, rows - rows_before
     assert len(answered) <= rows <= 160 and batches < rows  # some went together
     cpu = gateway.sample("understudy_gateway_scheduler_decision_cpu_p50_seconds", app_id=app)
     assert cpu is not None and 0 < cpu < 0.01
