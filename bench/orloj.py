@@ -262,6 +262,7 @@ def main() -> None:
     parser.add_argument("--static-only", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     slos = [float(s) for s in args.slos.split(",")]
     models = {"static": STATIC}
     if not args.static_only and early_exit_available():
