@@ -5,7 +5,7 @@ from the pieces that exist:
 
 - a family (``digits``; ``digits_ee``, the early-exit one, where the project has it) trained
   and written into an artifact store (``model_repo.imported.write_family``, no profiling);
-- one Triton (Python backend) serving chosen variants, each under the model name
+- one Triton (Python backend, through the per-server runtime) serving chosen variants, each under the model name
   ``<model>__<variant>``, with Triton's own dynamic batcher taken out of the config, so the
   gateway's scheduler is the only one forming batches (its batches reach Triton whole);
 - an ``understudy gateway`` whose routing table (``routes.json`` in its run directory, the
@@ -96,7 +96,7 @@ def start_triton(root: Path, repository: Path, models: Sequence[ServedModel]) ->
     http_port, grpc_port, metrics_port = free_ports(3)
     triton = TritonServer(TritonConfig(
         model_repository=repository, work_dir=root / "triton", http_port=http_port,
-        grpc_port=grpc_port, metrics_port=metrics_port, use_runtime=False,
+        grpc_port=grpc_port, metrics_port=metrics_port,
         model_backend="python", start_timeout_s=120))
     triton.start()
     for model in models:
