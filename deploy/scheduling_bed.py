@@ -5,9 +5,10 @@ from the pieces that exist:
 
 - a family (``digits``; ``digits_ee``, the early-exit one, where the project has it) trained
   and written into an artifact store (``model_repo.imported.write_family``, no profiling);
-- one Triton (Python backend, through the per-server runtime) serving chosen variants, each under the model name
-  ``<model>__<variant>``, with Triton's own dynamic batcher taken out of the config, so the
-  gateway's scheduler is the only one forming batches (its batches reach Triton whole);
+- one Triton (Python backend, through the per-server runtime) serving chosen variants, each
+  under the model name ``<model>__<variant>``, with Triton's own dynamic batcher taken out of
+  the config, so the gateway's scheduler is the only one forming batches (its batches reach
+  Triton whole);
 - an ``understudy gateway`` whose routing table (``routes.json`` in its run directory, the
   table a gateway keeps across restarts) sends any number of apps to those models, with no
   controller reachable, so nothing but the request path is measured; each app gets its own
