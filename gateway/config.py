@@ -19,6 +19,10 @@ ProtectMode = Literal["auto", "parity", "equal-resources", "default-response",
                       "approximate-backup", "none"]
 """How an app's requests are protected (``gateway.protection``)."""
 
+SchedulerName = Literal["none", "orloj", "clipper", "nexus", "clockwork", "triton"]
+"""How an app's requests are batched and ordered (``gateway.batching``; ``none``: one by one,
+in arrival order)."""
+
 
 def valid_app_id(app_id: str) -> bool:
     """Whether ``app_id`` could name a registered app."""
@@ -69,6 +73,16 @@ class GatewayConfig(BaseModel):
     """Per app: the class the default response answers (default 0)."""
     group_timeout_ms: float = Field(50.0, gt=0, le=60_000)
     """A coding group not filled this long after its first query is closed unprotected."""
+    scheduler: dict[str, SchedulerName] = Field(default_factory=dict)
+    """Per app: the batch scheduler of its queue (``gateway.batching``; default ``none``)."""
+    slo_ms: dict[str, float] = Field(default_factory=dict)
+    """Per app: the latency objective its scheduler plans for (default: the app's registered
+    ``latency_slo_ms``, else each request's own timeout)."""
+    max_batch: int = Field(8, ge=1, le=1024)
+    """Rows in one batch a scheduler sends (at most the model's ``max_batch_size``)."""
+    exec_output: str = Field("exec_us", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Output through which a dynamic model reports each row's execution time (µs); without
+    it, the batch's measured time stands in."""
 
     @field_validator("hedge_ms", "straggler_ms")
     @classmethod
@@ -80,7 +94,17 @@ class GatewayConfig(BaseModel):
                 raise ValueError(f"{app_id!r}: delay must be >= 0 ms")
         return value
 
-    @field_validator("protect", "default_class")
+    @field_validator("slo_ms")
+    @classmethod
+    def _slos(cls, value: dict[str, float]) -> dict[str, float]:
+        for app_id, slo in value.items():
+            if not valid_app_id(app_id):
+                raise ValueError(f"{app_id!r}: not an app id")
+            if not math.isfinite(slo) or not 0 < slo <= 3_600_000:
+                raise ValueError(f"{app_id!r}: SLO must be > 0 ms and at most an hour")
+        return value
+
+    @field_validator("protect", "default_class", "scheduler")
     @classmethod
     def _apps(cls, value: dict[str, object]) -> dict[str, object]:
         for app_id, setting in value.items():

@@ -53,3 +53,18 @@ class DeadlineError(GatewayError):
 
 class StoppingError(GatewayError):
     status, grpc_code, reason = 503, "UNAVAILABLE", "stopping"
+
+
+class DroppedError(GatewayError):
+    """The app's batch scheduler gave up on the request before sending it.
+
+    ``reason`` says why (``scheduling.types``): ``deadline-unreachable`` (it can no longer
+    finish by its deadline, even alone), ``expired`` (the deadline passed while it waited),
+    ``action-window-missed`` (the Clockwork-like scheduler's planned batch missed its window).
+    """
+
+    status, grpc_code, reason = 504, "DEADLINE_EXCEEDED", "deadline-unreachable"
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -124,6 +124,8 @@ class EventFollower:
             logger.warning("events %d..%d missing from the stream; reloading the table",
                            expected, seq - 1)
             self._snapshot_due = True
+        if table.get(str(event.get("app_id"))) is None and event.get("kind") != "deleted":
+            self._snapshot_due = True  # a new app: its spec (latency objective) is in its view
         self.board.apply(event)
 
     async def _snapshot(self, http: httpx.AsyncClient) -> None:

@@ -7,6 +7,8 @@ grow the label set with made-up names).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.exchange import Answer
@@ -14,6 +16,9 @@ from gateway.exchange import Answer
 UNKNOWN_APP = "unknown"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
+DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                    1e-2)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class _AppChildren:
@@ -77,6 +82,23 @@ class GatewayMetrics:
             "understudy_gateway_parity_queries",
             "parity queries sent to parity models, by outcome (answered, failed)",
             ["app_id", "outcome"], registry=r)
+        self.scheduler_decisions = Histogram(
+            "understudy_gateway_scheduler_decision_cpu_seconds",
+            "CPU time of a batch scheduler per batch decided (next_batch and the enqueues since "
+            "the previous decision)", ["app_id", "scheduler"], buckets=DECISION_BUCKETS,
+            registry=r)
+        self.scheduler_decision_p50 = Gauge(
+            "understudy_gateway_scheduler_decision_cpu_p50_seconds",
+            "median CPU time of the app's scheduler per decision, over its recent decisions",
+            ["app_id"], registry=r)
+        self.batch_sizes = Histogram(
+            "understudy_gateway_batch_size", "requests per batch a scheduler sent",
+            ["app_id", "scheduler"], buckets=BATCH_BUCKETS, registry=r)
+        self.scheduler_drops = Counter(
+            "understudy_gateway_scheduler_drops",
+            "requests a batch scheduler dropped before sending them, by reason "
+            "(deadline-unreachable, expired, action-window-missed)",
+            ["app_id", "scheduler", "reason"], registry=r)
         self._apps: dict[str, _AppChildren] = {}
 
     def _app(self, app_id: str) -> _AppChildren:
@@ -128,6 +150,19 @@ class GatewayMetrics:
 
     def parity_sent(self, app_id: str, outcome: str) -> None:
         self.parity_queries.labels(app_id, outcome).inc()
+
+    # --- SchedulerEvents --------------------------------------------------------------------
+
+    def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
+        self.scheduler_decisions.labels(app_id, scheduler).observe(cpu_s)
+        self.batch_sizes.labels(app_id, scheduler).observe(batch_size)
+
+    def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
+        self.scheduler_drops.labels(app_id, scheduler, reason).inc()
+
+    def watch_scheduler(self, app_id: str, p50_s: Callable[[], float]) -> None:
+        """Expose the app's scheduler's median CPU time per decision."""
+        self.scheduler_decision_p50.labels(app_id).set_function(p50_s)
 
     def render(self) -> bytes:
         """The text exposition format."""

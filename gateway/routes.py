@@ -21,6 +21,7 @@ gateway and the SDK agree on where an app is served.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ class AppRoute:
     """server id -> a ready instance of the app besides the serving replica."""
     parity: dict[str, Location] = field(default_factory=dict)
     """server id -> a ready parity model of the app's instances."""
+    slo_ms: float | None = None
+    """The latency objective the app was registered with (from snapshots; None: none)."""
 
     def members(self) -> list[Location]:
         """Every instance answering the app's queries: the serving replica, then the others."""
@@ -160,6 +163,7 @@ class RoutingTable:
                                      servers, self.last_seq)
             app.parity = _backups(app_id, [r for r in replicas if r.get("role") == "parity"],
                                   servers, self.last_seq)
+            app.slo_ms = _slo_ms(view.get("spec"))
             serving = location_of_serving(view.get("serving"), self.last_seq)
             change = self._serve(app, serving, str(view.get("reason") or ""))
             if change is not None:
@@ -178,7 +182,7 @@ class RoutingTable:
                        "backups": [asdict(b) for b in a.backups.values()],
                        "instances": [asdict(b) for b in a.instances.values()],
                        "parity": [asdict(b) for b in a.parity.values()],
-                       "seq": a.seq, "reason": a.reason}
+                       "seq": a.seq, "reason": a.reason, "slo_ms": a.slo_ms}
             for a in self.apps.values()}}
 
     @classmethod
@@ -198,10 +202,21 @@ class RoutingTable:
                     int(data.get("seq", 0)), str(data.get("reason", "")),
                     instances={b["server_id"]: Location(**b)
                                for b in data.get("instances", ())},
-                    parity={b["server_id"]: Location(**b) for b in data.get("parity", ())})
+                    parity={b["server_id"]: Location(**b) for b in data.get("parity", ())},
+                    slo_ms=_slo_ms({"latency_slo_ms": data.get("slo_ms")}))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed routing table: {exc}") from exc
         return table
+
+
+def _slo_ms(spec: Any) -> float | None:
+    """An app spec's ``latency_slo_ms`` when it is a usable one (None otherwise)."""
+    if not isinstance(spec, Mapping):
+        return None
+    value = spec.get("latency_slo_ms")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def _same_place(a: Location | None, b: Location | None) -> bool:

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from gateway.batching import BatchPolicy, BatchSettings
 from gateway.board import RouteBoard
 from gateway.config import GatewayConfig
 from gateway.dataplane import DataPlane
@@ -75,8 +76,16 @@ class Gateway:
     def _senders(self) -> dict[str, Send]:
         return {"http": http_sender(self.upstream), "grpc": grpc_sender(self.grpc_upstream)}
 
-    def _policy(self, app_id: str) -> ProtectedPolicy:
+    def _policy(self, app_id: str) -> ProtectedPolicy | BatchPolicy:
         config = self.config
+        scheduler = config.scheduler.get(app_id, "none")
+        if scheduler != "none":
+            policy = BatchPolicy(
+                app_id, BatchSettings(scheduler, config.max_batch, config.exec_output),
+                lambda: self._slo_ms(app_id), events=self.metrics,
+                stopping=lambda: self.dispatcher.stopping)
+            self.metrics.watch_scheduler(app_id, policy.decision_cpu_p50_s)
+            return policy
         protection = Protection(mode=config.protect.get(app_id, "auto"),
                                 straggler_ms=config.straggler_ms.get(app_id),
                                 group_timeout_ms=config.group_timeout_ms,
@@ -85,6 +94,14 @@ class Gateway:
                                FifoPolicy(config.max_in_flight, config.max_waiting),
                                retry_min_s=config.retry_min_s, retry_max_s=config.retry_max_s,
                                events=self.metrics, stopping=lambda: self.dispatcher.stopping)
+
+    def _slo_ms(self, app_id: str) -> float | None:
+        """The app's latency objective: the gateway's setting, else its registration's."""
+        configured = self.config.slo_ms.get(app_id)
+        if configured is not None:
+            return configured
+        route = self.board.route(app_id)
+        return None if route is None else route.slo_ms
 
     def _on_change(self, change: RouteChange) -> None:
         if change.deleted:

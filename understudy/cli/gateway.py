@@ -85,6 +85,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-class", type=parse_app_setting(int), action="append",
                         default=None, metavar="APP=CLASS",
                         help="the class APP's default response answers (default 0)")
+    parser.add_argument("--scheduler", type=parse_app_setting(str), action="append",
+                        default=None, metavar="APP=NAME",
+                        help="how APP's requests are batched and ordered: none (default), "
+                             "orloj, clipper, nexus, clockwork, triton (repeatable)")
+    parser.add_argument("--slo-ms", type=parse_app_setting(float), action="append",
+                        default=None, metavar="APP=MS",
+                        help="the latency objective APP's scheduler plans for (default: the "
+                             "app's registered latency_slo_ms)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="rows in one batch a scheduler sends (default 8)")
+    parser.add_argument("--exec-output", default=None,
+                        help="output through which a dynamic model reports each row's "
+                             "execution time in microseconds (default exec_us)")
     parser.add_argument("--group-timeout-ms", type=float, default=None,
                         help="a coding group not filled this long is closed unprotected "
                              "(default 50)")
@@ -114,7 +127,10 @@ def run(options: argparse.Namespace) -> int:
             "protect": dict(options.protect) if options.protect else None,
             "straggler_ms": dict(options.straggler_ms) if options.straggler_ms else None,
             "default_class": dict(options.default_class) if options.default_class else None,
-            "group_timeout_ms": options.group_timeout_ms},
+            "group_timeout_ms": options.group_timeout_ms,
+            "scheduler": dict(options.scheduler) if options.scheduler else None,
+            "slo_ms": dict(options.slo_ms) if options.slo_ms else None,
+            "max_batch": options.max_batch, "exec_output": options.exec_output},
             ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid gateway settings: %s", exc)

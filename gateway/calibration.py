@@ -1,0 +1,136 @@
+"""What an app's batch scheduler plans with: its execution times, measured in the gateway.
+
+Every scheduler of ``gateway.batching`` starts from the same measurements, taken on the app's
+first requests (the *warm-up*): each is sent alone, and right after it a *probe* (the same
+rows repeated ``n`` times, for ``n`` cycling over the batch sizes; its answer goes to nobody).
+From them, :meth:`Calibration.profile` gives:
+
+- the *solo* execution times: with a dynamic model that reports each row's execution time
+  (``exec_output``), those; otherwise the measured time of a request sent alone;
+- the batch law (``scheduling.types.BatchLaw``): ``overhead_s`` is what a request alone took
+  beyond its reported execution time (transfer, encoding; 0 without reports, when it is part
+  of the solo time), and ``slope`` the median over sizes of
+  ``((probe(n) - overhead) / (alone - overhead) - 1) / (n - 1)`` (a probe's rows share one
+  execution time, so the ratio is batching's cost alone).
+
+After the warm-up the solo times keep coming from the batches the scheduler sends (the reported
+times, or a batch's time divided by the law's scale), in a sliding window: Orloj rebuilds its
+distribution from it (§3.2), and the fixed-profile baselines are re-planned from the same window
+(Nexus's mean, Clockwork's p99), so none plans with staler numbers than the others.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher, plan_batch
+from scheduling.distribution import Distribution
+from scheduling.orloj import Orloj, OrlojConfig
+from scheduling.profile import ModelProfile, Profiler
+from scheduling.types import BatchLaw, BatchScheduler
+
+SCHEDULERS = ("orloj", "clipper", "nexus", "clockwork", "triton")
+MAX_SLOPE = 1.5
+TRITON_DELAY_OF_SLO = 0.1
+"""Triton-like baseline: the oldest request waits at most this fraction of the SLO."""
+CLOCKWORK_WINDOW_OF_P99 = 1.0
+"""Clockwork-like baseline: a planned batch may start this many p99 solo times after its
+predicted start before it misses its window (the simulator's 0 assumes exact predictions; a
+live worker's times jitter, and Clockwork's actions carry a window of slack)."""
+REFRESH_EVERY = 256
+"""Solo measurements between two re-plans (Orloj's profile refresh, the baselines' numbers)."""
+
+
+def batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """Powers of two up to ``max_batch``, and ``max_batch`` itself."""
+    sizes = {max_batch}
+    n = 1
+    while n < max_batch:
+        sizes.add(n)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+@dataclass
+class Calibration:
+    """The warm-up's measurements (seconds)."""
+
+    alone: list[float] = field(default_factory=list)
+    """Requests sent alone: measured latency."""
+    alone_exec: list[float] = field(default_factory=list)
+    """Their reported execution times (empty for a model that reports none)."""
+    probes: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    """Size -> (probe latency, latency of the request it copies sent alone)."""
+
+    def overhead_s(self) -> float:
+        if not self.alone_exec or len(self.alone_exec) != len(self.alone):
+            return 0.0
+        return max(0.0, statistics.median(
+            a - e for a, e in zip(self.alone, self.alone_exec, strict=True)))
+
+    def slope(self, overhead_s: float) -> float:
+        slopes = []
+        for n, pairs in self.probes.items():
+            if n < 2 or not pairs:
+                continue
+            probe = statistics.median(p for p, _ in pairs) - overhead_s
+            alone = statistics.median(a for _, a in pairs) - overhead_s
+            if alone > 0:
+                slopes.append((probe / alone - 1.0) / (n - 1))
+        return min(MAX_SLOPE, max(0.0, statistics.median(slopes))) if slopes else 0.0
+
+    def law(self) -> BatchLaw:
+        overhead = self.overhead_s()
+        return BatchLaw(slope=self.slope(overhead), overhead_s=overhead)
+
+    def solo(self) -> list[float]:
+        """The solo execution times the profile starts from."""
+        if self.alone_exec and len(self.alone_exec) == len(self.alone):
+            return list(self.alone_exec)
+        return list(self.alone)
+
+
+def profile_of(app_id: str, solo: list[float] | deque[float], law: BatchLaw) -> ModelProfile:
+    """A one-app profile (the gateway's queues are per app)."""
+    return ModelProfile({app_id: Distribution.from_samples(np.asarray(solo, dtype=float))},
+                        {app_id: 1.0}, law)
+
+
+def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
+                   max_batch: int) -> BatchScheduler:
+    """A scheduler of ``SCHEDULERS`` planned from ``profile`` for the objective ``slo_s``.
+
+    Orloj with our three departures on (``docs/scheduling.md``), as the simulator's "Orloj
+    (ours)"; the baselines with the settings the simulator gives them.
+    """
+    sizes = batch_sizes(max_batch)
+    law, solo = profile.law, profile.mix
+    if name == "orloj":
+        config = OrlojConfig(batch_sizes=sizes, request_aware=True, selection="goodput",
+                             partial_batches=True, refresh_every=REFRESH_EVERY)
+        return Orloj(profile, config, Profiler(window=2048, law=law))
+    if name == "clipper":
+        return ClipperLike(slo_s, max_batch=max_batch)
+    if name == "nexus":
+        return NexusLike(law, solo.mean(), slo_s, max_batch=max_batch)
+    if name == "clockwork":
+        p99 = solo.quantile(0.99)
+        return ClockworkLike(law, p99, sizes, window_s=CLOCKWORK_WINDOW_OF_P99 * p99)
+    if name == "triton":
+        return TritonBatcher(max_batch, max_queue_delay_s=TRITON_DELAY_OF_SLO * slo_s)
+    raise ValueError(f"unknown scheduler {name!r} (one of {', '.join(SCHEDULERS)})")
+
+
+def replan(scheduler: BatchScheduler, profile: ModelProfile, slo_s: float,
+           max_batch: int) -> None:
+    """Give a fixed-profile baseline the window's numbers (Orloj refreshes on its own)."""
+    if isinstance(scheduler, NexusLike):
+        scheduler.law, scheduler.solo_s = profile.law, profile.mix.mean()
+        scheduler.batch_size = plan_batch(profile.law, scheduler.solo_s, slo_s, max_batch)
+    elif isinstance(scheduler, ClockworkLike):
+        scheduler.law, scheduler.solo_s = profile.law, profile.mix.quantile(0.99)
+        scheduler.window_s = CLOCKWORK_WINDOW_OF_P99 * scheduler.solo_s
