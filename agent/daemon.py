@@ -479,7 +479,7 @@ class Agent:
                 async with self.load_slots.slot(command.urgent):
                     admitted = time.perf_counter()
                     await asyncio.to_thread(self.repository.materialise, name, command.variant,
-                                            command.manifest)
+                                            command.manifest, command.urgent)
                     materialised = time.perf_counter()
                     load_s = await asyncio.to_thread(self.triton.load, name)
             except UnknownVariantError as exc:

@@ -92,12 +92,14 @@ class ModelRepository:
         return self.source.startswith(("http://", "https://"))
 
     def materialise(self, model_name: str, variant: str,
-                    manifest: Manifest | None = None) -> Manifest:
+                    manifest: Manifest | None = None, urgent: bool = True) -> Manifest:
         """Write (or refresh) the model directory; returns the variant's manifest.
 
         ``manifest``, sent by the controller with the load, spares an HTTP source the manifest
         request: weights cached with its sha256 are used at once (a load on the failover's
         critical path asks the controller nothing). A local store is always read directly.
+        ``urgent`` (the load ends an outage) goes into the config: the runtime lets only such
+        loads outrank the server's inference.
         """
         manifest, weights = self._weights(variant, manifest)
         target = self.repository / model_name
@@ -110,7 +112,7 @@ class ModelRepository:
                 shutil.copyfile(MODEL_SOURCE, work / "1" / "model.py")
                 (work / "config.pbtxt").write_text(
                     render_model_config(model_name, manifest, str(weights), self.backend,
-                                        self.device), encoding="utf-8")
+                                        self.device, urgent), encoding="utf-8")
             if target.exists():  # a reload: the old directory leaves in one rename too
                 os.replace(target, work.with_name(work.name + ".old"))
             os.replace(work, target)

@@ -64,6 +64,15 @@ def _instance_group(device: str) -> str:
     return "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
 
 
+LOAD_PRIORITY = "load_priority"
+"""Config parameter: ``urgent`` (the load ends an outage) or ``routine`` (a warm backup, an
+upgrade, a fail-back). The runtime raises only urgent loads above inference."""
+
+
+def _load_priority(urgent: bool) -> str:
+    return _parameter(LOAD_PRIORITY, "urgent" if urgent else "routine")
+
+
 def _parameter(key: str, value: str) -> str:
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'parameters {{ key: "{key}" value: {{ string_value: "{escaped}" }} }}\n'
@@ -77,12 +86,13 @@ def _tensors(kind: str, tensors: Sequence[TensorSpec]) -> str:
 
 def render_config(model_name: str, spec: NetworkSpec, weights: str,
                   max_batch_size: int = DEFAULT_MAX_BATCH, backend: str = "python",
-                  device: str = "cpu") -> str:
+                  device: str = "cpu", urgent: bool = True) -> str:
     """The ``config.pbtxt`` of one generated model (complete: Triton's auto-complete is off).
 
     ``backend`` is ``python`` (``1/model.py``) or ``understudy`` (the native backend,
     ``model_repo.native_backend``); both read the same parameters. ``device`` is ``cpu`` or
-    ``cuda:N`` (the instance is placed on that GPU: ``KIND_GPU``).
+    ``cuda:N`` (the instance is placed on that GPU: ``KIND_GPU``). ``urgent``: whether the load
+    ends an outage (``load_priority``, read by the runtime: only such loads outrank inference).
     """
     side = spec.image_side
     return (
@@ -96,11 +106,13 @@ def render_config(model_name: str, spec: NetworkSpec, weights: str,
         + _parameter("weights", weights)
         + _parameter("network_spec", json.dumps(spec.to_dict(), sort_keys=True))
         + (_parameter("device", device) if device != "cpu" else "")
+        + _load_priority(urgent)
     )
 
 
 def render_model_config(model_name: str, manifest: Manifest, weights: str,
-                        backend: str = "python", device: str = "cpu") -> str:
+                        backend: str = "python", device: str = "cpu",
+                        urgent: bool = True) -> str:
     """The ``config.pbtxt`` of any wrapped variant: generated, ONNX or TorchScript.
 
     An imported model keeps its own tensor names and shapes; the runtime serves it with
@@ -109,7 +121,7 @@ def render_model_config(model_name: str, manifest: Manifest, weights: str,
     """
     if manifest.format == "synthetic":
         return render_config(model_name, manifest.network, weights, manifest.max_batch_size,
-                             backend, device)
+                             backend, device, urgent)
     if manifest.format == "triton":
         raise ArtifactError(f"{manifest.variant} is a Triton model directory served as it is; "
                             "it has its own config")
@@ -126,6 +138,7 @@ def render_model_config(model_name: str, manifest: Manifest, weights: str,
         + _parameter("input_dims", json.dumps(list(source.dims)))
         + (_parameter("extra_outputs", ",".join(e.name for e in extras)) if extras else "")
         + (_parameter("device", device) if device != "cpu" else "")
+        + _load_priority(urgent)
     )
 
 

@@ -300,11 +300,27 @@ def _prepare_for_forks() -> None:
                     report.collapsed, report.regions, report.huge_mb, report.seconds * 1000)
 
 
+def loading_niceness(request: dict[str, Any], base_nice: int) -> int:
+    """The niceness a worker loads its model at.
+
+    A load that ends an outage (an interim, an app with nothing serving) outranks inference:
+    the recovery is the load. A routine one (a warm backup, an upgrade, a fail-back: the
+    config's ``load_priority`` is ``routine``) loads at the serving niceness, so that it does not
+    slow the answers of apps that just switched to a warm backup next to it. A config without
+    the parameter (written before it existed) loads as urgent.
+    """
+    parameters = request.get("config", {}).get("parameters", {})
+    priority = parameters.get("load_priority", {}).get("string_value", "urgent")
+    if priority == "routine":
+        return min(19, base_nice + SERVING_NICE_STEP)
+    return max(-20, base_nice - LOADING_NICE_STEP)
+
+
 def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     """Body of a forked worker: load, report, then answer inference frames until EOF."""
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(PermissionError):
-        os.setpriority(os.PRIO_PROCESS, 0, max(-20, base_nice - LOADING_NICE_STEP))
+        os.setpriority(os.PRIO_PROCESS, 0, loading_niceness(request, base_nice))
     try:
         load = spawn_arguments(request)
         model, report = load_model(load)

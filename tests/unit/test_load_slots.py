@@ -128,3 +128,32 @@ def test_a_routine_cap_below_the_slots_lets_urgent_loads_use_the_rest() -> None:
 def test_rejects_a_routine_cap_outside_the_slots() -> None:
     with pytest.raises(ValueError, match="routine_slots"):
         LoadSlots(3, routine_slots=4)
+
+
+# --- the runtime's loading niceness (urgent loads outrank inference, routine ones do not) ----
+
+def test_only_urgent_loads_outrank_inference() -> None:
+    from model_repo.runtime import LOADING_NICE_STEP, SERVING_NICE_STEP, loading_niceness
+
+    def request(priority: str | None) -> dict:
+        parameters = {} if priority is None else {
+            "load_priority": {"string_value": priority}}
+        return {"op": "spawn", "config": {"parameters": parameters}}
+
+    assert loading_niceness(request("urgent"), 0) == -LOADING_NICE_STEP
+    assert loading_niceness(request(None), 0) == -LOADING_NICE_STEP  # configs from before
+    assert loading_niceness({"op": "spawn", "weights": "w"}, 0) == -LOADING_NICE_STEP
+    assert loading_niceness(request("routine"), 0) == SERVING_NICE_STEP
+    assert loading_niceness(request("routine"), 17) == 19
+    assert loading_niceness(request("urgent"), -18) == -20
+
+
+def test_the_agent_writes_the_loads_priority_into_the_config() -> None:
+    from model_repo.artifacts import render_config
+    from understudy.wire.artifacts import NetworkSpec
+
+    spec = NetworkSpec(width=8, hidden_layers=1, num_classes=4, image_side=16, seed=1)
+    urgent = render_config("m", spec, "w.pt")
+    routine = render_config("m", spec, "w.pt", urgent=False)
+    assert 'key: "load_priority" value: { string_value: "urgent" }' in urgent
+    assert 'key: "load_priority" value: { string_value: "routine" }' in routine
