@@ -42,6 +42,7 @@ import asyncio
 import json
 import logging
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -260,6 +261,8 @@ def main() -> None:
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--static-only", action="store_true")
+    parser.add_argument("--keep-log", type=Path, default=None,
+                        help="copy the gateway's log (calibration, schedulers) here at the end")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -307,6 +310,8 @@ def main() -> None:
             if gateway is not None:
                 gateway.stop()
             triton.stop()
+            if args.keep_log is not None and (root / "gateway" / "gateway.log").exists():
+                shutil.copyfile(root / "gateway" / "gateway.log", args.keep_log)
     finish = result["finish_rate"]
     gain, gain_detail = gains(finish["dynamic"], slos) if "dynamic" in finish else (None, {})
     static = finish["static"]

@@ -6,7 +6,7 @@ dispatch policy:
 1. each inference request is wrapped as a ``QueuedRequest`` whose deadline is the earlier of
    its own (its timeout) and its arrival plus the app's latency objective, handed to the
    scheduler (``enqueue``), and waits for its answer;
-2. one dispatcher task per app asks the scheduler for the next batch at ``loop.time()``
+2. one dispatcher task per app asks the scheduler for the next batch at ``time.monotonic()``
    whenever the app's worker (its serving replica) is free; requests the scheduler drops are
    answered at once with :class:`DroppedError`, whose reason says why
    (``deadline-unreachable``: it can no longer finish in time, even alone), and counted in the
@@ -142,6 +142,10 @@ class BatchPolicy:
         self._send: Submit | None = None
         self._timeouts: deque[float] = deque(maxlen=256)
         self._probe_sizes = itertools.cycle(batch_sizes(settings.max_batch)[1:] or (1,))
+        self.clock: Callable[[], float] = time.monotonic
+        """The schedulers' clock: arrivals, deadlines, decisions and measured latencies. Not
+        ``loop.time()``: uvloop's is in whole milliseconds, cached per loop turn, and a model
+        that answers in about a millisecond would be measured as 0, 1 or 2."""
 
     @property
     def name(self) -> str:
@@ -159,9 +163,9 @@ class BatchPolicy:
             return await send(request)
         self._send = send
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self.clock()
         key = next(self._ids)
-        deadline = self._deadline(request, now)
+        deadline = self._deadline(request, now, loop.time())
         waiting = _Waiting(read_member(key, request), loop.create_future(), now)
         self.waiting[key] = waiting
         started = time.thread_time()
@@ -175,12 +179,14 @@ class BatchPolicy:
         finally:
             self.waiting.pop(key, None)  # answered, failed, or its client went away
 
-    def _deadline(self, request: InferRequest, now: float) -> float:
-        self._timeouts.append(request.deadline - now)
+    def _deadline(self, request: InferRequest, now: float, loop_now: float) -> float:
+        """The request's deadline on ``self.clock`` (its own is on the loop's clock)."""
+        own = now + (request.deadline - loop_now)
+        self._timeouts.append(own - now)
         slo_ms = self.slo_ms()
         if slo_ms is None or not self.warm:  # the warm-up serves everything it can
-            return request.deadline
-        return min(request.deadline, now + slo_ms / 1000.0)
+            return own
+        return min(own, now + slo_ms / 1000.0)
 
     async def _answer(self, waiting: _Waiting, request: InferRequest) -> Answer:
         waits: list[asyncio.Future[Any]] = [waiting.future]
@@ -210,11 +216,10 @@ class BatchPolicy:
                         f"{self.app_id}: the {self.name} scheduler failed: {exc}"))
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:  # ends once the queue is empty (the next arrival starts another)
             if self.stopping is not None and self.stopping().done():
                 return
-            now = loop.time()
+            now = self.clock()
             started = time.thread_time()
             decision = self.scheduler.next_batch(now)
             cpu = time.thread_time() - started + self._pending_cpu_s
@@ -225,7 +230,7 @@ class BatchPolicy:
                 self.decision_cpu_s.append(cpu)
                 self.events.decided(self.app_id, self.name, cpu, len(decision.batch))
             if batch:
-                await self._serve(batch, loop.time())
+                await self._serve(batch, self.clock())
                 continue
             if decision.batch:
                 continue
@@ -264,10 +269,9 @@ class BatchPolicy:
 
     async def _serve(self, batch: list[QueuedRequest], started: float) -> None:
         members = [self.waiting[r.key].member for r in batch]
-        loop = asyncio.get_running_loop()
         results = await asyncio.gather(
             *(self._send_group(g) for g in groups(members, self.settings.max_batch)))
-        latency = loop.time() - started
+        latency = self.clock() - started
         execs: dict[Hashable, float] = {}
         for found in results:
             execs.update(found)
@@ -342,17 +346,16 @@ class BatchPolicy:
 
     async def _probe(self, member: Member, n: int, alone_s: float) -> None:
         assert self._send is not None  # noqa: S101
-        loop = asyncio.get_running_loop()
         body, headers = probe(member, n)
-        started = loop.time()
+        started = self.clock()
+        deadline = asyncio.get_running_loop().time() + PROBE_DEADLINE_S
         try:
-            answer = await self._send(InferRequest(self.app_id, started + PROBE_DEADLINE_S,
-                                                   body, headers))
+            answer = await self._send(InferRequest(self.app_id, deadline, body, headers))
         except GatewayError as exc:
             logger.debug("%s: probe of %d failed: %s", self.app_id, n, exc)
             return
         if answer.reply.status == 200:
-            self.calibration.probes.setdefault(n, []).append((loop.time() - started, alone_s))
+            self.calibration.probes.setdefault(n, []).append((self.clock() - started, alone_s))
 
     def _take_over(self) -> None:
         """End the warm-up: build the app's scheduler and hand it the requests waiting."""
@@ -364,7 +367,7 @@ class BatchPolicy:
                       else statistics.median(self._timeouts) if self._timeouts else 1.0)
         scheduler = make_scheduler(self.settings.scheduler, self.profile, self.slo_s,
                                    self.settings.max_batch)
-        now = asyncio.get_running_loop().time()
+        now = self.clock()
         pending = list(getattr(self.scheduler, "queue", ()))
         for request in pending:
             scheduler.enqueue(request, now)

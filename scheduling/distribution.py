@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -116,6 +118,27 @@ class Distribution:
         value = cs[j - 1] + (cs[j] - cs[j - 1]) * (points - x0) / span
         return np.asarray(np.where(inside, value, np.where(k == 0, 0.0, 1.0)))
 
+    @cached_property
+    def _knots(self) -> tuple[list[float], list[float]]:
+        return self.xs.tolist(), self.cs.tolist()
+
+    def cdf_list(self, points: Sequence[float]) -> list[float]:
+        """:meth:`cdfs` for a few points, as Python floats (no array overhead)."""
+        xs, cs = self._knots
+        last = len(xs) - 1
+        out = []
+        for x in points:
+            k = bisect_right(xs, x)
+            if k == 0:
+                out.append(0.0)
+            elif k > last:
+                out.append(1.0)
+            else:
+                x0, x1 = xs[k - 1], xs[k]
+                span = x1 - x0 if x1 > x0 else 1.0
+                out.append(cs[k - 1] + (cs[k] - cs[k - 1]) * (x - x0) / span)
+        return out
+
     def quantile(self, q: float) -> float:
         """The smallest x with P(X <= x) >= q."""
         xs, cs = self.xs, self.cs
@@ -184,35 +207,43 @@ class Distribution:
             raise ValueError("at least two knots")
         keep = [0, self.xs.size - 1]
         heap: list[tuple[float, int, int, int]] = []
-        _push_split(heap, self.xs, self.cs, 0, self.xs.size - 1)
+        xs, cs = self.xs.tolist(), self.cs.tolist()
+        _push_split(heap, xs, cs, 0, len(xs) - 1)
         while heap and len(keep) < max_knots:
             _, split, i, j = heapq.heappop(heap)
             keep.append(split)
-            _push_split(heap, self.xs, self.cs, i, split)
-            _push_split(heap, self.xs, self.cs, split, j)
+            _push_split(heap, xs, cs, i, split)
+            _push_split(heap, xs, cs, split, j)
         keep.sort()
         return Distribution.from_knots(self.xs[keep], self.cs[keep])
 
 
-def _push_split(heap: list[tuple[float, int, int, int]], xs: FloatArray, cs: FloatArray,
+def _push_split(heap: list[tuple[float, int, int, int]], xs: list[float], cs: list[float],
                 i: int, j: int) -> None:
-    """Queue the best split of segment (i, j): its inner knot farthest from the chord."""
+    """Queue the best split of segment (i, j): its inner knot farthest from the chord.
+
+    Plain Python on lists: the segments are short, and a coarsening makes hundreds of them
+    (per-call array overhead would dominate).
+    """
     if j - i < 2:
         return
-    inner = np.arange(i + 1, j)
-    span = xs[j] - xs[i]
+    x0, c0 = xs[i], cs[i]
+    span = xs[j] - x0
     if span <= _EPS:  # the whole segment is one atom: its inner knots carry no shape
         return
-    jumps = (np.diff(xs[i:j + 1]) <= _EPS) & (np.diff(cs[i:j + 1]) > _EPS)
-    if jumps.any():  # a point mass inside: the chord cannot stand for a jump
-        at = i + int(np.argmax(jumps))
-        heapq.heappush(heap, (-2.0, at if at > i else at + 1, i, j))
-        return
-    line = cs[i] + (cs[j] - cs[i]) * (xs[inner] - xs[i]) / span
-    err = np.abs(cs[inner] - line)
-    best = int(np.argmax(err))
-    if err[best] > 1e-9:
-        heapq.heappush(heap, (-float(err[best]), int(inner[best]), i, j))
+    for k in range(i, j):
+        if xs[k + 1] - xs[k] <= _EPS and cs[k + 1] - cs[k] > _EPS:
+            # a point mass inside: the chord cannot stand for a jump
+            heapq.heappush(heap, (-2.0, k if k > i else k + 1, i, j))
+            return
+    rise = cs[j] - c0
+    best, best_err = -1, -1.0
+    for k in range(i + 1, j):
+        err = abs(cs[k] - (c0 + rise * (xs[k] - x0) / span))
+        if err > best_err:
+            best, best_err = k, err
+    if best_err > 1e-9:
+        heapq.heappush(heap, (-best_err, best, i, j))
 
 
 def _knot_points(dists: Sequence[Distribution], refine: int) -> FloatArray:

@@ -312,22 +312,23 @@ class Orloj:
         the size's mixture estimate.
         """
         requests = [self._requests[key] for key in keys]
-        slacks = np.array([r.deadline_s - now_s for r in requests])
         if not self.config.request_aware:
+            slacks = np.array([r.deadline_s - now_s for r in requests])
             latency = self._mix_latency(len(requests))
             expected = latency.mean()
             on_time = float(np.sum(latency.cdfs(slacks)))
             return on_time / max(expected, 1e-12), expected
         law = self.profile.law
         scale = law.scale(len(requests))
-        longest = (slacks - law.overhead_s) / scale
+        longest = [(r.deadline_s - now_s - law.overhead_s) / scale for r in requests]
         counts = Counter(r.app for r in requests)
-        chance = np.ones(len(requests))
+        chance = [1.0] * len(requests)
         for app, count in counts.items():
-            chance *= self.profile.solo(app).cdfs(longest) ** count
+            found = self.profile.solo(app).cdf_list(longest)
+            chance = [c * f ** count for c, f in zip(chance, found, strict=True)]
         expected = law.overhead_s + scale * self._composition(
             tuple(sorted(counts.items())))
-        return float(np.sum(chance)) / max(expected, 1e-12), expected
+        return sum(chance) / max(expected, 1e-12), expected
 
     def _mix_latency(self, n: int) -> Distribution:
         """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""

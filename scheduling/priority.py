@@ -25,7 +25,9 @@ at most 0, and the caller rebases ``t0`` before ``(t - t0) / a`` nears the float
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -88,11 +90,16 @@ class Curve:
         floor = latency.quantile(min_probability) if min_probability > 0 else latency.low
         return cls(edges, slope, beta, delay_s, max(floor, float(edges[0])), latency)
 
+    @cached_property
+    def _lists(self) -> tuple[list[float], list[float], list[float]]:
+        """Edges, slopes and betas as Python floats (scalar look-ups on the hot path)."""
+        return self.edges.tolist(), self.slope.tolist(), self.beta.tolist()
+
     def regime(self, slack_s: float) -> int:
         """The regime index at ``slack_s``, or DEAD."""
         if slack_s < self.floor_s:
             return DEAD
-        return int(np.searchsorted(self.edges, slack_s, side="right")) - 1
+        return bisect_right(self._lists[0], slack_s) - 1
 
     def score(self, slack_s: float) -> float:
         """The priority (eq. 2) at ``slack_s`` (0 once DEAD)."""
@@ -107,12 +114,13 @@ class Curve:
 
         Its priority at ``t`` is ``A · e^{(t - t0)/a} + β`` while it stays in regime ``k``.
         """
-        exponent = (float(self.edges[k]) - deadline_rel_s) / self.delay_s
-        return (float(self.slope[k]) * math.exp(min(exponent, 0.0)), float(self.beta[k]))
+        edges, slope, beta = self._lists
+        exponent = (edges[k] - deadline_rel_s) / self.delay_s
+        return (slope[k] * math.exp(min(exponent, 0.0)), beta[k])
 
     def leaves_at(self, k: int, deadline_s: float) -> float:
         """When a request in regime ``k`` with ``deadline_s`` moves to the next regime down."""
-        return deadline_s - max(float(self.edges[k]), self.floor_s)
+        return deadline_s - max(self._lists[0][k], self.floor_s)
 
     def on_time(self, slack_s: float) -> float:
         """P(L <= slack): the chance a batch started now meets the deadline."""
