@@ -8,6 +8,7 @@ takes the time a batch of its rows would: the longest row's time, plus a share p
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -353,3 +354,25 @@ def test_the_calibration_reads_overhead_and_slope() -> None:
     static = Calibration(alone=[0.01, 0.01], probes={2: [(0.015, 0.01)]})
     assert static.law().overhead_s == 0.0 and static.law().slope == pytest.approx(0.5)
     assert static.solo() == [0.01, 0.01]
+
+
+def test_latencies_are_measured_finer_than_uvloops_millisecond_loop_clock() -> None:
+    """uvloop's ``loop.time()`` is whole milliseconds: a 0.4 ms model would read 0 or 1 ms."""
+    uvloop = pytest.importorskip("uvloop")
+
+    class Spinning(FakeModel):
+        async def reply(self, request: InferRequest, route: Location = ROUTE) -> UpstreamReply:
+            started = time.perf_counter()
+            while time.perf_counter() - started < 0.0004:  # busy: the loop's clock stands still
+                pass
+            return await super().reply(request, route)
+
+    async def scenario() -> BatchPolicy:
+        p = policy("nexus", warmup=6)
+        await warm_up(p, Spinning(exec_s=lambda x: 0.0), 6)
+        return p
+
+    p = uvloop.run(asyncio.wait_for(scenario(), 20))
+    assert p.calibration.alone
+    assert all(0.0003 < a < 0.01 for a in p.calibration.alone)
+    assert any(abs(a * 1000 - round(a * 1000)) > 1e-6 for a in p.calibration.alone)
