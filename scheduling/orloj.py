@@ -290,6 +290,8 @@ class Orloj:
 
     def _top(self, queue: _SizeQueue, now_s: float) -> list[Hashable]:
         """The ``size`` keys of highest priority in ``queue`` at ``now_s``."""
+        if len(queue.members) <= queue.size:  # all of them: no need to rank
+            return list(queue.members)
         u = math.exp((now_s - self._t0) / self.delay_s)
         taken: list[tuple[Hashable, float, float]] = []
         for _ in range(queue.size):
