@@ -113,6 +113,10 @@ class Orloj:
         self.config = config or OrlojConfig()
         self.profiler = profiler or Profiler(law=profile.law)
         self._requests: dict[Hashable, QueuedRequest] = {}
+        self._arrived: list[QueuedRequest] = []
+        """Enqueued, not placed yet: placed by the next ``next_batch`` (when the worker is
+        free), so a request that arrives to an idle worker is sent without entering the
+        queues (the same batch the queues would give)."""
         self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
         self._drops: list[Drop] = []
         self._seq = itertools.count()
@@ -121,7 +125,7 @@ class Orloj:
         self._install(profile)
 
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self._arrived)
 
     # --- profile -------------------------------------------------------------------------
 
@@ -166,11 +170,15 @@ class Orloj:
 
     def enqueue(self, request: QueuedRequest, now_s: float) -> None:
         self.profiler.arrival(request.app)
-        if not self._requests:  # an idle queue: no point keeps the old reference time
-            self._t0 = now_s
-        self._place(request, now_s)
+        self._arrived.append(request)
 
     def next_batch(self, now_s: float) -> Decision:
+        if self._arrived:
+            alone = self._alone(now_s)
+            if alone is not None:
+                drops, self._drops = tuple(self._drops), []
+                return Decision((alone,), drops,
+                                expected_latency_s=self._mix_latency(1).mean())
         if (now_s - self._t0) / self.delay_s > self.config.rebase_after:
             self._rebase(now_s)
         for queue in self._queues:
@@ -192,6 +200,25 @@ class Orloj:
             self.refresh(done.started_s + done.latency_s)
 
     # --- queues --------------------------------------------------------------------------
+
+    def _alone(self, now_s: float) -> QueuedRequest | None:
+        """Place the requests that arrived since the last decision, or return the one to send.
+
+        With an empty queue and one arrival that can still make a batch of one: that request,
+        unplaced (the only batch the queues would give: one member in size 1's queue, too few
+        for any larger size).
+        """
+        arrived, self._arrived = self._arrived, []
+        if not self._requests:  # an idle queue: no point keeps the old reference time
+            self._t0 = now_s
+            if len(arrived) == 1:
+                request = arrived[0]
+                size = self._queues[0].size
+                if self.curve(request.app, size).regime(request.deadline_s - now_s) != DEAD:
+                    return request
+        for request in arrived:
+            self._place(request, now_s)
+        return None
 
     def _place(self, request: QueuedRequest, now_s: float) -> None:
         """Put ``request`` in the queue of every size it can still meet; else drop it."""
