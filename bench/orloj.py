@@ -262,7 +262,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--static-only", action="store_true")
     parser.add_argument("--keep-log", type=Path, default=None,
-                        help="copy the gateway's log (calibration, schedulers) here at the end")
+                        help="copy the gateway's log (calibration, schedulers) here at the end, "
+                             "and its /metrics (batch sizes, decision CPU) next to it")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -308,6 +309,8 @@ def main() -> None:
                 overhead[scheduler] = round(statistics.median(found) * 1e6, 1) if found else None
         finally:
             if gateway is not None:
+                if args.keep_log is not None:
+                    args.keep_log.with_suffix(".metrics").write_text(gateway.metrics())
                 gateway.stop()
             triton.stop()
             if args.keep_log is not None and (root / "gateway" / "gateway.log").exists():

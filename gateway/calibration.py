@@ -43,6 +43,10 @@ predicted start before it misses its window (the simulator's 0 assumes exact pre
 live worker's times jitter, and Clockwork's actions carry a window of slack)."""
 REFRESH_EVERY = 256
 """Solo measurements between two re-plans (Orloj's profile refresh, the baselines' numbers)."""
+PROFILE_BINS = 32
+"""Equal-mass knots of Orloj's refreshed solo distribution (its profiler's window). Eq. 2's
+curves use 16 bins; with 64 knots the batch maxima of a refresh grow past the knot limit
+and are coarsened twice, which costs the event loop several milliseconds per refresh."""
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -112,7 +116,7 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
     if name == "orloj":
         config = OrlojConfig(batch_sizes=sizes, request_aware=True, selection="goodput",
                              partial_batches=True, refresh_every=REFRESH_EVERY)
-        return Orloj(profile, config, Profiler(window=2048, law=law))
+        return Orloj(profile, config, Profiler(window=2048, bins=PROFILE_BINS, law=law))
     if name == "clipper":
         return ClipperLike(slo_s, max_batch=max_batch)
     if name == "nexus":

@@ -70,23 +70,24 @@ class Curve:
         mid = np.maximum((lo + hi) / 2.0, 1e-12)
         weight = penalty * p / mid
         width = hi - lo
-        slope = np.zeros(edges.size)
-        beta = np.zeros(edges.size)
-        for k, x in enumerate(edges):
-            full = hi <= x
-            atom = full & (width <= 1e-15)
-            ramp = full & ~atom
-            total = float(np.sum(weight[atom] * np.exp((lo[atom] - x) / delay_s)))
-            total += float(np.sum(weight[ramp] * delay_s / width[ramp]
-                                  * (np.exp((hi[ramp] - x) / delay_s)
-                                     - np.exp((lo[ramp] - x) / delay_s))))
-            partial = (lo <= x) & (hi > x) & (width > 1e-15)
-            if partial.any():
-                j = int(np.argmax(partial))
-                ramp_top = float(weight[j] * delay_s / width[j])
-                total -= ramp_top * math.exp((lo[j] - x) / delay_s)
-                beta[k] = ramp_top
-            slope[k] = total
+        # every regime at once: rows are the edges x, columns the segments
+        x = edges[:, None]
+        full = hi[None, :] <= x
+        atom = full & (width <= 1e-15)[None, :]
+        ramp = full & ~atom
+        safe = np.where(width > 1e-15, width, 1.0)
+        # exponents of a full segment are <= 0; others are masked out (clipped: no overflow)
+        to_lo = np.exp(np.minimum((lo[None, :] - x) / delay_s, 0.0))
+        to_hi = np.exp(np.minimum((hi[None, :] - x) / delay_s, 0.0))
+        slope = (np.sum(np.where(atom, weight * to_lo, 0.0), axis=1)
+                 + np.sum(np.where(ramp, weight * delay_s / safe * (to_hi - to_lo), 0.0),
+                          axis=1))
+        partial = (lo[None, :] <= x) & (hi[None, :] > x) & (width > 1e-15)[None, :]
+        some = partial.any(axis=1)
+        j = np.argmax(partial, axis=1)
+        ramp_top = np.where(some, weight[j] * delay_s / safe[j], 0.0)
+        slope = slope - ramp_top * to_lo[np.arange(edges.size), j]
+        beta = ramp_top
         floor = latency.quantile(min_probability) if min_probability > 0 else latency.low
         return cls(edges, slope, beta, delay_s, max(floor, float(edges[0])), latency)
 
