@@ -49,6 +49,25 @@ def test_request_dropped_once_its_deadline_is_out_of_reach(config: OrlojConfig) 
     assert [r.key for r in decision.batch] == [1]
 
 
+@pytest.mark.parametrize("config", [PAPER, OURS])
+def test_an_arrival_to_an_idle_queue_goes_alone_and_one_behind_a_batch_waits(
+        config: OrlojConfig) -> None:
+    orloj = scheduler(config)
+    orloj.enqueue(request(1, 0.0, 0.100), 0.0)
+    assert len(orloj) == 1
+    first = orloj.next_batch(0.0)
+    assert [r.key for r in first.batch] == [1] and first.drops == ()
+    assert len(orloj) == 0
+    # while its batch runs, two arrive: they are placed (one hopeless) when the worker asks
+    orloj.enqueue(request(2, 0.001, 0.200), 0.001)
+    orloj.enqueue(request(3, 0.002, 0.015), 0.002)
+    assert len(orloj) == 2
+    second = orloj.next_batch(0.010)  # request 3 has 5 ms left: under any execution time
+    assert [r.key for r in second.batch] == [2]
+    assert [(d.request.key, d.reason) for d in second.drops] == [(3, UNREACHABLE)]
+    assert len(orloj) == 0
+
+
 def test_priority_order_picks_the_urgent_request_first() -> None:
     orloj = scheduler(OrlojConfig(batch_sizes=(1,)))
     orloj.enqueue(request(1, 0.0, 0.500), 0.0)  # relaxed
