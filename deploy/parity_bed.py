@@ -12,19 +12,13 @@ measurements), ``understudy parity train --store``, an app registered with ``"pr
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from deploy.gateway_process import GatewayProcess as GatewayProcess  # re-exported
+from deploy.gateway_process import start_gateway as start_gateway  # re-exported
 from deploy.testbed import Testbed, wait_until
-from understudy.wire.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -99,65 +93,3 @@ def servers_of(view: dict[str, Any]) -> dict[str, list[str]]:
     return found
 
 
-@dataclass
-class GatewayProcess:
-    """An ``understudy gateway`` process."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    run_dir: Path
-
-    @property
-    def url(self) -> str:
-        """Its HTTP endpoint."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def metrics(self) -> str:
-        """Its /metrics text."""
-        return httpx.get(f"{self.url}/metrics", timeout=5).text
-
-    def total(self, name: str, label: str = "") -> float:
-        """The sum of a metric's samples whose labels contain ``label``."""
-        return sum(float(line.rsplit(" ", 1)[1]) for line in self.metrics().splitlines()
-                   if line.startswith(name) and label in line)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
-
-def start_gateway(run_dir: Path, controller_url: str, *extra: str,
-                  nice: int = 0, token_file: Path | None = None) -> GatewayProcess:
-    """Start ``understudy gateway`` on a free port and wait until it routes.
-
-    ``token_file``: the gateway credential for the controller (a testbed's ``gateway`` one).
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = (run_dir / "gateway.log").open("ab")
-    command = [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
-               "--controller-url", controller_url, "--port", str(port), "--run-dir",
-               str(run_dir), *extra]
-    if token_file is not None:
-        command += ["--token-file", str(token_file)]
-    if nice:
-        command = ["nice", "-n", str(nice), *command]
-    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    gateway = GatewayProcess(process, port, run_dir)
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited: {(run_dir / 'gateway.log').read_text()}")
-        try:
-            return httpx.get(f"{gateway.url}/v2/health/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until("the gateway to be ready", ready, 60, 0.05)
-    return gateway

@@ -19,17 +19,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
-from deploy.testbed import wait_until
+from deploy.gateway_process import GatewayProcess
+from deploy.gateway_process import start_gateway as start_process
 from understudy.client import Location
 from understudy.wire.ports import free_port, free_ports
 
@@ -117,62 +112,17 @@ def write_routes(run_dir: Path, http: str, grpc: str, apps: Mapping[str, ServedM
                                                       "apps": table}))
 
 
-@dataclass
-class Gateway:
-    """An ``understudy gateway`` process with no controller."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    run_dir: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=10).text
-
-    def sample(self, name: str, **labels: str) -> float | None:
-        """One sample of /metrics whose labels include ``labels`` (None: absent)."""
-        wanted = [f'{k}="{v}"' for k, v in labels.items()]
-        for line in self.metrics().splitlines():
-            if line.startswith(name) and (line[len(name):len(name) + 1] in (" ", "{")) \
-                    and all(w in line for w in wanted):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+Gateway = GatewayProcess
+"""An ``understudy gateway`` process with no controller."""
 
 
 def start_gateway(run_dir: Path, schedulers: Mapping[str, str],
                   slo_ms: Mapping[str, float], *extra: str) -> Gateway:
     """A gateway on a free port routing from ``run_dir``'s table; ready when returned."""
-    port, dead = free_port(), free_port()
-    command = [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", "gateway",
-               "--controller-url", f"http://127.0.0.1:{dead}", "--port", str(port),
-               "--run-dir", str(run_dir), *extra]
+    dead = free_port()  # no controller: the gateway routes from the table it was given
+    options = list(extra)
     for app_id, name in schedulers.items():
-        command += ["--scheduler", f"{app_id}={name}"]
+        options += ["--scheduler", f"{app_id}={name}"]
     for app_id, slo in slo_ms.items():
-        command += ["--slo-ms", f"{app_id}={slo:.3f}"]
-    log = (run_dir / "gateway.log").open("ab")
-    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    gateway = Gateway(process, port, run_dir)
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited: {(run_dir / 'gateway.log').read_text()}")
-        try:
-            return httpx.get(f"{gateway.url}/v2/health/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until("the gateway to be ready", ready, 60, 0.05)
-    return gateway
+        options += ["--slo-ms", f"{app_id}={slo:.3f}"]
+    return start_process(run_dir, f"http://127.0.0.1:{dead}", *options)
