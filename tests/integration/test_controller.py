@@ -89,11 +89,17 @@ def test_agent_without_token_is_refused(testbed: Testbed) -> None:
 
 
 def test_warm_backups_are_where_the_plan_says(testbed: Testbed) -> None:
-    plan = testbed.http.get("/v1/plan").json()
-    apps = _apps(testbed)
-    planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan["assignments"]}
-    loaded = {(a["app_id"], b["server_id"], b["variant"]) for a in apps.values()
-              for b in a["backups"] if b["state"] == "ready"}
+    def agreed() -> tuple[dict, dict, set, set] | None:
+        plan = testbed.http.get("/v1/plan").json()
+        apps = _apps(testbed)
+        planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan["assignments"]}
+        loaded = {(a["app_id"], b["server_id"], b["variant"]) for a in apps.values()
+                  for b in a["backups"] if b["state"] == "ready"}
+        return (plan, apps, planned, loaded) if planned and planned == loaded else None
+
+    # The testbed may converge on a plan solved before the last app served (an empty plan has
+    # nothing to wait for); the re-plan that follows (debounced) and its loads come after.
+    plan, apps, planned, loaded = wait_until("the warm backups the plan names", agreed, 30, 0.1)
     assert planned == loaded and planned
     for app_id, server_id, _ in planned:
         assert apps[app_id]["spec"]["critical"]
