@@ -330,3 +330,15 @@ def test_after_the_fuzzing_the_controller_serves_and_stored_nothing_invalid(
     assert http.get("/v1/servers").status_code == 200 and http.get("/v1/apps").status_code == 200
     assert running.redis.hlen(f"{PREFIX}quarantine") == 0
     assert "Traceback" not in running.process.log_path.read_text()
+    # ... and it still stops when told to (it once waited forever for the refused
+    # connections to close): SIGINT, then the process gone within the graceful bound.
+    import signal
+    import subprocess
+
+    from understudy.cli.controller import GRACEFUL_SHUTDOWN_S
+
+    running.process.popen.send_signal(signal.SIGINT)
+    try:
+        running.process.popen.wait(GRACEFUL_SHUTDOWN_S + 7)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the controller did not stop within 10 s of SIGINT after the fuzzing")

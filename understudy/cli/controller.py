@@ -129,14 +129,22 @@ def serve(app: Any, on_exit: Callable[[], None], **options: Any) -> None:
     Server(uvicorn.Config(app, **options)).run()
 
 
+GRACEFUL_SHUTDOWN_S = 3.0
+"""How long a stopping controller waits for its connections to close before it cancels them."""
+
+
 def server_options() -> dict[str, Any]:
     """The options the controller's uvicorn server runs with (besides the address).
 
     ``ws_max_size``: a websocket message larger than the wire protocol's frame limit is refused
     by the server as it arrives (close 1009), before it is buffered and handed to the app; with
     uvicorn's default (16 MiB) such a frame was read whole and only then refused.
+    ``timeout_graceful_shutdown``: a stop waits at most this long for open connections and
+    tasks; uvicorn's default waits forever, and after the frame fuzzing (hundreds of refused
+    agent connections) a controller told to stop never did.
     """
     from understudy.wire.protocol import MAX_FRAME_BYTES
 
     return {"log_level": "warning", "ws": "websockets-sansio", "ws_ping_interval": None,
-            "ws_max_size": MAX_FRAME_BYTES, "lifespan": "on"}
+            "ws_max_size": MAX_FRAME_BYTES, "lifespan": "on",
+            "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
