@@ -19,17 +19,20 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy policies scheduling
 
+# The unit tier runs on two workers (pure code: no timings to disturb); the integration tier
+# runs alone, one test at a time, as its failover timings need the machine's cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy policies scheduling
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m unit -n 2
+	$(BIN)/python -m pytest -m integration
 
 # Lint, import contracts and the unit tier only (tests/unit, marked `unit` by tests/conftest.py).
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -m unit
+	$(BIN)/python -m pytest -m unit -n 2
 
 demo: $(STAMP)
 	$(BIN)/understudy --log-level WARNING models build

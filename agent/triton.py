@@ -202,6 +202,10 @@ class TritonServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.runtime: subprocess.Popen[bytes] | None = None
         self._clients = threading.local()
+        self._every_client: list[Any] = []
+        """Every thread's clients, so that a stop closes them all (see stop)."""
+        self._every_client_lock = threading.Lock()
+        self._client_generation = 0
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = config.work_dir / "tritonserver.log"
         self.runtime_socket = config.work_dir / "torch-runtime.sock"
@@ -365,8 +369,15 @@ class TritonServer:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        """SIGINT (graceful: unloads models), then SIGKILL after the stop timeout."""
+        """SIGINT (graceful: unloads models), then SIGKILL after the stop timeout.
+
+        Our own connections are closed first: Triton's graceful exit waits for its open HTTP
+        connections (up to its exit timeout), and a keep-alive connection of another of the
+        agent's threads held every stop for the whole of it.
+        """
         self._stopping = True
+        self._close_client()
+        self._close_every_client()
         for proc in (self.process, self.runtime):
             if proc is None or proc.poll() is not None:
                 continue
@@ -417,32 +428,57 @@ class TritonServer:
     def _http(self) -> Any:
         # One client per thread: tritonclient's HTTP client is not safe to share across threads,
         # and the agent runs loads in worker threads.
-        client = getattr(self._clients, "client", None)
+        client = self._current("client")
         if client is None:
             import tritonclient.http as httpclient
 
             client = httpclient.InferenceServerClient(
                 self.config.http_url, connection_timeout=5.0, network_timeout=300.0)
             self._clients.client = client
+            self._remember("client", client)
         return client
 
     def _grpc(self) -> Any:
         """This thread's gRPC client: model control (see the module doc)."""
-        client = getattr(self._clients, "control", None)
+        client = self._current("control")
         if client is None:
             import tritonclient.grpc as grpcclient
 
             client = grpcclient.InferenceServerClient(self.config.grpc_url)
             self._clients.control = client
+            self._remember("control", client)
         return client
 
+    def _current(self, name: str) -> Any:
+        """This thread's client ``name``, None if it has none or a stop closed it."""
+        if getattr(self._clients, f"{name}_generation", None) != self._client_generation:
+            return None
+        return getattr(self._clients, name, None)
+
+    def _remember(self, name: str, client: Any) -> None:
+        setattr(self._clients, f"{name}_generation", self._client_generation)
+        with self._every_client_lock:
+            self._every_client.append(client)
+
+    def _close_every_client(self) -> None:
+        """Close the clients of every thread; each makes new ones if it calls again."""
+        with self._every_client_lock:
+            clients, self._every_client = self._every_client, []
+            self._client_generation += 1
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+
     def _close_client(self) -> None:
+        """Close this thread's clients."""
         for name in ("client", "control"):
             client = getattr(self._clients, name, None)
             if client is not None:
                 with contextlib.suppress(Exception):
                     client.close()
                 setattr(self._clients, name, None)
+                with self._every_client_lock, contextlib.suppress(ValueError):
+                    self._every_client.remove(client)
 
     def is_ready(self) -> bool:
         """Triton's readiness endpoint (False when it does not answer)."""

@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy.gateway_process import GatewayProcess as GatewayProcess  # re-exported
 from deploy.gateway_process import start_gateway as start_gateway  # re-exported
 from deploy.testbed import Testbed, wait_until
+
+if TYPE_CHECKING:
+    from parity.training import TrainingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +32,13 @@ FAMILY = "digits"
 def prepare_store(store: Path, variant: str, ks: Sequence[int], *,
                   digits_dir: Path = REPO / "runs" / "digits",
                   parity_dir: Path = REPO / "runs" / "parity",
-                  work_dir: Path | None = None) -> list[str]:
+                  work_dir: Path | None = None,
+                  settings: TrainingSettings | None = None) -> list[str]:
     """The digits family (trained and imported, cached) and its parity models in ``store``.
 
-    Returns the parity models' names.
+    ``settings``: how the parity models train (default: each variant's own, as ``understudy
+    parity train``); tests that need a working parity model, not an accurate one, train it
+    shorter, into a ``parity_dir`` of their own. Returns the parity models' names.
     """
     from agent.model_import import import_family
     from agent.profiler import ProfileSettings
@@ -44,8 +50,8 @@ def prepare_store(store: Path, variant: str, ks: Sequence[int], *,
     import_family(digits_dir / MANIFEST_NAME, store, work_dir or store.parent / "import",
                   ProfileSettings(repeats=1, latency_requests=10, batch_sizes=(1,)),
                   device="cpu")
-    names = [train_parity_model(variant, k, digits_dir=digits_dir, out_dir=parity_dir).name
-             for k in ks]
+    names = [train_parity_model(variant, k, digits_dir=digits_dir, out_dir=parity_dir,
+                                settings=settings).name for k in ks]
     import_parity_models(parity_dir, store, names)
     return names
 

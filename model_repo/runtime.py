@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -49,6 +50,13 @@ from model_repo.loaders import (
 )
 from model_repo.network import NetworkSpec, initial_state
 from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
+from model_repo.worker_priority import (
+    ServingPace,
+    apply_niceness,
+    loading_niceness,
+    serving_niceness,
+    set_threads_niceness,
+)
 from understudy.wire.lifetime import die_with_parent, orphaned
 
 logger = logging.getLogger(__name__)
@@ -57,22 +65,6 @@ RUNTIME_SOCKET_ENV = "UNDERSTUDY_RUNTIME_SOCKET"
 """Environment variable naming the runtime's Unix socket, read by the generated model.py."""
 _FRAME = struct.Struct("!II")
 MAX_HEADER_BYTES = 1 << 20
-SERVING_NICE_STEP = 5
-"""How much nicer a worker becomes once its model is loaded. During a failover, interim loads
-compete for the CPU with the inference of every app still serving on the server; FailLite's
-recovery time is the load time, so loads go first. Measured on this 2-core machine: three
-concurrent loads next to two busy inference loops took 320-785 ms at equal priority and
-235-378 ms with the loops 5 steps nicer (220-425 ms with the machine otherwise quiet)."""
-
-
-LOADING_NICE_STEP = 5
-"""How much less nice than the runtime a worker is while it loads (where the OS allows it:
-root, or CAP_SYS_NICE). A failover's interims load while the dead server's processes are torn
-down and the rest of the data plane runs at the runtime's niceness; on the 6-server testbed
-(one 2-core machine) three interims loading together took 93 ms each against 45 ms on a
-quiet machine. The recovery is the load, so it goes first."""
-
-
 class RuntimeError_(RuntimeError):
     """The runtime refused a request or a worker failed (message from the worker)."""
 
@@ -300,22 +292,6 @@ def _prepare_for_forks() -> None:
                     report.collapsed, report.regions, report.huge_mb, report.seconds * 1000)
 
 
-def loading_niceness(request: dict[str, Any], base_nice: int) -> int:
-    """The niceness a worker loads its model at.
-
-    A load that ends an outage (an interim, an app with nothing serving) outranks inference:
-    the recovery is the load. A routine one (a warm backup, an upgrade, a fail-back: the
-    config's ``load_priority`` is ``routine``) loads at the serving niceness, so that it does not
-    slow the answers of apps that just switched to a warm backup next to it. A config without
-    the parameter (written before it existed) loads as urgent.
-    """
-    parameters = request.get("config", {}).get("parameters", {})
-    priority = parameters.get("load_priority", {}).get("string_value", "urgent")
-    if priority == "routine":
-        return min(19, base_nice + SERVING_NICE_STEP)
-    return max(-20, base_nice - LOADING_NICE_STEP)
-
-
 def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     """Body of a forked worker: load, report, then answer inference frames until EOF."""
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -331,33 +307,31 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     # then with each extra output (``model_repo.early_exit``) the reply announces.
     send_frame(conn, {"ok": True, "report": report.__dict__, "output": load.output_name,
                       "extras": extras_field(load.extra_outputs)})
-    _yield_to_loads(base_nice)
+    set_threads_niceness(serving_niceness(base_nice))
+    pace = ServingPace(base_nice)
     while True:
+        if pace.boosted_until is not None:
+            # Boosted: wait for the next request no longer than the boost lasts.
+            ready, _, _ = select.select([conn], [], [], max(0.0, pace.boosted_until -
+                                                               time.monotonic()))
+            if not ready:
+                apply_niceness(pace.idle(time.monotonic()))
+                continue
         try:
             header, payload = recv_frame(conn)
         except (EOFError, OSError):
             return
+        apply_niceness(pace.request(time.monotonic()))
         try:
             outputs = model.infer_outputs(_array_from(header, payload))
         except Exception as exc:  # noqa: BLE001 - a bad batch must not kill the worker
             send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             continue
+        finally:
+            pace.answered(time.monotonic())
         # The model's output, then each extra output's N values (4 bytes each), in order.
         send_frame(conn, {"ok": True, **_array_header(outputs[0]), "extras": len(outputs) - 1},
                    b"".join(array.tobytes() for array in outputs))
-
-
-def _yield_to_loads(base_nice: int) -> None:
-    """Make every thread of this (loaded) worker SERVING_NICE_STEP nicer than the runtime.
-
-    Linux applies niceness per thread, and torch may have started pool threads during the
-    warm-up (at the load's raised priority), so each thread of the process is set, not just the
-    calling one.
-    """
-    serving = min(19, base_nice + SERVING_NICE_STEP)
-    for entry in os.scandir("/proc/self/task"):
-        with contextlib.suppress(OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(entry.name), serving)
 
 
 class RuntimeServer:

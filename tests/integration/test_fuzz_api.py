@@ -14,7 +14,7 @@ holds, a pinned server must exist, a name must be free. Each call gets a fresh
 ``Idempotency-Key`` (``schemathesis_hooks``), or the pool schemathesis draws keys from would
 have most mutating calls refused as reuses before their route ran.
 
-``UNDERSTUDY_FUZZ_EXAMPLES`` sets the generated cases per operation (default 60, which keeps
+``UNDERSTUDY_FUZZ_EXAMPLES`` sets the generated cases per operation (default 30, which keeps
 ``make test`` short); the run is deterministic, so a failure found here reproduces.
 """
 
@@ -35,7 +35,7 @@ from tests.integration.hostile_fixtures import artifact_store
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "30"))
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_schema_conformance", "response_headers_conformance",
           "negative_data_rejection", "missing_required_header", "unsupported_method",

@@ -43,7 +43,7 @@ from understudy.wire.credentials import bearer
 from understudy.wire.protocol import AGENT_WS_PATH, MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(300)
-SCALE = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "60")) / 150
+SCALE = int(os.environ.get("UNDERSTUDY_FUZZ_EXAMPLES", "30")) / 150
 FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=list(HealthCheck))
 RECV_TIMEOUT_S = 30.0

@@ -141,24 +141,32 @@ class Load:
 def test_sync_http_and_asyncio_grpc_clients_survive_a_server_kill(testbed: Testbed) -> None:
     victim, affected = victim_and_apps(testbed)
     load = Load(testbed.state.controller_url, affected, testbed.token("client"))
-    wait_until("answers before the kill", lambda: load.answered_since(0, "http") >= 2 * len(
-        affected) and load.answered_since(0, "grpc") >= 2 * len(affected), 60, 0.05)
-    killed_at = testbed.fail([victim])
-    wait_until("the apps to move off the killed server",
-               lambda: moved_off(testbed, affected, victim), 120, 0.1)
-    moved = time.time()
-    wait_until("answers after the move", lambda: load.answered_since(moved, "http") >= 2
-               and load.answered_since(moved, "grpc") >= 2, 60, 0.05)
-    records = load.finish()
+    killed_at = 0.0
+    try:
+        wait_until("answers before the kill", lambda: load.answered_since(0, "http") >= 2 * len(
+            affected) and load.answered_since(0, "grpc") >= 2 * len(affected), 60, 0.05)
+        killed_at = testbed.fail([victim])
+        wait_until("the apps to move off the killed server",
+                   lambda: moved_off(testbed, affected, victim), 120, 0.1)
+        moved = time.time()
+        wait_until("answers after the move", lambda: load.answered_since(moved, "http") >= 2
+                   and load.answered_since(moved, "grpc") >= 2, 60, 0.05)
+    finally:
+        records = load.finish()
+        if killed_at:  # the next tests need the whole bed, whatever happened here
+            testbed.start_agent(victim)
     assert not load.errors, load.errors[:5]
     assert {r.protocol for r in records} == {"http", "grpc"}
     assert any(r.sent_at < killed_at and r.server_id == victim for r in records)
     after = [r for r in records if r.sent_at > moved]
     assert after and all(r.server_id != victim for r in after)
-    # Requests the kill caught were resent elsewhere, not failed.
+    # Requests the kill caught were answered, none failed. `killed_at` is stamped just before the
+    # signal, so an answer the victim had already written may still be read after it (its
+    # done_at is when the client read it): such an answer counts as the victim's, and comes
+    # before the apps moved; every later one comes from elsewhere.
     caught = [r for r in records if r.sent_at < killed_at < r.done_at]
-    assert all(r.ok and r.server_id != victim for r in caught)
-    testbed.start_agent(victim)
+    assert all(r.ok for r in caught)
+    assert all(r.server_id != victim or r.done_at < moved for r in caught)
     testbed.wait_converged(240)
 
 

@@ -133,7 +133,7 @@ def test_rejects_a_routine_cap_outside_the_slots() -> None:
 # --- the runtime's loading niceness (urgent loads outrank inference, routine ones do not) ----
 
 def test_only_urgent_loads_outrank_inference() -> None:
-    from model_repo.runtime import LOADING_NICE_STEP, SERVING_NICE_STEP, loading_niceness
+    from model_repo.worker_priority import LOADING_NICE_STEP, SERVING_NICE_STEP, loading_niceness
 
     def request(priority: str | None) -> dict:
         parameters = {} if priority is None else {
