@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,11 @@ def server(tmp_path: Path, client: FakeGrpc) -> TritonServer:
     triton.config = config
     triton._control_key = "key"
     triton._clients = type("Local", (), {})()
+    triton._every_client = []
+    triton._every_client_lock = threading.Lock()
+    triton._client_generation = 0
     triton._clients.control = client
+    triton._remember("control", client)
     return triton
 
 
@@ -72,3 +77,25 @@ def test_no_answer_is_retryable_and_a_refusal_is_final(tmp_path: Path) -> None:
                                                 status="StatusCode.INTERNAL"))
     with pytest.raises(ModelLoadError, match="failed to load"):
         server(tmp_path, refused).load("a__v")
+
+
+def test_a_stop_closes_every_threads_client_and_each_thread_makes_a_new_one(
+        tmp_path: Path) -> None:
+    # Triton's graceful exit waits for open connections: a stop must close those of every
+    # thread of the agent, not only the stopping one's.
+    first = FakeGrpc()
+    triton = server(tmp_path, first)
+    other = FakeGrpc()
+
+    def on_another_thread() -> None:
+        triton._clients.control = other
+        triton._remember("control", other)
+
+    thread = threading.Thread(target=on_another_thread)
+    thread.start()
+    thread.join()
+    triton._close_every_client()
+    assert first.closed and other.closed
+    # This thread's closed client is not used again: the next call makes a new one.
+    assert triton._current("control") is None
+    assert triton._grpc() is not first
