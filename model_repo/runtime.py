@@ -51,11 +51,13 @@ from model_repo.loaders import (
 from model_repo.network import NetworkSpec, initial_state
 from model_repo.runtime_spares import DEFAULT_SPARES, SparePool
 from model_repo.worker_priority import (
+    STARTING_BOOST_S,
     ServingPace,
     apply_niceness,
     loading_niceness,
     serving_niceness,
     set_threads_niceness,
+    starting_boost_s,
 )
 from understudy.wire.lifetime import die_with_parent, orphaned
 
@@ -308,7 +310,12 @@ def _serve_worker(conn: socket.socket, request: dict[str, Any]) -> None:
     send_frame(conn, {"ok": True, "report": report.__dict__, "output": load.output_name,
                       "extras": extras_field(load.extra_outputs)})
     set_threads_niceness(serving_niceness(base_nice))
-    pace = ServingPace(base_nice)
+    try:
+        boost_s = starting_boost_s(os.environ)
+    except ValueError as exc:
+        logger.warning("%s; the default %.1f s applies", exc, STARTING_BOOST_S)
+        boost_s = STARTING_BOOST_S
+    pace = ServingPace(base_nice, boost_s)
     while True:
         if pace.boosted_until is not None:
             # Boosted: wait for the next request no longer than the boost lasts.

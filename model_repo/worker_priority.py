@@ -9,7 +9,9 @@ app's outage. Pure decisions over given times, and the one call that applies a n
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,25 @@ STARTING_BOOST_S = 1.0
 """How long a worker that starts to serve keeps the loads' priority (``LOADING_NICE_STEP``)
 before it yields to loads again. A failover's warm switches and interim loads come together,
 often on the same server: at the serving niceness the switched apps' first answers waited
-for the interims' loads, 10 nice steps apart (FailLite: a warm switch is the fast path)."""
+for the interims' loads, 10 nice steps apart (FailLite: a warm switch is the fast path).
+``UNDERSTUDY_STARTING_BOOST_S`` in the runtime's environment overrides it (0: never)."""
+STARTING_BOOST_ENV = "UNDERSTUDY_STARTING_BOOST_S"
+MAX_STARTING_BOOST_S = 60.0
+
+
+def starting_boost_s(environ: Mapping[str, str]) -> float:
+    """The boost's length from the environment (:data:`STARTING_BOOST_S` when unset).
+
+    ValueError for anything but a finite number of seconds within [0, 60].
+    """
+    text = environ.get(STARTING_BOOST_ENV)
+    if text is None:
+        return STARTING_BOOST_S
+    value = float(text)
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_STARTING_BOOST_S:
+        raise ValueError(f"{STARTING_BOOST_ENV}={text!r}: seconds from 0 to "
+                         f"{MAX_STARTING_BOOST_S:g}")
+    return value
 
 
 def loading_niceness(request: dict[str, Any], base_nice: int) -> int:
@@ -72,19 +92,21 @@ class ServingPace:
     """When a serving worker runs at the loads' priority (pure: times are given).
 
     A request after ``STARTING_IDLE_S`` without one, or the first ever, boosts the worker for
-    ``STARTING_BOOST_S`` (see there); the boost ends when that time passes, checked at each
-    request and when the worker waits. The calls return the niceness to apply, or None.
+    ``boost_s`` (``STARTING_BOOST_S``, see there; 0 never boosts); the boost ends when that
+    time passes, checked at each request and when the worker waits. The calls return the
+    niceness to apply, or None.
     """
 
     base_nice: int
+    boost_s: float = STARTING_BOOST_S
     boosted_until: float | None = None
     last_answer_at: float | None = None
 
     def request(self, now: float) -> int | None:
         starting = (self.last_answer_at is None or
                     now - self.last_answer_at >= STARTING_IDLE_S)
-        if starting and self.boosted_until is None:
-            self.boosted_until = now + STARTING_BOOST_S
+        if starting and self.boosted_until is None and self.boost_s > 0:
+            self.boosted_until = now + self.boost_s
             return starting_niceness(self.base_nice)
         return self.idle(now)
 

@@ -3,12 +3,16 @@ first answers after idling, then yielding to loads again."""
 
 from __future__ import annotations
 
+import pytest
+
 from model_repo.worker_priority import (
     LOADING_NICE_STEP,
     SERVING_NICE_STEP,
+    STARTING_BOOST_ENV,
     STARTING_BOOST_S,
     STARTING_IDLE_S,
     ServingPace,
+    starting_boost_s,
 )
 
 BASE = 5
@@ -62,3 +66,18 @@ def test_niceness_stays_within_the_os_range() -> None:
     pace = ServingPace(17)
     pace.request(0.0)
     assert pace.idle(STARTING_BOOST_S) == 19
+
+
+def test_no_boost_when_its_length_is_zero() -> None:
+    pace = ServingPace(BASE, boost_s=0.0)
+    assert pace.request(0.0) is None
+    assert pace.boosted_until is None
+
+
+def test_the_boost_length_comes_from_the_environment_and_is_validated() -> None:
+    assert starting_boost_s({}) == STARTING_BOOST_S
+    assert starting_boost_s({STARTING_BOOST_ENV: "0"}) == 0.0
+    assert starting_boost_s({STARTING_BOOST_ENV: "2.5"}) == 2.5
+    for bad in ("nan", "inf", "-1", "61", "soon"):
+        with pytest.raises(ValueError):
+            starting_boost_s({STARTING_BOOST_ENV: bad})
