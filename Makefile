@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy policies scheduling
 	$(BIN)/python -m pytest -m unit -n 2
-	$(BIN)/python -m pytest -m integration
+	$(BIN)/python -m pytest -m integration --durations=15
 
 # Lint, import contracts and the unit tier only (tests/unit, marked `unit` by tests/conftest.py).
 test-fast: $(STAMP)

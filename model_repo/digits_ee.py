@@ -193,15 +193,24 @@ def _validation_split(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
     return fit_x, fit_y, val_x, val_y
 
 
-def train_early_exit(out_dir: Path, force: bool = False) -> dict[str, Any]:
+def train_early_exit(out_dir: Path, force: bool = False,
+                     epochs: int | None = None) -> dict[str, Any]:
     """Train, calibrate, evaluate and export every variant into ``out_dir`` (cached).
 
-    Returns the training record (``training.json``).
+    ``epochs`` replaces every variant's own (the cache tells them apart): tests that need the
+    family's structure (its exits, their times) rather than its best accuracy train it
+    shorter. Returns the training record (``training.json``).
     """
+    import dataclasses
+
     import torch
 
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"epochs must be at least 1, not {epochs}")
+    plans = VARIANTS if epochs is None else tuple(
+        dataclasses.replace(plan, epochs=epochs) for plan in VARIANTS)
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = cache_key()
+    key = cache_key() + ("" if epochs is None else f"-epochs{epochs}")
     cached = None if force else _cached(out_dir, key)
     if cached is not None:
         logger.info("%s family already trained in %s", FAMILY, out_dir)
@@ -215,7 +224,7 @@ def train_early_exit(out_dir: Path, force: bool = False) -> dict[str, Any]:
         record: dict[str, Any] = {"key": key, "family": FAMILY, "dynamic": "early_exit",
                                   "held_out": len(y_test), "trained": len(fit_y),
                                   "validation": len(val_y), "variants": {}}
-        for plan in VARIANTS:
+        for plan in plans:
             started = time.perf_counter()
             model = train(plan, fit_x, fit_y)
             thresholds = calibrate(exit_probabilities(model, val_x), plan.exit_mix)

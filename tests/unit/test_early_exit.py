@@ -219,3 +219,10 @@ def test_a_manifest_may_list_only_the_runtimes_extras(tmp_path: Path) -> None:
         "variants: [{name: v, model: m.pt, accuracy: 0.9}]\n", encoding="utf-8")
     with pytest.raises(ManifestError, match="exit_index"):
         load_family_manifest(tmp_path / "f.yaml")
+
+
+def test_training_refuses_fewer_than_one_epoch(tmp_path: Path) -> None:
+    from model_repo import digits_ee
+
+    with pytest.raises(ValueError, match="epochs"):
+        digits_ee.train_early_exit(tmp_path, epochs=0)
