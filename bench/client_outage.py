@@ -69,6 +69,7 @@ from deploy.testbed import Testbed, TestbedError, wait_until  # noqa: E402
 from deploy.timeline import format_timeline, timeline  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
 from model_repo.artifacts import DEFAULT_SCALE  # noqa: E402
+from model_repo.worker_priority import starting_boost_s  # noqa: E402
 
 RUN_DIR = REPO / "runs" / "bench-client-outage"
 SLOWEST_SHOWN = 4
@@ -416,7 +417,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measured = {
             "latency": latency, "ends": ends, "load_started": load_started,
             "gateway_cpu_s": cpu_s(gateway_pid) - cpu_before,
-            "machine_busy_pct": busy_pct(machine_before, machine_cpu())}
+            "machine_busy_pct": busy_pct(machine_before, machine_cpu()),
+            # The runtimes inherit this environment: how long a worker that starts to serve
+            # (a warm switch's) kept the loads' priority in this run.
+            "starting_boost_s": starting_boost_s(os.environ)}
         stop_clients(bed, slow)
         measured["events"] = bed.http.get("/v1/events", params={"limit": 10000}).json()
         measured["declarations"] = tally(classify(parse(fetch_declarations(bed.http)),
@@ -462,6 +466,7 @@ def summarise(measured: dict[str, Any]) -> dict[str, Any]:
         "false_declarations": measured["declarations"]["false_declarations"],
         "minutes": measured["minutes"],
         "artifact_scale": measured.get("artifact_scale"),
+        "starting_boost_s": measured.get("starting_boost_s"),
         "cpus": os.cpu_count(),
     }
 
