@@ -30,6 +30,7 @@ from controller.errors import (
     InvalidBatchError,
     NotFoundError,
 )
+from controller.events import Subscription
 from controller.graphs.api import graph_routes
 from controller.http_guard import MUTATING_METHODS, RequestGuard, identity_of, needs_redis
 from controller.idempotency import IdempotencyGuard
@@ -78,6 +79,8 @@ Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
 IdInPath = Annotated[str, Path(max_length=MAX_ID_CHARS)]
 """An app or server id in a path (an overlong one is a 422, not echoed back in a 404)."""
 MAX_SEQ = 2**63 - 1
+STREAM_END_S = 2.0
+"""How long an ended event stream waits for its tasks (they end at once; see _stream_events)."""
 """Largest sequence number (an event's is its Redis stream entry id, a 64-bit number: a
 larger ``since`` made Redis refuse the range, a 500)."""
 Since = Annotated[int, Query(ge=0, le=MAX_SEQ)]
@@ -372,11 +375,13 @@ def _events_routes(app: FastAPI, controller: Controller) -> None:
         return await controller.declarations.list(since, limit)
 
 
-async def _stream_events(websocket: WebSocket, events: AsyncIterator[Event]) -> None:
+async def _stream_events(websocket: WebSocket, events: Subscription) -> None:
     """Send ``events`` until the client leaves; a client that sends a frame is closed (1008).
 
     The stream takes no frames, so one is refused rather than left queued by the server; and a
-    client that left ends the stream now, not at the next event sent to nobody.
+    client that left ends the stream now, not at the next event sent to nobody. The
+    subscription is closed as well as its sender cancelled: a cancellation that arrives during
+    the replay's Redis read can be lost (see Subscription), and the handler must end anyway.
     """
     async def send() -> None:
         async for event in events:
@@ -391,10 +396,17 @@ async def _stream_events(websocket: WebSocket, events: AsyncIterator[Event]) -> 
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        events.close()
         for task in tasks:
             task.cancel()
         # A send to a client that left fails (WebSocketDisconnect, RuntimeError): it is gone.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(tasks, timeout=STREAM_END_S)
+        for task in pending:
+            logger.error("event stream task %s did not end %.0f s after it was cancelled",
+                         task.get_name(), STREAM_END_S)
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the client left, nothing to report
 
 
 def _agents_and_artifacts_routes(app: FastAPI, controller: Controller) -> None:

@@ -26,6 +26,7 @@ class _Subscriber:
     app_id: str | None
     queue: asyncio.Queue[Event | None] = field(
         default_factory=lambda: asyncio.Queue(SUBSCRIBER_QUEUE))
+    closed: bool = False
 
 
 class EventHub:
@@ -63,17 +64,22 @@ class EventHub:
         logger.info("event %d %s %s -> %s/%s (%s)", stored.seq, stored.kind, stored.app_id,
                     stored.server_id, stored.variant, stored.reason)
 
-    async def subscribe(self, app_id: str | None, since: int | None) -> AsyncIterator[Event]:
-        """Replay events after ``since`` (when given), then follow live ones."""
-        subscriber = _Subscriber(app_id)
-        self._subscribers.add(subscriber)
+    def subscribe(self, app_id: str | None, since: int | None) -> Subscription:
+        """Replay events after ``since`` (when given), then follow live ones, until closed."""
+        return Subscription(self, app_id, since)
+
+    async def _follow(self, subscriber: _Subscriber, since: int | None
+                      ) -> AsyncIterator[Event]:
         try:
             last = since or 0
             if since is not None:
-                for event in await self.store.events(since, app_id, limit=100_000):
+                replay = await self.store.events(since, subscriber.app_id, limit=100_000)
+                for event in replay:
+                    if subscriber.closed:
+                        return
                     last = max(last, event.seq)
                     yield event
-            while True:
+            while not subscriber.closed:
                 event = await subscriber.queue.get()
                 if event is None:
                     return
@@ -84,8 +90,48 @@ class EventHub:
         finally:
             self._subscribers.discard(subscriber)
 
+    def _end(self, subscriber: _Subscriber) -> None:
+        subscriber.closed = True
+        self._subscribers.discard(subscriber)
+        if subscriber.queue.full():
+            subscriber.queue.get_nowait()  # room for the end marker
+        subscriber.queue.put_nowait(None)
+
     def close_all(self) -> None:
         """End every subscription (shutdown)."""
         for subscriber in list(self._subscribers):
             subscriber.queue.put_nowait(None)
         self._subscribers.clear()
+
+
+class Subscription:
+    """One subscriber's events, an async iterator that its owner ends with :meth:`close`.
+
+    Registered at once (before any replay is read, so no live event is missed). Ending it does
+    not depend on cancelling the task that iterates it: the Redis client can lose a
+    cancellation that arrives during a command (the replay's read), and a task whose
+    cancellation was lost then waited on its queue for ever, holding its websocket handler
+    open; a controller told to stop waited for such handlers until its graceful timeout.
+    """
+
+    def __init__(self, hub: EventHub, app_id: str | None, since: int | None) -> None:
+        self._hub = hub
+        self._subscriber = _Subscriber(app_id)
+        hub._subscribers.add(self._subscriber)
+        self._events = hub._follow(self._subscriber, since)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._events.__anext__()
+
+    def close(self) -> None:
+        """End the subscription: the iteration stops at its next step (now, if it waits)."""
+        if not self._subscriber.closed:
+            self._hub._end(self._subscriber)
+
+    async def aclose(self) -> None:
+        """Close, then finish the generator behind it (no task may be iterating it)."""
+        self.close()
+        await self._events.aclose()

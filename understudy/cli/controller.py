@@ -140,8 +140,10 @@ def server_options() -> dict[str, Any]:
     by the server as it arrives (close 1009), before it is buffered and handed to the app; with
     uvicorn's default (16 MiB) such a frame was read whole and only then refused.
     ``timeout_graceful_shutdown``: a stop waits at most this long for open connections and
-    tasks; uvicorn's default waits forever, and after the frame fuzzing (hundreds of refused
-    agent connections) a controller told to stop never did.
+    tasks; uvicorn's default waits forever. After the frame fuzzing a controller told to stop
+    never did: event-stream handlers whose sender's cancellation was lost in a Redis read
+    waited for ever (fixed in ``controller.events.Subscription``); the bound stays, so that no
+    handler can hold a stop again.
     """
     from understudy.wire.protocol import MAX_FRAME_BYTES
 
