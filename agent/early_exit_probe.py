@@ -16,13 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from agent.gpu import choose_device
-from agent.profiler import link_model
-from agent.triton import TritonConfig, TritonServer
+from agent.profiler import link_model, profiling_server
+from agent.triton import TritonServer
 from model_repo.artifacts import find_variant
 from model_repo.early_exit import EXEC_TIME_OUTPUT, EXIT_OUTPUT
 from model_repo.imported import EVALUATION_FILE
-from understudy.wire.ports import free_ports
 
 
 @dataclass
@@ -82,12 +80,7 @@ def summary(result: Probe, labels: np.ndarray | None = None) -> dict[str, Any]:
 def profile_variants(store: Path, variants: list[str], work_dir: Path, requests: int,
                      device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Load each variant on a fresh Triton and probe it with ``requests`` held-out inputs."""
-    chosen, gpu = choose_device(device)
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(TritonConfig(
-        model_repository=work_dir / "repository", work_dir=work_dir / "triton", http_port=http,
-        grpc_port=grpc, metrics_port=metrics, device=chosen,
-        device_name=gpu.name if gpu is not None else None))
+    server = profiling_server(work_dir, device)
     results = {}
     server.start()
     try:
@@ -101,7 +94,7 @@ def profile_variants(store: Path, variants: list[str], work_dir: Path, requests:
                          allow_pickle=False) as data:
                 inputs, labels = data["inputs"][:requests], data["labels"][:requests]
             model = link_model(server.config.model_repository, entry, server.model_backend,
-                               device=chosen)
+                               device=server.config.device)
             server.load(model)
             try:
                 probe(server, model, inputs[:8], entry.manifest.inputs[0].name, names[0])

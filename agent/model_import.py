@@ -24,16 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.gpu import choose_device
 from agent.overhead_probe import OverheadProbe, write_probe
 from agent.profiler import (
     ProfileSettings,
     fit_load_time,
     link_model,
     measure_with_retry,
+    profiling_server,
     tensor_names,
 )
-from agent.triton import TritonConfig, TritonServer
+from agent.triton import TritonServer
 from model_repo.artifacts import StoreEntry, find_variant
 from model_repo.family_manifest import ImportFamily, load_family_manifest
 from model_repo.imported import (
@@ -46,7 +46,6 @@ from model_repo.imported import (
     write_profile,
 )
 from model_repo.profiles import STORE_PROFILE_FILE, LoadTimeFit, load_family_document
-from understudy.wire.ports import free_ports
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +132,7 @@ def _profile(family: ImportFamily, entries: list[StoreEntry], work_dir: Path,
              settings: ProfileSettings, device: str,
              evaluation: tuple[np.ndarray, np.ndarray] | None,
              progress: Callable[[VariantResult], None] | None) -> list[VariantResult]:
-    chosen, gpu = choose_device(device)
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(TritonConfig(
-        model_repository=work_dir / "repository", work_dir=work_dir / "triton", http_port=http,
-        grpc_port=grpc, metrics_port=metrics, device=chosen,
-        device_name=gpu.name if gpu is not None else None))
+    server = profiling_server(work_dir, device)
     declared = {v.name: v.declared_accuracy for v in family.variants}
     results: list[VariantResult] = []
     probe: OverheadProbe | None = None
@@ -146,10 +140,10 @@ def _profile(family: ImportFamily, entries: list[StoreEntry], work_dir: Path,
     try:
         probe_entry = write_probe(work_dir / "probe", entries[0].manifest)
         if probe_entry is not None:
-            probe = OverheadProbe(server, probe_entry, settings, device=chosen)
+            probe = OverheadProbe(server, probe_entry, settings, device=server.config.device)
         for entry in entries:
             model = link_model(server.config.model_repository, entry, server.model_backend,
-                               device=chosen)
+                               device=server.config.device)
             overhead = probe.measure() if probe is not None else None
             measurement = measure_with_retry(server, model, entry, settings)
             measurement = measurement.model_copy(update={"overhead_ms": (

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.gpu import choose_device
 from agent.triton import TritonConfig, TritonError, TritonServer
 from model_repo.artifacts import MODEL_SOURCE, Manifest, StoreEntry, list_store, render_model_config
 from model_repo.imported import unpack_triton_directory
@@ -209,3 +210,16 @@ def profile_store(store: Path, work_dir: Path, variants: Sequence[str] | None = 
                           variants=len(results), artifact_scale=min(scales),
                           server_type=settings.server_type)
     return results, fit
+
+
+def profiling_server(work_dir: Path, device: str) -> TritonServer:
+    """A Triton to profile on, not started: its files under ``work_dir``, on free ports.
+
+    ``device`` as ``agent.gpu.choose_device`` takes it.
+    """
+    chosen, gpu = choose_device(device)
+    http, grpc, metrics = free_ports(3)
+    return TritonServer(TritonConfig(
+        model_repository=work_dir / "repository", work_dir=work_dir / "triton", http_port=http,
+        grpc_port=grpc, metrics_port=metrics, device=chosen,
+        device_name=gpu.name if gpu is not None else None))
