@@ -201,11 +201,9 @@ class TritonServer:
         self.install = install or TritonInstall.locate()
         self.process: subprocess.Popen[bytes] | None = None
         self.runtime: subprocess.Popen[bytes] | None = None
-        self._clients = threading.local()
-        self._every_client: list[Any] = []
-        """Every thread's clients, so that a stop closes them all (see stop)."""
-        self._every_client_lock = threading.Lock()
-        self._client_generation = 0
+        self._clients: dict[tuple[int, str], Any] = {}
+        """Each thread's clients by (thread id, kind), so that a stop can close them all."""
+        self._clients_lock = threading.Lock()
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = config.work_dir / "tritonserver.log"
         self.runtime_socket = config.work_dir / "torch-runtime.sock"
@@ -376,7 +374,6 @@ class TritonServer:
         agent's threads held every stop for the whole of it.
         """
         self._stopping = True
-        self._close_client()
         self._close_every_client()
         for proc in (self.process, self.runtime):
             if proc is None or proc.poll() is not None:
@@ -428,57 +425,55 @@ class TritonServer:
     def _http(self) -> Any:
         # One client per thread: tritonclient's HTTP client is not safe to share across threads,
         # and the agent runs loads in worker threads.
-        client = self._current("client")
-        if client is None:
+        def make() -> Any:
             import tritonclient.http as httpclient
 
-            client = httpclient.InferenceServerClient(
+            return httpclient.InferenceServerClient(
                 self.config.http_url, connection_timeout=5.0, network_timeout=300.0)
-            self._clients.client = client
-            self._remember("client", client)
-        return client
+
+        return self._client("client", make)
 
     def _grpc(self) -> Any:
         """This thread's gRPC client: model control (see the module doc)."""
-        client = self._current("control")
-        if client is None:
+        def make() -> Any:
             import tritonclient.grpc as grpcclient
 
-            client = grpcclient.InferenceServerClient(self.config.grpc_url)
-            self._clients.control = client
-            self._remember("control", client)
+            return grpcclient.InferenceServerClient(self.config.grpc_url)
+
+        return self._client("control", make)
+
+    def _client(self, kind: str, make: Callable[[], Any]) -> Any:
+        """This thread's client of ``kind``, made on first use.
+
+        A finished thread's client stays under its id and serves a later thread that gets the
+        same id: never two threads at once.
+        """
+        key = (threading.get_ident(), kind)
+        with self._clients_lock:
+            client = self._clients.get(key)
+        if client is None:
+            client = make()
+            with self._clients_lock:
+                self._clients[key] = client
         return client
 
-    def _current(self, name: str) -> Any:
-        """This thread's client ``name``, None if it has none or a stop closed it."""
-        if getattr(self._clients, f"{name}_generation", None) != self._client_generation:
-            return None
-        return getattr(self._clients, name, None)
-
-    def _remember(self, name: str, client: Any) -> None:
-        setattr(self._clients, f"{name}_generation", self._client_generation)
-        with self._every_client_lock:
-            self._every_client.append(client)
-
     def _close_every_client(self) -> None:
-        """Close the clients of every thread; each makes new ones if it calls again."""
-        with self._every_client_lock:
-            clients, self._every_client = self._every_client, []
-            self._client_generation += 1
+        """Close every thread's clients; each thread makes new ones if it calls again."""
+        with self._clients_lock:
+            clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             with contextlib.suppress(Exception):
                 client.close()
 
     def _close_client(self) -> None:
         """Close this thread's clients."""
-        for name in ("client", "control"):
-            client = getattr(self._clients, name, None)
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    client.close()
-                setattr(self._clients, name, None)
-                with self._every_client_lock, contextlib.suppress(ValueError):
-                    self._every_client.remove(client)
+        ident = threading.get_ident()
+        with self._clients_lock:
+            clients = [self._clients.pop(key) for key in [(ident, "client"), (ident, "control")]
+                       if key in self._clients]
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
 
     def is_ready(self) -> bool:
         """Triton's readiness endpoint (False when it does not answer)."""

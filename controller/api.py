@@ -79,10 +79,10 @@ Name = Annotated[str | None, Query(max_length=MAX_ID_CHARS)]
 IdInPath = Annotated[str, Path(max_length=MAX_ID_CHARS)]
 """An app or server id in a path (an overlong one is a 422, not echoed back in a 404)."""
 MAX_SEQ = 2**63 - 1
-STREAM_END_S = 2.0
-"""How long an ended event stream waits for its tasks (they end at once; see _stream_events)."""
 """Largest sequence number (an event's is its Redis stream entry id, a 64-bit number: a
 larger ``since`` made Redis refuse the range, a 500)."""
+STREAM_END_S = 2.0
+"""How long an ended event stream waits for its tasks (they end at once; see _stream_events)."""
 Since = Annotated[int, Query(ge=0, le=MAX_SEQ)]
 
 

@@ -58,9 +58,7 @@ class EventHub:
             except asyncio.QueueFull:
                 # A consumer this far behind is cut off; it reconnects with ?since=.
                 logger.warning("event subscriber too slow; disconnecting it")
-                self._subscribers.discard(subscriber)
-                subscriber.queue.get_nowait()  # make room for the end marker; replay covers it
-                subscriber.queue.put_nowait(None)
+                self._end_after_queue(subscriber)
         logger.info("event %d %s %s -> %s/%s (%s)", stored.seq, stored.kind, stored.app_id,
                     stored.server_id, stored.variant, stored.reason)
 
@@ -90,18 +88,22 @@ class EventHub:
         finally:
             self._subscribers.discard(subscriber)
 
-    def _end(self, subscriber: _Subscriber) -> None:
-        subscriber.closed = True
+    def _end_after_queue(self, subscriber: _Subscriber) -> None:
+        """End one subscription once it has taken what is queued for it (the end marker)."""
         self._subscribers.discard(subscriber)
         if subscriber.queue.full():
-            subscriber.queue.get_nowait()  # room for the end marker
+            subscriber.queue.get_nowait()  # room for the end marker; a replay covers the loss
         subscriber.queue.put_nowait(None)
+
+    def _end(self, subscriber: _Subscriber) -> None:
+        """End one subscription now: its iteration stops at its next step."""
+        subscriber.closed = True
+        self._end_after_queue(subscriber)
 
     def close_all(self) -> None:
         """End every subscription (shutdown)."""
         for subscriber in list(self._subscribers):
-            subscriber.queue.put_nowait(None)
-        self._subscribers.clear()
+            self._end_after_queue(subscriber)
 
 
 class Subscription:

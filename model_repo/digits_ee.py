@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,14 +201,12 @@ def train_early_exit(out_dir: Path, force: bool = False,
     family's structure (its exits, their times) rather than its best accuracy train it
     shorter. Returns the training record (``training.json``).
     """
-    import dataclasses
-
     import torch
 
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be at least 1, not {epochs}")
     plans = VARIANTS if epochs is None else tuple(
-        dataclasses.replace(plan, epochs=epochs) for plan in VARIANTS)
+        replace(plan, epochs=epochs) for plan in VARIANTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     key = cache_key() + ("" if epochs is None else f"-epochs{epochs}")
     cached = None if force else _cached(out_dir, key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.events import EventHub
+from controller.events import EventHub, Subscription
 from controller.records import Event
 
 
@@ -25,18 +25,24 @@ class SwallowingStore:
         return [Event(app_id="a", kind="registered", seq=since + 1)]
 
 
-async def _iterate(subscription: object, seen: list[Event]) -> None:
-    async for event in subscription:  # type: ignore[attr-defined]
+async def _iterate(subscription: Subscription, seen: list[Event]) -> None:
+    async for event in subscription:
         seen.append(event)
+
+
+def _following(store: SwallowingStore
+               ) -> tuple[EventHub, Subscription, list[Event], asyncio.Future[None]]:
+    """A hub over ``store``, a subscription replaying after seq 5, and a task iterating it."""
+    hub = EventHub(store)  # type: ignore[arg-type]
+    subscription = hub.subscribe(None, since=5)
+    seen: list[Event] = []
+    return hub, subscription, seen, asyncio.ensure_future(_iterate(subscription, seen))
 
 
 def test_a_closed_subscription_ends_though_its_tasks_cancellation_was_lost() -> None:
     async def scenario() -> None:
         store = SwallowingStore()
-        hub = EventHub(store)  # type: ignore[arg-type]
-        subscription = hub.subscribe(None, since=5)
-        seen: list[Event] = []
-        task = asyncio.ensure_future(_iterate(subscription, seen))
+        hub, subscription, seen, task = _following(store)
         await store.reading.wait()
         subscription.close()
         task.cancel()
@@ -50,11 +56,7 @@ def test_a_closed_subscription_ends_though_its_tasks_cancellation_was_lost() -> 
 
 def test_an_open_subscription_replays_then_follows_and_close_ends_a_waiting_iteration() -> None:
     async def scenario() -> None:
-        store = SwallowingStore()
-        hub = EventHub(store)  # type: ignore[arg-type]
-        subscription = hub.subscribe(None, since=5)
-        seen: list[Event] = []
-        task = asyncio.ensure_future(_iterate(subscription, seen))
+        hub, subscription, seen, task = _following(SwallowingStore())
         await asyncio.sleep(0.3)  # the replay is read and given
         hub.deliver([Event(app_id="a", kind="warm_switch", seq=7),
                      Event(app_id="a", kind="stale", seq=6)])  # 6 was replayed already

@@ -45,12 +45,8 @@ def server(tmp_path: Path, client: FakeGrpc) -> TritonServer:
     triton = TritonServer.__new__(TritonServer)
     triton.config = config
     triton._control_key = "key"
-    triton._clients = type("Local", (), {})()
-    triton._every_client = []
-    triton._every_client_lock = threading.Lock()
-    triton._client_generation = 0
-    triton._clients.control = client
-    triton._remember("control", client)
+    triton._clients = {(threading.get_ident(), "control"): client}
+    triton._clients_lock = threading.Lock()
     return triton
 
 
@@ -88,14 +84,13 @@ def test_a_stop_closes_every_threads_client_and_each_thread_makes_a_new_one(
     other = FakeGrpc()
 
     def on_another_thread() -> None:
-        triton._clients.control = other
-        triton._remember("control", other)
+        assert triton._client("control", lambda: other) is other
 
     thread = threading.Thread(target=on_another_thread)
     thread.start()
     thread.join()
+    assert triton._grpc() is first  # this thread's own, unchanged
     triton._close_every_client()
     assert first.closed and other.closed
     # This thread's closed client is not used again: the next call makes a new one.
-    assert triton._current("control") is None
     assert triton._grpc() is not first
