@@ -105,6 +105,9 @@ class Store:
     async def _loaded(self) -> RecordCache:
         """The cache, loaded from Redis first when it is not (start, after a failed write)."""
         if not self._cache.loaded:
+            # In an outage a request fails fast here, rather than queue for the lock behind a
+            # reload that waits for Redis (a /metrics scrape hung until its client gave up).
+            await self.health.admit()
             async with self._event_lock:
                 if not self._cache.loaded:
                     await self._load()
