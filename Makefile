@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # The virtual environment, (re)installed whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -e '.[server,dev]'
+	$(BIN)/pip install --no-compile -e '.[server,dev]'
 	touch $(STAMP)
 
 $(VENV) venv: $(STAMP)

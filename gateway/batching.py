@@ -161,6 +161,7 @@ class BatchPolicy:
     async def dispatch(self, request: InferRequest, send: Submit) -> Answer:
         if request.suffix not in INFER_SUFFIXES:
             return await send(request)
+        await request.whole_body()  # its tensors are read below
         self._send = send
         loop = asyncio.get_running_loop()
         now = self.clock()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.arriving import ArrivingBody
 from gateway.board import RouteBoard
 from gateway.errors import (
     AppDeletedError,
@@ -60,6 +61,14 @@ class InferRequest:
     version: str = ""
     protocol: str = "http"
     """Which front end it came from; picks the sender (HTTP or gRPC) for the upstream."""
+    arriving: ArrivingBody | None = None
+    """Set while ``body`` is still coming in from the client: senders forward it as it
+    comes; whoever reads the tensors first awaits :meth:`whole_body`."""
+
+    async def whole_body(self) -> None:
+        """Return once the body is all in (BodyLostError if the client went away first)."""
+        if self.arriving is not None:
+            await self.arriving.wait()
 
 
 @dataclass(slots=True)

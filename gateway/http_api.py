@@ -51,7 +51,7 @@ def http_sender(upstream: HttpUpstream) -> Send:
         version = f"/versions/{request.version}" if request.version else ""
         path = f"/v2/models/{route.model_name}{version}{request.suffix}"
         return await upstream.request(route.http.removeprefix("http://"), request.method,
-                                      path, request.headers, request.body)
+                                      path, request.headers, request.body, request.arriving)
 
     return send
 
@@ -116,7 +116,8 @@ class HttpFrontEnd:
             forwarded = tuple((name, value) for key, name in FORWARDED
                               if (value := headers.get(key)) is not None)
             answer = await plane.infer(InferRequest(app_id, deadline, request.body, forwarded,
-                                                    version=version))
+                                                    version=version,
+                                                    arriving=request.arriving))
         except GatewayError as exc:
             return error_response(exc)
         return self._infer_reply(answer, app_id)

@@ -2,7 +2,9 @@
 
 Why not aiohttp's server: a request body is read by the kernel straight into one buffer of its
 ``Content-Length`` (``recv_into``), where aiohttp's stream copies it chunk by chunk and joins it
-again, which for an image-sized body cost more than the rest of the gateway together. What it
+again, which for an image-sized body cost more than the rest of the gateway together; a large
+body goes to the handler as soon as its head is read, as an :class:`ArrivingBody` that the
+upstream forwards while the rest comes in. What it
 does: keep-alive and pipelined requests (answered in order, one at a time per connection),
 ``Content-Length`` and chunked bodies, ``Expect: 100-continue``, ``HEAD``, bounded heads and
 bodies (431 and 413), and a clean close. What it does not: TLS, HTTP/2, upgrades; a
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from urllib.parse import unquote
 
+from gateway.arriving import ArrivingBody
+
 logger = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -29,6 +33,9 @@ MAX_PIPELINED_BYTES = 1024 * 1024
 READ_CHUNK = 64 * 1024
 """Reads of heads and small bodies; a larger body's remainder goes straight to its buffer."""
 JOIN_MAX_BYTES = 64 * 1024
+STREAM_FROM_BYTES = 128 * 1024
+"""A body at least this large that is not all in with its head goes to the handler at once, as
+an :class:`ArrivingBody` (forwarded while it arrives); smaller ones are read whole first."""
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
@@ -41,6 +48,8 @@ class HttpRequest:
     query: str
     headers: dict[str, str]
     body: bytes | bytearray
+    arriving: ArrivingBody | None = None
+    """Set when ``body`` is still being filled (see :data:`STREAM_FROM_BYTES`)."""
 
 
 @dataclass(slots=True)
@@ -149,6 +158,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._head: _Head | None = None
         self._body: bytearray | None = None
         """The body being read into directly (its Content-Length known)."""
+        self._arriving: ArrivingBody | None = None
+        """The same body when its request was handed over before it was all in."""
         self._got = 0
         self._task: asyncio.Task[None] | None = None
         self._paused = False
@@ -168,9 +179,17 @@ class _Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._body is not None:
             self._got += nbytes
+            arriving = self._arriving
+            if arriving is not None:
+                arriving.grew(self._got)
             if self._got == len(self._body):
                 body, self._body = self._body, None
-                self._dispatch(body)
+                if arriving is None:
+                    self._dispatch(body)
+                else:
+                    self._arriving = None
+                    if self._task is None:  # answered before its body was all in
+                        self._advance()
             return
         self._pending += memoryview(self._scratch)[:nbytes]
         self._advance()
@@ -183,6 +202,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.server.connections.discard(self)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # nobody is left to answer
+        if self._arriving is not None:
+            self._arriving.lose()
 
     # --- requests ------------------------------------------------------------------------
 
@@ -251,6 +272,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._got = len(self._pending)
         self._body[:self._got] = self._pending
         self._pending.clear()
+        if length >= self.server.stream_from:
+            self._arriving = ArrivingBody(self._body, self._got)
+            self._dispatch(self._body, self._arriving)
         return False
 
     def _continue(self, headers: dict[str, str], waiting: bool) -> None:
@@ -285,7 +309,7 @@ class _Connection(asyncio.BufferedProtocol):
             body += pending[end + 2:end + 2 + size]
             at = end + 2 + size + 2
 
-    def _dispatch(self, body: bytearray) -> None:
+    def _dispatch(self, body: bytearray, arriving: ArrivingBody | None = None) -> None:
         head = self._head
         assert head is not None
         self._head = None
@@ -293,7 +317,7 @@ class _Connection(asyncio.BufferedProtocol):
         if not target.startswith("/"):
             self._refuse(HttpError(400, "only origin-form request targets are served"))
             return
-        request = HttpRequest(head.method, unquote(target), query, head.headers, body)
+        request = HttpRequest(head.method, unquote(target), query, head.headers, body, arriving)
         self._task = asyncio.get_running_loop().create_task(
             self._answer(request, head.keep_alive, head.method == "HEAD"))
 
@@ -353,9 +377,11 @@ class _Connection(asyncio.BufferedProtocol):
 class HttpServer:
     """Serves ``handler`` on one TCP listener."""
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    def __init__(self, handler: Handler, max_body: int,
+                 stream_from: int = STREAM_FROM_BYTES) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.stream_from = stream_from
         self.connections: set[_Connection] = set()
         self.closing = False
         self._server: asyncio.Server | None = None

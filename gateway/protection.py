@@ -176,6 +176,7 @@ class ProtectedPolicy:
             return await send(request)
         if not route.members():
             return await send(request)  # nothing to balance over: wait for a move as usual
+        await request.whole_body()  # coding reads its tensors
         return await _Protected(self, request, mode).run()
 
     # --- instances -----------------------------------------------------------------------

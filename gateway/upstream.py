@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.arriving import ArrivingBody
 from gateway.http_server import write_parts
 
 logger = logging.getLogger(__name__)
@@ -83,28 +84,48 @@ class _Connection(asyncio.Protocol):
 
     # --- request -------------------------------------------------------------------------
 
-    async def request(self, head: bytes, body: bytes | bytearray,
-                      no_body: bool) -> UpstreamReply:
-        """Send one request; its reply (UpstreamError when none comes)."""
-        assert self.transport is not None and self._waiter is None
+    async def request(self, head: bytes, body: bytes | bytearray, no_body: bool,
+                      arriving: ArrivingBody | None = None) -> UpstreamReply:
+        """Send one request; its reply (UpstreamError when none comes).
+
+        With ``arriving`` (the body still coming in from the client), what is in goes now and
+        each later part as it arrives.
+        """
+        transport = self.transport
+        assert transport is not None and self._waiter is None
         self._waiter = asyncio.get_running_loop().create_future()
         self._no_body = no_body
         self._received = False
-        if len(body) <= JOIN_MAX_BYTES:
-            self.transport.write(head + body if body else head)
+        forward = None
+        if arriving is not None and not arriving.complete:
+            write_parts(transport, head, memoryview(body)[:arriving.received])
+
+            def forward(start: int, end: int) -> None:
+                if not transport.is_closing():
+                    transport.write(memoryview(body)[start:end])
+
+            arriving.listen(forward)
+        elif len(body) <= JOIN_MAX_BYTES:
+            transport.write(head + body if body else head)
         else:
             # Not joined: a copy of a large body costs more than a vectored write.
-            write_parts(self.transport, head, body)
+            write_parts(transport, head, body)
         try:
-            return await self._waiter
+            reply = await self._waiter
+            if arriving is not None and not arriving.complete:
+                self.reusable = False  # answered before the whole body went: not reusable
+            return reply
         except BaseException:
             # Cancelled (deadline, a move) or failed mid-reply: the stream's position is
             # unknown, so the connection cannot carry another request.
             self.reusable = False
-            self.transport.close()
+            transport.close()
             raise
         finally:
             self._waiter = None
+            if forward is not None:
+                assert arriving is not None
+                arriving.unlisten(forward)
 
     @property
     def answered_nothing(self) -> bool:
@@ -241,14 +262,18 @@ class HttpUpstream:
 
     async def request(self, hostport: str, method: str, path: str,
                       headers: Sequence[tuple[str, str]] = (),
-                      body: bytes | bytearray = b"") -> UpstreamReply:
-        """Send one request to ``hostport`` (``host:port``); UpstreamError without a reply."""
+                      body: bytes | bytearray = b"",
+                      arriving: ArrivingBody | None = None) -> UpstreamReply:
+        """Send one request to ``hostport`` (``host:port``); UpstreamError without a reply.
+
+        ``arriving``: ``body`` is still being filled by its client (forwarded as it comes).
+        """
         head = self._head(hostport, method, path, headers, len(body))
         no_body = method == "HEAD"
         for _ in range(2):
             connection, reused = await self._connection(hostport)
             try:
-                reply = await connection.request(head, body, no_body)
+                reply = await connection.request(head, body, no_body, arriving)
             except UpstreamError:
                 if reused and connection.answered_nothing:
                     continue  # the peer closed it while idle: once more on a fresh one

@@ -35,8 +35,9 @@ def generate_cluster(families: Mapping[str, Family], *, servers: int = 6, sites:
                      rate_rps: tuple[float, float] = (1.0, 10.0)) -> ClusterSnapshot:
     """A cluster of ``servers`` identical servers in ``sites`` sites with ``apps`` placed apps.
 
-    A server is never smaller than the largest primary, so with few apps per server the
-    free share can exceed ``headroom``.
+    A server is never smaller than the largest variant of any app's family at that app's rate
+    (memory and compute apart), so with few apps per server the free share can exceed
+    ``headroom``.
 
     Families are drawn uniformly from ``family_names`` (default: every family). A random
     ``critical_fraction`` of the apps is in K. Deterministic for a given ``seed``.
@@ -59,7 +60,13 @@ def generate_cluster(families: Mapping[str, Family], *, servers: int = 6, sites:
     demands = [families[a.family].most_accurate.demand(a.max_rate_rps) for a in app_list]
     needed = {r: sum(d[r] for d in demands) / (servers * (1.0 - headroom))
               for r in (MEMORY_MB, COMPUTE)}
-    biggest = {r: max((d[r] for d in demands), default=0.0) for r in (MEMORY_MB, COMPUTE)}
+    # Any variant an app may run (a backup, a degraded replica) fits an empty server: a
+    # measured family's smaller variant can need more compute than its primary (jitter read
+    # as compute), and servers sized to the primaries alone could then hold none of its
+    # backups (a one-app cluster got a compute capacity of 0).
+    variant_demands = [v.demand(a.max_rate_rps) for a in app_list
+                       for v in families[a.family].variants]
+    biggest = {r: max((d[r] for d in variant_demands), default=0.0) for r in (MEMORY_MB, COMPUTE)}
 
     # Worst-fit can leave a little fragmentation; grow capacity by 1 % steps until all fit.
     # Memory worst-fit places the largest models first: apps whose compute is large for their
