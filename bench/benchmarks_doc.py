@@ -459,7 +459,7 @@ predictions unavailable). Targets: A_d(k=2) at most 10 points below A_a, A_d fal
          ("variant", "deployed variant"))),
     "parm_tail": Bench(
         "Parity models (ParM): tail latency against Equal-Resources",
-        "python bench/parm_tail.py --background stall,inference,none", """\
+        "python bench/parm_tail.py", """\
 ParM §6.2.1 on a live testbed on this machine (`docs/parity.md`): Redis, the controller and
 2 (k + 1) agents each with its own Triton; an app of `digits_cnn` protected by `parity:k` (k
 instances and a parity model the controller places on a server none of them uses) against
@@ -472,10 +472,13 @@ seconds in slices taken in turn with the other's, under the same seeded backgrou
 default `stall`, two episodes side by side, each after an exponential gap (mean 300 ms)
 slowing one server drawn at random (an instance or the parity model) for 100-400 ms by pausing
 its Triton 20 ms out of every 40 (SIGSTOP), which slows that server alone as §6.1's network
-shuffles do (CPU-burning background, `inference`, slows every server of a shared machine);
-`by_background` has the others asked for. `p999_reduction_pct` = 100 (1 - ParM p99.9 / ER
-p99.9) and `median_change_pct` at the highest rate (targets >= 35 and <= 5). Failure case: a
-ParM instance's server SIGKILLed at the middle rate, every query until the controller has
+shuffles do (`--background inference`, CPU-burning, slows every server of a shared machine;
+`by_background` has the others asked for). The sweep is repeated `--repeats` (3) times with
+successive seeds on the same testbed. `p999_reduction_pct` = 100 (1 - ParM p99.9 / ER
+p99.9) and `median_change_pct` at the highest rate, each the median over the repeats (targets
+>= 35 and <= 5); `by_background` has both medians at every rate, `by_repeat` each
+repeat's. Failure case: a ParM instance's server SIGKILLed at the middle rate, every query
+until the controller has
 placed the instance again counted (`unanswered_during_failure`, target 0). All servers share
 the machine's cores: the parity queries are 1/k more inference on them (the paper gives the
 parity model its own machine).""",
