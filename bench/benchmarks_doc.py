@@ -269,12 +269,19 @@ recovery rate 1.0.""",
     "gateway_latency": Bench(
         "Latency the gateway adds", "python bench/gateway_latency.py", """\
 One Triton with two Python-backend models (an image model, 600 KB in, and a 16-float one) and a
-gateway in front of it, no controller (the routes are given). Requests alternate between the
-gateway and Triton directly, one at a time, in the same run; figures are medians and p99s of the
-differences over `--requests` requests per path. Over HTTP (the gateway's own HTTP/1.1 server
-and keep-alive client) and gRPC. Also the gateway's CPU per request. Target: ≤ 0.5 ms added at
-p50 over HTTP.""",
+gateway in front of it, no controller (the routes are given), beside a second gateway that reads
+every body whole before sending it on (`--cut-through-kib 0`, store-and-forward). Requests
+alternate between the gateways and Triton directly, one at a time, in the same run; figures are
+medians and p99s of the differences over `--requests` requests per path. Over HTTP (the
+gateway's own HTTP/1.1 server and keep-alive client) and gRPC; the image model again with its
+body paced as a client on a `--link-mbps` (1,000) link sends it, 64 KiB at a time, where
+forwarding a body while it arrives (cut-through) should show. Also the gateway's CPU per
+request. Target: ≤ 0.5 ms added at p50 over HTTP on the loopback.""",
         (("gateway_added_latency_p50_ms", "HTTP, image: added p50 (ms)"),
+         ("store_forward_added_latency_p50_ms", "HTTP, image, store-and-forward: added p50 (ms)"),
+         ("paced_added_latency_p50_ms", "HTTP, image over a 1 Gb/s client link: added p50 (ms)"),
+         ("paced_store_forward_added_latency_p50_ms",
+          "the same, store-and-forward: added p50 (ms)"),
          ("gateway_added_latency_p99_ms", "HTTP, image: added p99 (ms)"),
          ("small_added_latency_p50_ms", "HTTP, small: added p50 (ms)"),
          ("grpc_added_latency_p50_ms", "gRPC: added p50 (ms)"),

@@ -8,12 +8,15 @@ floats in and out: the gateway's fixed cost alone). An ``understudy gateway`` pr
 apps ``bench-image`` and ``bench-small`` to them from a routing table written in its run
 directory, with no controller reachable (the table a gateway keeps across restarts), so nothing
 but the request path is measured. One client sends the same pre-encoded request (the binary
-tensor extension, as tritonclient sends it) alternately through the gateway and directly, one
-at a time on keep-alive connections, and times each. Reported per model: the median and p99 of
-both paths and of their difference, in milliseconds, and the gateway's CPU time per request.
-The image model is then measured over gRPC the same way, with ``tritonclient.grpc`` on both
-paths. The last line is one JSON object whose ``gateway_added_latency_p50_ms`` is the image
-model's median difference over HTTP.
+tensor extension, as tritonclient sends it) alternately through the gateway, through a second
+gateway that reads every body whole before sending it on (``--cut-through-kib 0``:
+store-and-forward, the A/B of cut-through) and directly, one at a time on keep-alive
+connections, and times each. Reported per model: the median and p99 of each path and of its
+difference with the direct one, in milliseconds, and the gateway's CPU time per request. The
+image model is measured again with its body paced as a client on a ``--link-mbps`` (1000) link
+would send it (64 KiB at a time), and over gRPC with ``tritonclient.grpc`` on both paths. The
+last line is one JSON object whose ``gateway_added_latency_p50_ms`` is the image model's median
+difference over HTTP on the loopback; ``paced_*`` are the paced client's.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def write_repository(root: Path) -> None:
             'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
 
 
+PACED_CHUNK = 64 * 1024
+"""Bytes the paced client sends at a time."""
+
+
 def write_routes(run_dir: Path, triton: TritonServer) -> None:
     """A gateway routing table sending each bench app to its model on this Triton."""
     apps = {}
@@ -105,14 +112,14 @@ def encoded_request(shape: list[int]) -> tuple[bytes, dict[str, str]]:
                            "Inference-Header-Content-Length": str(len(header))}
 
 
-def start_gateway(run_dir: Path, port: int, grpc_port: int,
-                  dead_controller_port: int) -> subprocess.Popen[bytes]:
+def start_gateway(run_dir: Path, port: int, grpc_port: int, dead_controller_port: int,
+                  *extra: str) -> subprocess.Popen[bytes]:
     log = (run_dir / "gateway.log").open("ab")
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "understudy.cli.main", "--log-level", "WARNING", "gateway",
          "--controller-url", f"http://127.0.0.1:{dead_controller_port}", "--port", str(port),
-         "--grpc-port", str(grpc_port), "--run-dir", str(run_dir)], cwd=REPO, stdout=log,
-        stderr=subprocess.STDOUT)
+         "--grpc-port", str(grpc_port), "--run-dir", str(run_dir), *extra], cwd=REPO,
+        stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -132,25 +139,52 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(gateway: int, direct: int, variant: str, requests: int, warmup: int,
-            gateway_pid: int) -> dict[str, float]:
-    """Alternate gateway and direct requests; per-path and per-pair figures (ms)."""
+def send_paced(connection: http.client.HTTPConnection, path: str, body: bytes,
+               headers: dict[str, str], link_mbps: float) -> None:
+    """The head, then the body in chunks, each sent once a link of ``link_mbps`` would have
+    carried it (a client on another machine: its body arrives over milliseconds)."""
+    connection.putrequest("POST", path, skip_accept_encoding=True)
+    for name, value in headers.items():
+        connection.putheader(name, value)
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders()
+    start = time.perf_counter()
+    for offset in range(0, len(body), PACED_CHUNK):
+        end = min(len(body), offset + PACED_CHUNK)
+        due = start + end * 8 / (link_mbps * 1e6)
+        while (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait if wait > 2e-4 else 0)
+        connection.send(body[offset:end])
+
+
+def measure(gateways: dict[str, int], direct: int, variant: str, requests: int, warmup: int,
+            gateway_pid: int, link_mbps: float | None = None) -> dict[str, float]:
+    """Alternate requests through each gateway and direct; per-path and per-pair figures (ms).
+
+    ``gateways``: name -> port; the first is the one whose CPU time is reported and whose
+    figures keep the plain names (``gateway_p50_ms``, ``added_p50_ms``); the others' carry
+    their name as a prefix. ``link_mbps``: bodies sent at that rate (:func:`send_paced`).
+    """
     body, headers = encoded_request(MODELS[variant])
-    paths = {"gateway": (gateway, f"/v2/models/bench-{variant}/infer"),
-             "direct": (direct, f"/v2/models/bench-{variant}__{variant}/infer")}
+    paths = {name: (port, f"/v2/models/bench-{variant}/infer")
+             for name, port in gateways.items()}
+    paths["direct"] = (direct, f"/v2/models/bench-{variant}__{variant}/infer")
     connections = {k: http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                    for k, (port, _) in paths.items()}
-    times: dict[str, list[float]] = {"gateway": [], "direct": []}
+    times: dict[str, list[float]] = {key: [] for key in paths}
     order = list(paths)
     cpu_before = 0.0
     for i in range(warmup + requests):
         if i == warmup:
             cpu_before = cpu_s(gateway_pid)
-        random.shuffle(order)  # neither path always goes first
+        random.shuffle(order)  # no path always goes first
         for key in order:
             connection, path = connections[key], paths[key][1]
             started = time.perf_counter()
-            connection.request("POST", path, body, headers)
+            if link_mbps is None:
+                connection.request("POST", path, body, headers)
+            else:
+                send_paced(connection, path, body, headers, link_mbps)
             response = connection.getresponse()
             response.read()
             elapsed = time.perf_counter() - started
@@ -159,16 +193,20 @@ def measure(gateway: int, direct: int, variant: str, requests: int, warmup: int,
             if i >= warmup:
                 times[key].append(elapsed * 1000)
     gateway_cpu_s = cpu_s(gateway_pid) - cpu_before
-    added = [g - d for g, d in zip(times["gateway"], times["direct"], strict=True)]
-    return {"gateway_cpu_ms_per_request": gateway_cpu_s * 1000 / requests,
-            "gateway_p50_ms": statistics.median(times["gateway"]),
-            "gateway_p99_ms": _p99(times["gateway"]),
-            "direct_p50_ms": statistics.median(times["direct"]),
-            "direct_p99_ms": _p99(times["direct"]),
-            "added_p50_ms": statistics.median(times["gateway"]) - statistics.median(
-                times["direct"]),
-            "added_pair_p50_ms": statistics.median(added),
-            "added_p99_ms": _p99(times["gateway"]) - _p99(times["direct"])}
+    direct_ms = times["direct"]
+    figures = {"gateway_cpu_ms_per_request": gateway_cpu_s * 1000 / requests,
+               "direct_p50_ms": statistics.median(direct_ms), "direct_p99_ms": _p99(direct_ms)}
+    for index, name in enumerate(gateways):
+        prefix = "" if index == 0 else f"{name}_"
+        through = times[name]
+        added = [g - d for g, d in zip(through, direct_ms, strict=True)]
+        figures.update({
+            f"{prefix}gateway_p50_ms": statistics.median(through),
+            f"{prefix}gateway_p99_ms": _p99(through),
+            f"{prefix}added_p50_ms": statistics.median(through) - statistics.median(direct_ms),
+            f"{prefix}added_pair_p50_ms": statistics.median(added),
+            f"{prefix}added_p99_ms": _p99(through) - _p99(direct_ms)})
+    return figures
 
 
 def measure_grpc(gateway: str, direct: str, variant: str, requests: int, warmup: int
@@ -208,33 +246,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="per path and model")
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--link-mbps", type=float, default=1000.0,
+                        help="the paced client's link rate (the image body over a LAN)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gateway-latency-") as scratch:
         root = Path(scratch)
         write_repository(root / "repository")
-        http_port, grpc_port, metrics_port, gateway_port, gateway_grpc, dead = free_ports(6)
+        (http_port, grpc_port, metrics_port, gateway_port, gateway_grpc, dead, store_port,
+         store_grpc) = free_ports(8)
         triton = TritonServer(TritonConfig(
             model_repository=root / "repository", work_dir=root / "triton",
             http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
             use_runtime=False, model_backend="python"))
         triton.start()
-        gateway = None
+        started: list[subprocess.Popen[bytes]] = []
         try:
             for variant in MODELS:
                 triton.load(f"bench-{variant}__{variant}")
             write_routes(root / "gateway", triton)
+            write_routes(root / "store-forward", triton)
             gateway = start_gateway(root / "gateway", gateway_port, gateway_grpc, dead)
-            results = {v: measure(gateway_port, http_port, v, args.requests, args.warmup,
+            started.append(gateway)
+            # The same gateway reading every body whole before sending it on (A/B).
+            started.append(start_gateway(root / "store-forward", store_port, store_grpc, dead,
+                                         "--cut-through-kib", "0"))
+            gateways = {"gateway": gateway_port, "store_forward": store_port}
+            results = {v: measure(gateways, http_port, v, args.requests, args.warmup,
                                   gateway.pid) for v in MODELS}
+            paced = measure(gateways, http_port, "image", args.requests // 2, args.warmup // 2,
+                            gateway.pid, link_mbps=args.link_mbps)
             grpc = measure_grpc(f"127.0.0.1:{gateway_grpc}", triton.config.grpc_url, "image",
                                 args.requests, args.warmup)
         finally:
-            if gateway is not None:
-                gateway.send_signal(signal.SIGTERM)
-                gateway.wait(10)
+            for process in started:
+                process.send_signal(signal.SIGTERM)
+                process.wait(10)
             triton.stop()
     for variant, figures in results.items():
         print(f"{variant}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+    print(f"image at {args.link_mbps:g} Mb/s: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in paced.items()))
     print("grpc image: " + ", ".join(f"{k} {v:.3f}" for k, v in grpc.items()))
     image, small = results["image"], results["small"]
     print(json.dumps({
@@ -251,6 +302,12 @@ def main() -> None:
         "grpc_added_latency_p50_ms": round(grpc["added_p50_ms"], 3),
         "grpc_added_latency_p99_ms": round(grpc["added_p99_ms"], 3),
         "grpc_direct_p50_ms": round(grpc["direct_p50_ms"], 3),
+        "store_forward_added_latency_p50_ms": round(image["store_forward_added_p50_ms"], 3),
+        "paced_link_mbps": args.link_mbps,
+        "paced_direct_p50_ms": round(paced["direct_p50_ms"], 3),
+        "paced_added_latency_p50_ms": round(paced["added_p50_ms"], 3),
+        "paced_store_forward_added_latency_p50_ms": round(
+            paced["store_forward_added_p50_ms"], 3),
         "requests": args.requests, "cpus": os.cpu_count()}))
 
 

@@ -54,6 +54,9 @@ class GatewayConfig(BaseModel):
     max_deadline_s: float = Field(300.0, gt=0)
     max_body_mb: float = Field(64.0, gt=0)
     """Largest request body accepted (413 above)."""
+    cut_through_kib: int = Field(128, ge=0, le=1024 * 1024)
+    """A body at least this large is forwarded to Triton while it arrives (0: every body is
+    read whole first, store-and-forward)."""
     max_in_flight: int = Field(64, ge=1)
     """Per app: requests sent to Triton at once; the others wait in the app's queue."""
     max_waiting: int = Field(1024, ge=0)
@@ -113,6 +116,11 @@ class GatewayConfig(BaseModel):
             if isinstance(setting, int) and setting < 0:
                 raise ValueError(f"default class for {app_id!r} must be >= 0")
         return value
+
+    @property
+    def cut_through_bytes(self) -> int:
+        """``cut_through_kib`` in bytes; 0 (off) as a size no body reaches."""
+        return self.cut_through_kib * 1024 if self.cut_through_kib else 1 << 62
 
     @property
     def max_body_bytes(self) -> int:

@@ -68,7 +68,8 @@ class Gateway:
         self.metrics.last_seq.set_function(lambda: float(self.board.table.last_seq))
         self.http_port: int | None = None
         self.grpc_port: int | None = None
-        self.http = HttpServer(HttpFrontEnd(self.plane), config.max_body_bytes)
+        self.http = HttpServer(HttpFrontEnd(self.plane), config.max_body_bytes,
+                               stream_from=config.cut_through_bytes)
         self._grpc: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop: asyncio.Event | None = None

@@ -62,3 +62,16 @@ def test_losing_a_complete_body_changes_nothing() -> None:
         await body.wait()
 
     asyncio.run(scenario())
+
+
+def test_cut_through_is_on_from_128_kib_by_default_and_0_turns_it_off() -> None:
+    from pydantic import ValidationError
+
+    from gateway.config import GatewayConfig
+
+    default = GatewayConfig(controller_url="http://c:1")
+    assert default.cut_through_bytes == 128 * 1024
+    off = GatewayConfig(controller_url="http://c:1", cut_through_kib=0)
+    assert off.cut_through_bytes > off.max_body_bytes  # no body is ever streamed
+    with pytest.raises(ValidationError):
+        GatewayConfig(controller_url="http://c:1", cut_through_kib=-1)

@@ -70,6 +70,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="how long a request may wait across failovers when it names no "
                              "deadline (default 30)")
+    parser.add_argument("--cut-through-kib", type=int, default=None,
+                        help="a request body at least this large goes on to Triton while it "
+                             "arrives (default 128; 0: read every body whole first)")
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="per app: requests sent to Triton at once (default 64)")
     parser.add_argument("--protect", type=parse_app_setting(str), action="append",
@@ -124,6 +127,7 @@ def run(options: argparse.Namespace) -> int:
             "hedge_ms": dict(options.hedge_ms) if options.hedge_ms else None,
             "default_deadline_s": options.deadline_s,
             "max_in_flight": options.max_in_flight,
+            "cut_through_kib": options.cut_through_kib,
             "protect": dict(options.protect) if options.protect else None,
             "straggler_ms": dict(options.straggler_ms) if options.straggler_ms else None,
             "default_class": dict(options.default_class) if options.default_class else None,
