@@ -34,6 +34,7 @@ from controller.reconciler import Reconciler
 from controller.records import AppStatus, ConfigPatch, RuntimeConfig, ServerState
 from controller.redis_server import RedisServer, with_password
 from controller.returns import ServerReturns
+from controller.stopping import cancel_and_wait
 from controller.store import Store
 from controller.warm_plan import WarmPlanner
 from model_repo.profiles import load_families
@@ -248,11 +249,8 @@ class Controller:
         if self.store is not None:
             self.store.stop_waiting()  # in a Redis outage, what waits for it fails: no hang
         if hasattr(self, "_converge"):
-            self._converge.cancel()
-            self._watchdog.cancel()
-            self._collector.cancel()
-            self._reconcile.cancel()
-            self._protect.cancel()
+            await cancel_and_wait([self._converge, self._watchdog, self._collector,
+                                   self._reconcile, self._protect])
         if hasattr(self, "graphs"):
             await self.graphs.close()
         if hasattr(self, "detector"):
