@@ -8,9 +8,10 @@ client has sent only part of it, and answers with the length and a digest of wha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -117,52 +118,61 @@ def _expected() -> bytes:
     return f"{len(BODY)} {hashlib.sha256(BODY).hexdigest()}".encode()
 
 
+@contextlib.asynccontextmanager
+async def _gateway(*tritons: FakeTriton) -> AsyncIterator[tuple[int, HttpServer]]:
+    """The gateway's HTTP server forwarding to ``tritons`` in turn: its port and itself."""
+    for triton in tritons:
+        await triton.start()
+    upstream = HttpUpstream()
+    server, port = await _serve(_forwarding(upstream, *(t.port for t in tritons)))
+    try:
+        yield port, server
+    finally:
+        await server.close(1.0)
+        await upstream.close()
+        for triton in tritons:
+            triton.close()
+
+
+async def _send_half(port: int, path: str = "/forward"
+                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_head(path, len(BODY)) + BODY[:HALF])
+    await writer.drain()
+    return reader, writer
+
+
+def _has_half(triton: FakeTriton) -> Callable[[], bool]:
+    return lambda: bool(triton.seen) and len(triton.seen[-1]) >= HALF
+
+
 def test_the_upstream_gets_the_body_before_the_client_has_sent_it_all() -> None:
     async def scenario() -> None:
         triton = FakeTriton()
-        await triton.start()
-        upstream = HttpUpstream()
-        server, port = await _serve(_forwarding(upstream, triton.port))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for _ in range(2):  # the same keep-alive connections carry a second request
-                writer.write(_head("/forward", len(BODY)) + BODY[:HALF])
-                await writer.drain()
+        async with _gateway(triton) as (port, _):
+            reader, writer = await _send_half(port)
+            for request in range(2):  # the same keep-alive connections carry a second one
+                if request:
+                    writer.write(_head("/forward", len(BODY)) + BODY[:HALF])
                 # Forwarded while the client holds the rest back: cut-through, not stored.
-                await _until(lambda: bool(triton.seen) and len(triton.seen[-1]) >= HALF)
+                await _until(_has_half(triton))
                 writer.write(BODY[HALF:])
                 assert await _read_reply(reader) == (200, _expected())
             assert len(triton.seen) == 1  # one upstream connection, reused
-        finally:
             writer.close()
-            await server.close(1.0)
-            await upstream.close()
-            triton.close()
 
     asyncio.run(scenario())
 
 
 def test_a_body_arriving_is_sent_whole_to_the_next_server_when_the_first_dies() -> None:
     async def scenario() -> None:
-        dying = FakeTriton(close_after=HALF // 2)
-        alive = FakeTriton()
-        await dying.start()
-        await alive.start()
-        upstream = HttpUpstream()
-        server, port = await _serve(_forwarding(upstream, dying.port, alive.port))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(_head("/forward", len(BODY)) + BODY[:HALF])
-            await writer.drain()
-            await _until(lambda: bool(alive.seen) and len(alive.seen[-1]) >= HALF)
+        dying, alive = FakeTriton(close_after=HALF // 2), FakeTriton()
+        async with _gateway(dying, alive) as (port, _):
+            reader, writer = await _send_half(port)
+            await _until(_has_half(alive))
             writer.write(BODY[HALF:])
             assert await _read_reply(reader) == (200, _expected())
-        finally:
             writer.close()
-            await server.close(1.0)
-            await upstream.close()
-            dying.close()
-            alive.close()
 
     asyncio.run(scenario())
 
@@ -170,22 +180,13 @@ def test_a_body_arriving_is_sent_whole_to_the_next_server_when_the_first_dies() 
 def test_an_answer_before_the_body_is_in_keeps_the_connection_in_step(
         caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        triton = FakeTriton()
-        await triton.start()
-        upstream = HttpUpstream()
-        server, port = await _serve(_forwarding(upstream, triton.port))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(_head("/elsewhere", len(BODY)) + BODY[:HALF])
+        async with _gateway(FakeTriton()) as (port, _):
+            reader, writer = await _send_half(port, "/elsewhere")
             status, _ = await _read_reply(reader)  # answered with half the body unread
             assert status == 404
             writer.write(BODY[HALF:] + _head("/forward", len(BODY)) + BODY)
             assert await _read_reply(reader) == (200, _expected())
-        finally:
             writer.close()
-            await server.close(1.0)
-            await upstream.close()
-            triton.close()
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
@@ -196,14 +197,9 @@ def test_a_client_leaving_mid_body_closes_the_upstream_request_and_nothing_fails
         caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         triton = FakeTriton()
-        await triton.start()
-        upstream = HttpUpstream()
-        server, port = await _serve(_forwarding(upstream, triton.port))
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(_head("/forward", len(BODY)) + BODY[:HALF])
-            await writer.drain()
-            await _until(lambda: bool(triton.seen) and len(triton.seen[-1]) >= HALF)
+        async with _gateway(triton) as (port, server):
+            _, writer = await _send_half(port)
+            await _until(_has_half(triton))
             writer.transport.abort()
             # The half-sent upstream request is abandoned: its connection is closed, not
             # pooled with half a body in it, and the server answers the next client.
@@ -213,10 +209,6 @@ def test_a_client_leaving_mid_body_closes_the_upstream_request_and_nothing_fails
             assert await _read_reply(reader) == (200, _expected())
             assert len(triton.seen) == 2
             writer.close()
-        finally:
-            await server.close(1.0)
-            await upstream.close()
-            triton.close()
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
