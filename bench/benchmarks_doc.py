@@ -551,8 +551,9 @@ from the mean with early drop, Clockwork-like EDF with the p99 and an action win
 Triton-like max batch 8 and a queue delay of 0.1 x SLO), in a shuffled order per SLO: a warm-up,
 then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at most
 `--max-rate` (400/s; client, gateway and model share the machine's cores), random held-out
-digits. A request finishes when its answer is back within the SLO of its scheduled send time;
-drops and late answers do not. `gain_vs_best_baseline_tight_pct`: on the dynamic model,
+digits; all of it `--repeats` (3) times with successive seeds, each finish rate the median over
+the repeats. A request finishes when its answer is back within the SLO of its scheduled send
+time; drops and late answers do not. `gain_vs_best_baseline_tight_pct`: on the dynamic model,
 100 (Orloj / best baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the
 baseline with the best such mean (target >= 50; the paper 51-80 %). `static_gap_pct`: the
 largest shortfall of Orloj behind the best baseline on the static model, in points (target

@@ -23,9 +23,12 @@ its ``--scheduler`` and ``--slo-ms``: every scheduler goes through the same gate
    answer comes back within the SLO of its scheduled send time (a client that falls behind
    counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a late
    answer does not. The finish rate is finished over sent (Orloj §5.2).
-3. **Runs**: every (model, SLO, scheduler), the schedulers in a different order at each SLO.
+3. **Runs**: every (model, SLO, scheduler), the schedulers in a different order at each SLO;
+   all of it ``--repeats`` times (3) with seeds ``--seed``, ``--seed + 1``, ... on the same
+   Triton and gateway (one 5-second run per point moves by tens of points on this machine).
 
-Last line: one JSON object. ``finish_rate[model][scheduler][slo]`` (slo as "1.5x");
+Last line: one JSON object. ``finish_rate[model][scheduler][slo]`` (slo as "1.5x"), the median
+over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over them);
 ``gain_vs_best_baseline_tight_pct``: on the dynamic model, 100 (Orloj / best baseline - 1) of
 the mean finish rate over the tight SLOs (<= 2x), the best baseline being the one with the
 highest such mean (``gain_by_slo_pct`` has each SLO's); ``static_gap_pct``: on the static model,
@@ -201,13 +204,13 @@ async def measure(client: Client, models: dict[str, ServedModel], requests: list
 
 
 async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, ServedModel],
-                slos: list[float], requests: list[Any], figures: dict[str, dict[str, float]]
-                ) -> dict[str, Any]:
+                slos: list[float], requests: list[Any], figures: dict[str, dict[str, float]],
+                seed: int) -> dict[str, Any]:
     client = Client(gateway_url)
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
     order = list(SCHEDULERS)
-    shuffle = random.Random(args.seed)
+    shuffle = random.Random(seed)
     for key in models:
         capacity = MAX_BATCH / figures[key]["batch8_s"]
         rate = min(args.load * capacity, args.max_rate)
@@ -220,7 +223,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
                 app = app_name(key, scheduler, slo)
                 await client.sequential(app, requests, WARMUP_REQUESTS, strict=False)
                 run = await poisson_run(client, app, requests, rate, args.seconds, slo_s,
-                                        args.seed)
+                                        seed)
                 rate_done = run.finished / max(run.sent, 1)
                 finish.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = round(
                     rate_done, 4)
@@ -229,6 +232,25 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
                 logging.info("%s %s %gx (%.2f ms): %.3f of %d %s", key, scheduler, slo,
                              slo_s * 1000, rate_done, run.sent, run.outcomes)
     return {"finish_rate": finish, "outcomes": outcomes}
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repeats as one result: each finish rate their median, the outcomes summed."""
+    first = runs[0]["finish_rate"]
+    finish = {key: {scheduler: {slo: round(statistics.median(
+        run["finish_rate"][key][scheduler][slo] for run in runs), 4) for slo in rates}
+        for scheduler, rates in per.items()} for key, per in first.items()}
+    outcomes: dict[str, Any] = {}
+    for run in runs:
+        for key, per in run["outcomes"].items():
+            for scheduler, by_slo in per.items():
+                for slo, counts in by_slo.items():
+                    total = outcomes.setdefault(key, {}).setdefault(scheduler, {}).setdefault(
+                        slo, {})
+                    for outcome, count in counts.items():
+                        total[outcome] = total.get(outcome, 0) + count
+    return {"finish_rate": finish, "outcomes": outcomes,
+            "finish_rate_by_repeat": [run["finish_rate"] for run in runs]}
 
 
 def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float | None,
@@ -260,6 +282,9 @@ def main() -> None:
                              "gateway share this machine's cores with the model)")
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every point, seeds --seed, --seed + 1, ...; each finish "
+                             "rate is their median")
     parser.add_argument("--static-only", action="store_true")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
@@ -299,7 +324,9 @@ def main() -> None:
                 app.split("-")[0]]["p99_s"] * 1000 for app in schedulers}
             gateway = start_gateway(root / "gateway", schedulers, slo_ms,
                                     "--max-batch", str(MAX_BATCH))
-            result = asyncio.run(bench(args, gateway.url, models, slos, requests, figures))
+            result = combine([asyncio.run(bench(args, gateway.url, models, slos, requests,
+                                                figures, args.seed + repeat))
+                              for repeat in range(max(1, args.repeats))])
             overhead = {}
             for scheduler in SCHEDULERS:
                 values = [gateway.sample("understudy_gateway_scheduler_decision_cpu_p50_seconds",
@@ -336,7 +363,8 @@ def main() -> None:
         "capacity_rps": {k: round(f["capacity_rps"], 1) for k, f in figures.items()},
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
         "dynamic_model": "dynamic" in models,
-        "outcomes": result["outcomes"],
+        "outcomes": result["outcomes"], "repeats": max(1, args.repeats),
+        "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))
 
 
