@@ -290,6 +290,8 @@ def main() -> None:
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats: at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     slos = [float(s) for s in args.slos.split(",")]
@@ -326,7 +328,7 @@ def main() -> None:
                                     "--max-batch", str(MAX_BATCH))
             result = combine([asyncio.run(bench(args, gateway.url, models, slos, requests,
                                                 figures, args.seed + repeat))
-                              for repeat in range(max(1, args.repeats))])
+                              for repeat in range(args.repeats)])
             overhead = {}
             for scheduler in SCHEDULERS:
                 values = [gateway.sample("understudy_gateway_scheduler_decision_cpu_p50_seconds",
@@ -363,7 +365,7 @@ def main() -> None:
         "capacity_rps": {k: round(f["capacity_rps"], 1) for k, f in figures.items()},
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
         "dynamic_model": "dynamic" in models,
-        "outcomes": result["outcomes"], "repeats": max(1, args.repeats),
+        "outcomes": result["outcomes"], "repeats": args.repeats,
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))
 

@@ -2,26 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(relative: str) -> ModuleType:
-    path = REPO / relative
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(path.parent))
+from tests.unit.scripts import load_script
 
 
 def _run(rate: float, finished: int, late: int) -> dict[str, object]:
@@ -30,7 +11,7 @@ def _run(rate: float, finished: int, late: int) -> dict[str, object]:
 
 
 def test_orloj_repeats_give_median_finish_rates_and_summed_outcomes() -> None:
-    orloj = _load("bench/orloj.py")
+    orloj = load_script("bench/orloj.py")
     combined = orloj.combine([_run(0.5, 5, 5), _run(0.9, 9, 1), _run(0.6, 6, 4)])
     assert combined["finish_rate"] == {"dynamic": {"orloj": {"1x": 0.6}}}
     assert combined["outcomes"] == {"dynamic": {"orloj": {"1x": {"finished": 20, "late": 10}}}}

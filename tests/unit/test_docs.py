@@ -22,10 +22,11 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.unit.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -43,16 +44,6 @@ GLOBAL_FLAGS = {"--log-level", "--help"}
 
 def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
-
-
-def _load_script(relative: str) -> ModuleType:
-    path = REPO / relative
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _code_lines(text: str) -> list[str]:
@@ -173,7 +164,7 @@ def _check_by_subprocess(doc: str, words: list[str]) -> list[str]:
 
 @cache
 def _routes() -> tuple[str, ...]:
-    app = _load_script("bench/api_doc.py").build_app()
+    app = load_script("bench/api_doc.py").build_app()
     return tuple(route.path for route in app.routes if route.path.startswith("/v1/"))
 
 
@@ -279,7 +270,7 @@ def test_readme_is_a_front_door() -> None:
 
 
 def test_rest_api_page_is_generated_from_the_app() -> None:
-    api_doc = _load_script("bench/api_doc.py")
+    api_doc = load_script("bench/api_doc.py")
     expected = api_doc.render(api_doc.build_app())
     assert "### POST /v1/apps" in expected
     assert _text(REPO / "docs" / "rest-api.md") == expected, \
@@ -287,7 +278,7 @@ def test_rest_api_page_is_generated_from_the_app() -> None:
 
 
 def test_benchmarks_page_is_generated_from_the_results() -> None:
-    bench_doc = _load_script("bench/benchmarks_doc.py")
+    bench_doc = load_script("bench/benchmarks_doc.py")
     assert _text(REPO / "docs" / "benchmarks.md") == bench_doc.render(), \
         "docs/benchmarks.md is stale: run python bench/benchmarks_doc.py"
     for name in bench_doc.BENCHES:
@@ -295,7 +286,7 @@ def test_benchmarks_page_is_generated_from_the_results() -> None:
 
 
 def test_recording_a_bench_result(tmp_path: Path) -> None:
-    bench_doc = _load_script("bench/benchmarks_doc.py")
+    bench_doc = load_script("bench/benchmarks_doc.py")
     output = tmp_path / "out.txt"
     output.write_text('starting\n{"not": "last"}\n{"dead_ms": 21.5, "busy_cpu_ms": 40}\n\n')
     path = bench_doc.record("kill_cost", output, results=tmp_path / "results")
