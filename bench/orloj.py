@@ -1,7 +1,10 @@
 """Finish rate of the gateway's batch schedulers (Orloj and its baselines) on live models.
 
-Usage: ``python bench/orloj.py [--seconds 5] [--load 0.4] [--slos 1,1.5,2,3,5]`` (run it under
-``flock /tmp/understudy-bench.lock``: it starts Triton and a gateway).
+Usage: ``python bench/orloj.py [--seconds 5] [--load 0.4] [--slos 1,1.5,2,3,5]
+[--schedulers orloj,clipper,...] [--static-only | --dynamic-only]`` (run it under
+``flock /tmp/understudy-bench.lock``: it starts Triton and a gateway). ``--schedulers`` may
+also name ``orloj_paper`` (Orloj with the paper's rules only); the gain and the static gap
+are taken against the baselines that ran.
 
 Set-up (``deploy/scheduling_bed.py``): one Triton (Python backend, Triton's own batcher taken
 out) serves a static model, ``digits_cnn``, and, where this checkout has the early-exit family,
@@ -72,6 +75,8 @@ from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
 SCHEDULERS = ("orloj", "clipper", "nexus", "clockwork", "triton")
 BASELINES = SCHEDULERS[1:]
+VARIANTS = ("orloj_paper",)
+"""Schedulers run only when ``--schedulers`` names them (Orloj with the paper's rules)."""
 STATIC = ServedModel("digits", "digits_cnn", "static__digits_cnn")
 DYNAMIC = ServedModel("digits_ee", "digits_ee", "dynamic__digits_ee")
 TIGHT_MAX = 2.0
@@ -209,7 +214,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
     client = Client(gateway_url)
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
-    order = list(SCHEDULERS)
+    order = list(args.schedulers)
     shuffle = random.Random(seed)
     for key in models:
         capacity = MAX_BATCH / figures[key]["batch8_s"]
@@ -262,17 +267,31 @@ def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float
     def mean(name: str) -> float:
         return statistics.mean(finish[name][s] for s in tight)
 
-    best = max(BASELINES, key=mean)
+    baselines = [b for b in BASELINES if b in finish]
+    if "orloj" not in finish or not baselines:
+        return None, {}
+    best = max(baselines, key=mean)
     gain = 100.0 * (mean("orloj") / mean(best) - 1.0) if mean(best) > 0 else None
     by_slo = {}
     for s in (f"{x:g}x" for x in slos):
-        top = max(finish[b][s] for b in BASELINES)
+        top = max(finish[b][s] for b in baselines)
         by_slo[s] = round(100.0 * (finish["orloj"][s] / top - 1.0), 1) if top > 0 else None
     return (None if gain is None else round(gain, 1)), {"best_baseline_tight": best,
                                                          "gain_by_slo_pct": by_slo}
 
 
-def main() -> None:
+def static_gap(static: dict[str, dict[str, float]] | None) -> float | None:
+    """Orloj's largest shortfall behind the best baseline on the static model (a fraction)."""
+    if not static or "orloj" not in static:
+        return None
+    baselines = [b for b in BASELINES if b in static]
+    if not baselines:
+        return None
+    return max(max(static[b][s] for b in baselines) - static["orloj"][s] for s in static["orloj"])
+
+
+def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float]]:
+    """The options, the models to run (key -> model) and the SLO multiples."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per run")
     parser.add_argument("--load", type=float, default=0.4,
@@ -286,18 +305,35 @@ def main() -> None:
                         help="runs of every point, seeds --seed, --seed + 1, ...; each finish "
                              "rate is their median")
     parser.add_argument("--static-only", action="store_true")
+    parser.add_argument("--dynamic-only", action="store_true")
+    parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
+                        help="which to run (comma-separated; also " + ", ".join(VARIANTS) + ")")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    slos = [float(s) for s in args.slos.split(",")]
-    models = {"static": STATIC}
+    args.schedulers = [s for s in args.schedulers.split(",") if s]
+    unknown = set(args.schedulers) - set(SCHEDULERS) - set(VARIANTS)
+    if unknown:
+        parser.error(f"--schedulers: unknown {sorted(unknown)}")
+    if not args.schedulers:
+        parser.error("--schedulers: none")
+    if args.static_only and args.dynamic_only:
+        parser.error("--static-only and --dynamic-only exclude each other")
+    models = {} if args.dynamic_only else {"static": STATIC}
     if not args.static_only and early_exit_available():
         models["dynamic"] = DYNAMIC
+    if not models:
+        parser.error("--dynamic-only: this checkout has no early-exit family")
+    return args, models, [float(s) for s in args.slos.split(",")]
+
+
+def main() -> None:
+    args, models, slos = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="orloj-bench-") as scratch:
         root = Path(scratch)
@@ -307,7 +343,7 @@ def main() -> None:
         try:
             apps: dict[str, ServedModel] = {f"probe-{k}": m for k, m in models.items()}
             for key, model in models.items():
-                for scheduler in SCHEDULERS:
+                for scheduler in args.schedulers:
                     for slo in slos:
                         apps[app_name(key, scheduler, slo)] = model
             write_routes(root / "gateway", triton.config.http_url, triton.config.grpc_url,
@@ -330,7 +366,7 @@ def main() -> None:
                                                 figures, args.seed + repeat))
                               for repeat in range(args.repeats)])
             overhead = {}
-            for scheduler in SCHEDULERS:
+            for scheduler in args.schedulers:
                 values = [gateway.sample("understudy_gateway_scheduler_decision_cpu_p50_seconds",
                                          app_id=app) for app, s in schedulers.items()
                           if s == scheduler]
@@ -346,8 +382,7 @@ def main() -> None:
                 shutil.copyfile(root / "gateway" / "gateway.log", args.keep_log)
     finish = result["finish_rate"]
     gain, gain_detail = gains(finish["dynamic"], slos) if "dynamic" in finish else (None, {})
-    static = finish["static"]
-    gap = max(max(static[b][s] for b in BASELINES) - static["orloj"][s] for s in static["orloj"])
+    gap = static_gap(finish.get("static"))
     for key, per in finish.items():
         for scheduler, rates in per.items():
             print(f"{key:8s} {scheduler:10s} " + " ".join(f"{s}:{r:.3f}" for s, r in
@@ -355,8 +390,8 @@ def main() -> None:
     print(json.dumps({
         "finish_rate": finish,
         "gain_vs_best_baseline_tight_pct": gain, **gain_detail,
-        "static_gap_pct": round(max(0.0, gap) * 100, 1),
-        "scheduler_overhead_us_p50": overhead["orloj"],
+        "static_gap_pct": None if gap is None else round(max(0.0, gap) * 100, 1),
+        "scheduler_overhead_us_p50": overhead.get("orloj"),
         "overhead_us_p50_by_scheduler": overhead,
         "exec_p99_ms": {k: round(f["p99_s"] * 1000, 3) for k, f in figures.items()},
         "exec_p50_ms": {k: round(f["p50_s"] * 1000, 3) for k, f in figures.items()},

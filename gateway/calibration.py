@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from scheduling.orloj import Orloj, OrlojConfig
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import BatchLaw, BatchScheduler
 
-SCHEDULERS = ("orloj", "clipper", "nexus", "clockwork", "triton")
+SCHEDULERS = ("orloj", "orloj_paper", "clipper", "nexus", "clockwork", "triton")
 MAX_SLOPE = 1.5
 TRITON_DELAY_OF_SLO = 0.1
 """Triton-like baseline: the oldest request waits at most this fraction of the SLO."""
@@ -47,6 +48,14 @@ PROFILE_BINS = 32
 """Equal-mass knots of Orloj's refreshed solo distribution (its profiler's window). Eq. 2's
 curves use 16 bins; with 64 knots the batch maxima of a refresh grow past the knot limit
 and are coarsened twice, which costs the event loop several milliseconds per refresh."""
+
+
+ORLOJ_CONFIGS: dict[str, dict[str, Any]] = {
+    "orloj": {"request_aware": True, "selection": "goodput", "partial_batches": True},
+    "orloj_paper": {},
+}
+"""Orloj's settings by scheduler name: ours (the three departures of ``docs/scheduling.md``)
+and the paper's rules."""
 
 
 def batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -108,14 +117,15 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
                    max_batch: int) -> BatchScheduler:
     """A scheduler of ``SCHEDULERS`` planned from ``profile`` for the objective ``slo_s``.
 
-    Orloj with our three departures on (``docs/scheduling.md``), as the simulator's "Orloj
-    (ours)"; the baselines with the settings the simulator gives them.
+    ``orloj``: with our three departures on (``docs/scheduling.md``), as the simulator's "Orloj
+    (ours)"; ``orloj_paper``: the paper's rules; the baselines with the settings the simulator
+    gives them.
     """
     sizes = batch_sizes(max_batch)
     law, solo = profile.law, profile.mix
-    if name == "orloj":
-        config = OrlojConfig(batch_sizes=sizes, request_aware=True, selection="goodput",
-                             partial_batches=True, refresh_every=REFRESH_EVERY)
+    if name in ORLOJ_CONFIGS:
+        config = OrlojConfig(batch_sizes=sizes, refresh_every=REFRESH_EVERY,
+                             **ORLOJ_CONFIGS[name])
         return Orloj(profile, config, Profiler(window=2048, bins=PROFILE_BINS, law=law))
     if name == "clipper":
         return ClipperLike(slo_s, max_batch=max_batch)

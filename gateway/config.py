@@ -19,7 +19,8 @@ ProtectMode = Literal["auto", "parity", "equal-resources", "default-response",
                       "approximate-backup", "none"]
 """How an app's requests are protected (``gateway.protection``)."""
 
-SchedulerName = Literal["none", "orloj", "clipper", "nexus", "clockwork", "triton"]
+SchedulerName = Literal["none", "orloj", "orloj_paper", "clipper", "nexus", "clockwork",
+                        "triton"]
 """How an app's requests are batched and ordered (``gateway.batching``; ``none``: one by one,
 in arrival order)."""
 

@@ -17,3 +17,16 @@ def test_orloj_repeats_give_median_finish_rates_and_summed_outcomes() -> None:
     assert combined["outcomes"] == {"dynamic": {"orloj": {"1x": {"finished": 20, "late": 10}}}}
     assert [r["dynamic"]["orloj"]["1x"] for r in combined["finish_rate_by_repeat"]] == [
         0.5, 0.9, 0.6]
+
+
+def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
+    orloj = load_script("bench/orloj.py")
+    finish = {"orloj": {"1x": 0.6, "3x": 0.9}, "nexus": {"1x": 0.4, "3x": 0.95},
+              "orloj_paper": {"1x": 0.9, "3x": 0.99}}
+    gain, detail = orloj.gains(finish, [1.0, 3.0])
+    assert gain == 50.0 and detail["best_baseline_tight"] == "nexus"  # not the variant
+    assert detail["gain_by_slo_pct"] == {"1x": 50.0, "3x": -5.3}
+    assert orloj.gains({"orloj": {"1x": 0.5}}, [1.0]) == (None, {})  # no baseline ran
+    assert round(orloj.static_gap(finish), 3) == 0.05
+    assert orloj.static_gap(None) is None
+    assert orloj.static_gap({"nexus": {"1x": 0.5}}) is None
