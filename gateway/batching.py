@@ -362,7 +362,7 @@ class BatchPolicy:
         """End the warm-up: build the app's scheduler and hand it the requests waiting."""
         law = self.calibration.law()
         self.solo.extend(self.calibration.solo())
-        self.profile = profile_of(self.app_id, self.solo, law)
+        self.profile = profile_of(self.app_id, self.solo, law, self.calibration.static())
         slo_ms = self.slo_ms()
         self.slo_s = (slo_ms / 1000.0 if slo_ms is not None
                       else statistics.median(self._timeouts) if self._timeouts else 1.0)
@@ -397,5 +397,6 @@ class BatchPolicy:
         self.scheduler.completed(BatchDone(batch, started, latency, solo))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
-            self.profile = profile_of(self.app_id, self.solo, self.profile.law)
+            self.profile = profile_of(self.app_id, self.solo, self.profile.law,
+                                      self.profile.per_batch)
             replan(self.scheduler, self.profile, self.slo_s, self.settings.max_batch)

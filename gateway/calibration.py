@@ -100,17 +100,26 @@ class Calibration:
         overhead = self.overhead_s()
         return BatchLaw(slope=self.slope(overhead), overhead_s=overhead)
 
+    def static(self) -> bool:
+        """Whether the model reported no execution times of its own (a static model).
+
+        Its solo times are then whole requests' latencies, whose spread is the machine's.
+        """
+        return not self.alone_exec or len(self.alone_exec) != len(self.alone)
+
     def solo(self) -> list[float]:
         """The solo execution times the profile starts from."""
-        if self.alone_exec and len(self.alone_exec) == len(self.alone):
-            return list(self.alone_exec)
-        return list(self.alone)
+        return list(self.alone) if self.static() else list(self.alone_exec)
 
 
-def profile_of(app_id: str, solo: list[float] | deque[float], law: BatchLaw) -> ModelProfile:
-    """A one-app profile (the gateway's queues are per app)."""
+def profile_of(app_id: str, solo: list[float] | deque[float], law: BatchLaw,
+               per_batch: bool = False) -> ModelProfile:
+    """A one-app profile (the gateway's queues are per app).
+
+    ``per_batch``: a static model (``ModelProfile.per_batch``).
+    """
     return ModelProfile({app_id: Distribution.from_samples(np.asarray(solo, dtype=float))},
-                        {app_id: 1.0}, law)
+                        {app_id: 1.0}, law, per_batch=per_batch)
 
 
 def make_scheduler(name: str, profile: ModelProfile, slo_s: float,

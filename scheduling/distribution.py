@@ -153,7 +153,11 @@ class Distribution:
         return float(xs[k - 1] + frac * (xs[k] - xs[k - 1]))
 
     def mean(self) -> float:
-        """E[X]."""
+        """E[X] (computed once: schedulers ask it at every decision)."""
+        return self._mean
+
+    @cached_property
+    def _mean(self) -> float:
         p = np.diff(self.cs)
         return float(np.sum(p * (self.xs[:-1] + self.xs[1:]) / 2.0))
 

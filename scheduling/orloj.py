@@ -31,7 +31,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scheduling.distribution import Distribution, expected_max_of
@@ -337,15 +336,14 @@ class Orloj:
         """(expected on-time finishes per second of worker time, expected latency) of a batch.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
-        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise
-        the size's mixture estimate.
+        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise,
+        or for a static model (one draw per batch), the size's mixture estimate.
         """
         requests = [self._requests[key] for key in keys]
-        if not self.config.request_aware:
-            slacks = np.array([r.deadline_s - now_s for r in requests])
+        if not self.config.request_aware or self.profile.per_batch:
             latency = self._mix_latency(len(requests))
             expected = latency.mean()
-            on_time = float(np.sum(latency.cdfs(slacks)))
+            on_time = sum(latency.cdf_list([r.deadline_s - now_s for r in requests]))
             return on_time / max(expected, 1e-12), expected
         law = self.profile.law
         scale = law.scale(len(requests))

@@ -14,7 +14,9 @@ freezes the windows into a :class:`ModelProfile`, which the scheduler uses until
 * ``app=...``: the request's own app for one member and the mixture for the other ``n - 1`` —
   the request is known to be in the batch, so its own distribution is used for it;
 * once ``min_batch_observations`` batches of size ``n`` were measured, the measured latencies of
-  that size instead of the estimate (the paper's mixture case only; those batches mix apps).
+  that size instead of the estimate (the paper's mixture case only; those batches mix apps);
+* for a static model (``per_batch``), one draw scaled by the law: its solo times vary with the
+  machine, not with the request, so a batch's members do not each draw their own.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class ModelProfile:
     law: BatchLaw = field(default_factory=BatchLaw)
     measured: Mapping[int, Distribution] = field(default_factory=dict)
     """Measured batch latency per batch size (only sizes with enough measurements)."""
+    per_batch: bool = False
+    """True for a static model: its execution time does not depend on the request, so the
+    spread of its solo times is the machine's, one draw per batch; a batch of ``n`` then takes
+    one draw scaled by the law, not the longest of ``n`` independent draws (which would
+    count the machine's tail ``n`` times over)."""
 
     def __post_init__(self) -> None:
         if not self.apps:
@@ -67,7 +74,9 @@ class ModelProfile:
         """The latency of a batch of ``n``; with ``app``, one member is known to be from it."""
         if app is None and n in self.measured:
             return self.measured[n]
-        if app is None or n == 1:
+        if self.per_batch:
+            longest = self.solo(app)
+        elif app is None or n == 1:
             longest = max_of([self.solo(app)], [n])
         else:
             longest = max_of([self.solo(app), self.mix], [1, n - 1])
@@ -116,4 +125,5 @@ class Profiler:
         measured = {n: Distribution.from_samples(list(times), self.bins)
                     for n, times in self._batches.items()
                     if self.min_batch_observations and len(times) >= self.min_batch_observations}
-        return ModelProfile(apps, weights, self.law, measured)
+        return ModelProfile(apps, weights, self.law, measured,
+                            per_batch=fallback.per_batch if fallback is not None else False)

@@ -157,6 +157,10 @@ def test_the_warm_up_measures_solo_times_and_the_batch_law_from_probes() -> None
         solo = p.profile.mix  # type: ignore[union-attr]
         assert solo.quantile(0.01) == pytest.approx(0.003, abs=2e-4)  # reported, not measured
         assert solo.quantile(0.99) == pytest.approx(0.005, abs=2e-4)
+        assert not p.profile.per_batch  # type: ignore[union-attr]  # its times are its own
+        static = policy("orloj", warmup=4)  # no reported times: a static model
+        await warm_up(static, FakeModel(exec_s=lambda x: 0.003))
+        assert static.calibration.static() and static.profile.per_batch  # type: ignore
 
     run(scenario)
 

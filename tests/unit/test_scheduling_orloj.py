@@ -142,6 +142,29 @@ def test_static_model_goes_through_the_same_path() -> None:
     assert len(decision.batch) == 2  # a partial batch: two left, more than a batch of one
 
 
+def test_a_static_models_spread_is_one_draw_per_batch_not_the_longest_of_n() -> None:
+    """A static model's solo times vary with the machine: a batch of 4 draws once."""
+    noisy = Distribution.from_knots([0.005, 0.006, 0.012], [0.0, 0.9, 1.0])
+    dynamic = ModelProfile.single(noisy, LAW)
+    static = ModelProfile({"default": noisy}, {"default": 1.0}, LAW, per_batch=True)
+    for app in (None, "default"):
+        assert static.batch_latency(4, app).mean() == pytest.approx(
+            LAW.latency(4, noisy.mean()), rel=1e-3)
+        assert static.batch_latency(4, app).quantile(0.5) < dynamic.batch_latency(
+            4, app).quantile(0.5)
+    # 7.5 ms left: a batch of 4 is in time when its one draw is under 5.8 ms (7 times in 10);
+    # were it the longest of four draws, 2 times in 10, and Orloj would send 2 instead
+    for profile, size in ((static, 4), (dynamic, 2)):
+        orloj = Orloj(profile, OURS)
+        for key in range(4):
+            orloj.enqueue(request(key, 0.0, 0.0075), 0.0)
+        assert len(orloj.next_batch(0.0).batch) == size
+    refreshed = Orloj(static, OrlojConfig(batch_sizes=(1, 2), refresh_every=5))
+    for key in range(6):
+        refreshed.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.005, {key: 0.005}))
+    assert refreshed.profile.per_batch  # a refresh keeps the model's kind
+
+
 def test_request_aware_uses_the_apps_own_distribution() -> None:
     short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
     long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
