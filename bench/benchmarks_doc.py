@@ -548,10 +548,11 @@ gateway without a scheduler (client-observed: transfer, gateway and model), and 
 of a request of 8 rows, whose inverse times 8 is the capacity. Then, per model, SLO (1, 1.5, 2, 3,
 5 x that p99) and scheduler (Orloj as the simulator's "ours"; Clipper-like AIMD, Nexus-like plan
 from the mean with early drop, Clockwork-like EDF with the p99 and an action window of one p99,
-Triton-like max batch 8 and a queue delay of 0.1 x SLO), in a shuffled order per SLO: a warm-up,
-then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at most
-`--max-rate` (400/s; client, gateway and model share the machine's cores), random held-out
-digits; all of it `--repeats` (3) times with successive seeds, each finish rate the median over
+Triton-like max batch 8 and a queue delay of 0.1 x SLO): a warm-up each, then `--seconds` (5)
+of Poisson arrivals at `--load` (0.4) x the capacity, at most `--max-rate` (400/s; client,
+gateway and model share the machine's cores), random held-out digits, in `--slices` (5)
+slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so that
+the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive seeds, each finish rate the median over
 the repeats. A request finishes when its answer is back within the SLO of its scheduled send
 time; drops and late answers do not. `gain_vs_best_baseline_tight_pct`: on the dynamic model,
 100 (Orloj / best baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the

@@ -26,9 +26,12 @@ its ``--scheduler`` and ``--slo-ms``: every scheduler goes through the same gate
    answer comes back within the SLO of its scheduled send time (a client that falls behind
    counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a late
    answer does not. The finish rate is finished over sent (Orloj §5.2).
-3. **Runs**: every (model, SLO, scheduler), the schedulers in a different order at each SLO;
-   all of it ``--repeats`` times (3) with seeds ``--seed``, ``--seed + 1``, ... on the same
-   Triton and gateway (one 5-second run per point moves by tens of points on this machine).
+3. **Runs**: every (model, SLO, scheduler); at each SLO the ``--seconds`` go in ``--slices``
+   (5) slices, and in each slice every scheduler takes its turn, in a shuffled order, on the
+   same arrival times and digits, so that a drift of the machine (a background job, a slow
+   second) falls on all of them instead of on whichever ran then; all of it ``--repeats`` times
+   (3) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and gateway (one
+   5-second run per point moved by tens of points on this machine).
 
 Last line: one JSON object. ``finish_rate[model][scheduler][slo]`` (slo as "1.5x"), the median
 over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over them);
@@ -113,6 +116,13 @@ class Run:
     sent: int = 0
     finished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Run) -> None:
+        """Count ``other``'s requests in this run too."""
+        self.sent += other.sent
+        self.finished += other.finished
+        for kind, count in other.outcomes.items():
+            self.outcomes[kind] = self.outcomes.get(kind, 0) + count
 
 
 class Client:
@@ -223,12 +233,19 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
         figures[key]["capacity_rps"] = capacity
         for slo in slos:
             slo_s = slo * figures[key]["p99_s"]
-            shuffle.shuffle(order)
             for scheduler in order:
-                app = app_name(key, scheduler, slo)
-                await client.sequential(app, requests, WARMUP_REQUESTS, strict=False)
-                run = await poisson_run(client, app, requests, rate, args.seconds, slo_s,
-                                        seed)
+                await client.sequential(app_name(key, scheduler, slo), requests,
+                                        WARMUP_REQUESTS, strict=False)
+            runs = {scheduler: Run() for scheduler in order}
+            # in slices, the schedulers' turns interleaved: the machine's drifts (a background
+            # job, a slow second) fall on all of them rather than on whichever ran then
+            for piece in range(args.slices):
+                shuffle.shuffle(order)
+                for scheduler in order:
+                    runs[scheduler].add(await poisson_run(
+                        client, app_name(key, scheduler, slo), requests, rate,
+                        args.seconds / args.slices, slo_s, seed * 1000 + piece))
+            for scheduler, run in runs.items():
                 rate_done = run.finished / max(run.sent, 1)
                 finish.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = round(
                     rate_done, 4)
@@ -300,6 +317,9 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float
                         help="at most this many requests per second (the client and the "
                              "gateway share this machine's cores with the model)")
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
+    parser.add_argument("--slices", type=int, default=5,
+                        help="each run's seconds in this many slices, the schedulers' turns "
+                             "interleaved (the same arrivals for each in a slice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of every point, seeds --seed, --seed + 1, ...; each finish "
@@ -312,8 +332,8 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats: at least 1")
+    if args.repeats < 1 or args.slices < 1:
+        parser.error("--repeats and --slices: at least 1")
     args.schedulers = [s for s in args.schedulers.split(",") if s]
     unknown = set(args.schedulers) - set(SCHEDULERS) - set(VARIANTS)
     if unknown:

@@ -30,3 +30,11 @@ def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
     assert round(orloj.static_gap(finish), 3) == 0.05
     assert orloj.static_gap(None) is None
     assert orloj.static_gap({"nexus": {"1x": 0.5}}) is None
+
+
+def test_orloj_slices_of_a_run_add_up() -> None:
+    orloj = load_script("bench/orloj.py")
+    run = orloj.Run(10, 7, {"finished": 7, "late": 3})
+    run.add(orloj.Run(5, 4, {"finished": 4, "deadline-unreachable": 1}))
+    assert (run.sent, run.finished) == (15, 11)
+    assert run.outcomes == {"finished": 11, "late": 3, "deadline-unreachable": 1}
