@@ -545,21 +545,22 @@ the same gateway path (`gateway/batching.py`: the same warm-up of 24 requests wi
 same profile window, batches sent as one Triton request of up to 8 rows, one batch in flight).
 First, in the same run, each model's p99 execution time: 300 requests one at a time through the
 gateway without a scheduler (client-observed: transfer, gateway and model), and the median time
-of a request of 8 rows, whose inverse times 8 is the capacity. Then, per model, SLO (1, 1.5, 2, 3,
-5 x that p99) and scheduler (Orloj as the simulator's "ours"; Clipper-like AIMD, Nexus-like plan
-from the mean with early drop, Clockwork-like EDF with the p99 and an action window of one p99,
-Triton-like max batch 8 and a queue delay of 0.1 x SLO): a warm-up each, then `--seconds` (5)
-of Poisson arrivals at `--load` (0.4) x the capacity, at most `--max-rate` (400/s; client,
-gateway and model share the machine's cores), random held-out digits, in `--slices` (5)
-slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so that
-the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive seeds, each finish rate the median over
-the repeats. A request finishes when its answer is back within the SLO of its scheduled send
-time; drops and late answers do not. `gain_vs_best_baseline_tight_pct`: on the dynamic model,
-100 (Orloj / best baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the
-baseline with the best such mean (target >= 50; the paper 51-80 %). `static_gap_pct`: the
-largest shortfall of Orloj behind the best baseline on the static model, in points (target
-<= 5). `scheduler_overhead_us_p50`: Orloj's median CPU time per decision (`next_batch` and the
-enqueues since the previous decision), over its apps.""",
+of a request of 8 rows, whose inverse times 8 is the capacity. Then, per model, SLO (1, 1.5, 2,
+3, 5 x that p99) and scheduler (Orloj as the simulator's "ours"; Clipper-like AIMD, Nexus-like
+plan from the mean with early drop, Clockwork-like EDF with the p99 and an action window of one
+p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a warm-up each, then `--seconds`
+(5) of Poisson arrivals at `--load` (0.4) x the capacity, at most `--max-rate` (400/s; client,
+gateway and model share the machine's cores), random held-out digits, in `--slices` (5) slices
+in which each scheduler takes its turn (shuffled order) on the same arrivals, so that the
+machine's drifts fall on all of them; all of it `--repeats` (3) times with successive seeds,
+each finish rate the median over the repeats. A request finishes when its answer is back within
+the SLO of its scheduled send time; drops and late answers do not.
+`gain_vs_best_baseline_tight_pct`: on the dynamic model, 100 (Orloj / best baseline - 1) of the
+mean finish rate over the SLOs <= 2 x p99, against the baseline with the best such mean (target
+>= 50; the paper 51-80 %). `static_gap_pct`: the largest shortfall of Orloj behind the best
+baseline on the static model, in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's
+median CPU time per decision (`next_batch` and the enqueues since the previous decision), over
+its apps.""",
         (("gain_vs_best_baseline_tight_pct", "gain over the best baseline, tight SLOs (%)"),
          ("best_baseline_tight", "best baseline at tight SLOs"),
          ("static_gap_pct", "static model: Orloj behind the best baseline (points)"),
