@@ -91,7 +91,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", type=parse_app_setting(str), action="append",
                         default=None, metavar="APP=NAME",
                         help="how APP's requests are batched and ordered: none (default), "
-                             "orloj, clipper, nexus, clockwork, triton (repeatable)")
+                             "orloj, orloj_paper (the paper's rules only), clipper, nexus, "
+                             "clockwork, triton (repeatable)")
     parser.add_argument("--slo-ms", type=parse_app_setting(float), action="append",
                         default=None, metavar="APP=MS",
                         help="the latency objective APP's scheduler plans for (default: the "
