@@ -121,8 +121,13 @@ class Run:
         """Count ``other``'s requests in this run too."""
         self.sent += other.sent
         self.finished += other.finished
-        for kind, count in other.outcomes.items():
-            self.outcomes[kind] = self.outcomes.get(kind, 0) + count
+        add_counts(self.outcomes, other.outcomes)
+
+
+def add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
+    """Add ``counts`` (outcome -> requests) into ``into``."""
+    for kind, count in counts.items():
+        into[kind] = into.get(kind, 0) + count
 
 
 class Client:
@@ -267,12 +272,15 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for key, per in run["outcomes"].items():
             for scheduler, by_slo in per.items():
                 for slo, counts in by_slo.items():
-                    total = outcomes.setdefault(key, {}).setdefault(scheduler, {}).setdefault(
-                        slo, {})
-                    for outcome, count in counts.items():
-                        total[outcome] = total.get(outcome, 0) + count
+                    add_counts(outcomes.setdefault(key, {}).setdefault(scheduler, {})
+                               .setdefault(slo, {}), counts)
     return {"finish_rate": finish, "outcomes": outcomes,
             "finish_rate_by_repeat": [run["finish_rate"] for run in runs]}
+
+
+def baselines_in(finish: dict[str, dict[str, float]]) -> list[str]:
+    """The baselines that ran (have finish rates)."""
+    return [b for b in BASELINES if b in finish]
 
 
 def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float | None,
@@ -284,7 +292,7 @@ def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float
     def mean(name: str) -> float:
         return statistics.mean(finish[name][s] for s in tight)
 
-    baselines = [b for b in BASELINES if b in finish]
+    baselines = baselines_in(finish)
     if "orloj" not in finish or not baselines:
         return None, {}
     best = max(baselines, key=mean)
@@ -299,10 +307,8 @@ def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float
 
 def static_gap(static: dict[str, dict[str, float]] | None) -> float | None:
     """Orloj's largest shortfall behind the best baseline on the static model (a fraction)."""
-    if not static or "orloj" not in static:
-        return None
-    baselines = [b for b in BASELINES if b in static]
-    if not baselines:
+    baselines = baselines_in(static or {})
+    if not static or "orloj" not in static or not baselines:
         return None
     return max(max(static[b][s] for b in baselines) - static["orloj"][s] for s in static["orloj"])
 

@@ -80,7 +80,7 @@ class Calibration:
     """Size -> (probe latency, latency of the request it copies sent alone)."""
 
     def overhead_s(self) -> float:
-        if not self.alone_exec or len(self.alone_exec) != len(self.alone):
+        if self.static():  # its solo times are whole latencies: no overhead beside them
             return 0.0
         return max(0.0, statistics.median(
             a - e for a, e in zip(self.alone, self.alone_exec, strict=True)))
