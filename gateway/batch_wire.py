@@ -14,7 +14,7 @@ microseconds, one value per row): :func:`exec_times` reads it for the scheduler'
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,15 +66,19 @@ def _signature(query: Query) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in query.inputs.items()))
 
 
-def groups(members: Sequence[Member], max_rows: int) -> list[list[Member]]:
-    """The Triton requests a batch goes in: stackable members together, at most ``max_rows``."""
+def groups(members: Sequence[Member], max_rows: int,
+           place: Callable[[Member], Hashable] = lambda member: None) -> list[list[Member]]:
+    """The Triton requests a batch goes in, at most ``max_rows`` each.
+
+    Stackable members served at the same ``place`` go together.
+    """
     out: list[list[Member]] = []
     open_groups: dict[tuple[object, ...], tuple[list[Member], int]] = {}
     for member in members:
         if member.query is None:
             out.append([member])
             continue
-        signature = _signature(member.query)
+        signature = (place(member), *_signature(member.query))
         current = open_groups.get(signature)
         if current is None or current[1] + member.rows > max_rows:
             group: list[Member] = []
@@ -109,9 +113,11 @@ def read_outputs(reply: UpstreamReply) -> dict[str, np.ndarray]:
     return read_http_reply(reply.body, header_length)
 
 
-def split(outputs: dict[str, np.ndarray], members: Sequence[Member], app_id: str
-          ) -> list[UpstreamReply]:
-    """Each member's answer: its rows of every batched output, in its own protocol."""
+def split(outputs: dict[str, np.ndarray], members: Sequence[Member]) -> list[UpstreamReply]:
+    """Each member's answer: its rows of every batched output, in its own protocol.
+
+    Each answer names the member's own app as its model (apps sharing a queue share batches).
+    """
     total = sum(m.rows for m in members)
     replies = []
     start = 0
@@ -121,6 +127,7 @@ def split(outputs: dict[str, np.ndarray], members: Sequence[Member], app_id: str
         assert query is not None  # noqa: S101
         mine = {name: (array[start:end] if array.ndim and array.shape[0] == total else array)
                 for name, array in outputs.items()}
+        app_id = member.request.app_id
         if query.protocol == "grpc":
             replies.append(UpstreamReply(200, {}, grpc_answer(query, mine, app_id,
                                                               MODEL_SOURCE)))

@@ -1,13 +1,16 @@
 """Batch scheduling in an app's queue: Orloj or one of its baselines picks what is sent, and when.
 
 For an app with a scheduler (``--scheduler APP=NAME``), :class:`BatchPolicy` is the queue's
-dispatch policy:
+dispatch policy. Apps given the same ``--model-queue`` name share one policy (the per-model
+queue of Orloj §3.2): one scheduler sees all their requests, each with its own app's execution
+times and objective, and batches them together; a batch's requests whose apps are served at
+different places (one moved after a failover) go in separate Triton requests.
 
 1. each inference request is wrapped as a ``QueuedRequest`` whose deadline is the earlier of
    its own (its timeout) and its arrival plus the app's latency objective, handed to the
    scheduler (``enqueue``), and waits for its answer;
-2. one dispatcher task per app asks the scheduler for the next batch at ``time.monotonic()``
-   whenever the app's worker (its serving replica) is free; requests the scheduler drops are
+2. one dispatcher task per queue asks the scheduler for the next batch at ``time.monotonic()``
+   whenever the queue's worker (the serving replica) is free; requests the scheduler drops are
    answered at once with :class:`DroppedError`, whose reason says why
    (``deadline-unreachable``: it can no longer finish in time, even alone), and counted in the
    metrics; a batch is sent as one Triton request with the batch dimension
@@ -18,7 +21,7 @@ dispatch policy:
    time when the model reports it, go back to the scheduler (``completed``) and to the window
    its profile is rebuilt from (``gateway.calibration``).
 
-The first requests of an app are its warm-up: sent one at a time, each followed by a probe, to
+The first requests of a queue are its warm-up: sent one at a time, each followed by a probe, to
 measure the execution times and the batch law every scheduler starts from. The scheduler's CPU
 time per decision (``next_batch`` and the ``enqueue`` calls since the previous one) is measured
 and exposed in the metrics.
@@ -31,7 +34,7 @@ import itertools
 import logging
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,7 +69,15 @@ from gateway.queue import Submit
 from gateway.tensors import NotCodable
 from scheduling.baselines import TritonBatcher
 from scheduling.profile import ModelProfile
-from scheduling.types import EXPIRED, UNREACHABLE, BatchDone, BatchScheduler, Drop, QueuedRequest
+from scheduling.types import (
+    EXPIRED,
+    UNREACHABLE,
+    BatchDone,
+    BatchLaw,
+    BatchScheduler,
+    Drop,
+    QueuedRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +93,13 @@ INFER_SUFFIXES = ("/infer", "ModelInfer")
 class SchedulerEvents(Protocol):
     """What a batch policy reports (the metrics)."""
 
-    def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None: ...
+    def decided(self, queue_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None: ...
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None: ...
 
 
 class _NoEvents:
-    def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
+    def decided(self, queue_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
         return None
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
@@ -97,7 +108,7 @@ class _NoEvents:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """One app's scheduling settings."""
+    """One queue's scheduling settings."""
 
     scheduler: str
     max_batch: int = 8
@@ -113,16 +124,22 @@ class _Waiting:
 
 
 class BatchPolicy:
-    """The dispatch policy of one app with a batch scheduler (see the module doc)."""
+    """The dispatch policy of one queue (an app, or apps sharing a model) with a batch scheduler.
 
-    def __init__(self, app_id: str, settings: BatchSettings,
-                 slo_ms: Callable[[], float | None], *,
+    See the module doc. ``place``: where an app is served now (requests of apps served at
+    different places never share a Triton request); by default all in one place.
+    """
+
+    def __init__(self, queue_id: str, settings: BatchSettings,
+                 slo_ms: Callable[[str], float | None], *,
+                 place: Callable[[str], Hashable] | None = None,
                  events: SchedulerEvents | None = None,
                  stopping: Callable[[], asyncio.Future[None]] | None = None) -> None:
-        self.app_id = app_id
+        self.queue_id = queue_id
         self.settings = settings
         self.slo_ms = slo_ms
-        """The app's latency objective now (None: none; requests keep their own timeouts)."""
+        """An app's latency objective now (None: none; requests keep their own timeouts)."""
+        self.place = place or (lambda app_id: None)
         self.events: SchedulerEvents = events or _NoEvents()
         self.stopping = stopping
         self.calibration = Calibration()
@@ -131,7 +148,10 @@ class BatchPolicy:
         self.warm = False
         self.slo_s = 0.0
         self.profile: ModelProfile | None = None
-        self.solo: deque[float] = deque(maxlen=SOLO_WINDOW)
+        self.solo: dict[str, deque[float]] = {}
+        """Per app: the window of solo execution times its profile is built from."""
+        self.arrivals: deque[str] = deque(maxlen=SOLO_WINDOW)
+        """The apps of the latest requests (the weights of the model's mixture)."""
         self.since_replan = 0
         self.waiting: dict[Hashable, _Waiting] = {}
         self.decision_cpu_s: deque[float] = deque(maxlen=4096)
@@ -169,12 +189,13 @@ class BatchPolicy:
         deadline = self._deadline(request, now, loop.time())
         waiting = _Waiting(read_member(key, request), loop.create_future(), now)
         self.waiting[key] = waiting
+        self.arrivals.append(request.app_id)
         started = time.thread_time()
-        self.scheduler.enqueue(QueuedRequest(key, self.app_id, now, deadline), now)
+        self.scheduler.enqueue(QueuedRequest(key, request.app_id, now, deadline), now)
         self._pending_cpu_s += time.thread_time() - started
         self._arrived.set()
         if self._task is None or self._task.done():
-            self._task = loop.create_task(self._run(), name=f"scheduler-{self.app_id}")
+            self._task = loop.create_task(self._run(), name=f"scheduler-{self.queue_id}")
         try:
             return await self._answer(waiting, request)
         finally:
@@ -184,7 +205,7 @@ class BatchPolicy:
         """The request's deadline on ``self.clock`` (its own is on the loop's clock)."""
         own = now + (request.deadline - loop_now)
         self._timeouts.append(own - now)
-        slo_ms = self.slo_ms()
+        slo_ms = self.slo_ms(request.app_id)
         if slo_ms is None or not self.warm:  # the warm-up serves everything it can
             return own
         return min(own, now + slo_ms / 1000.0)
@@ -201,7 +222,7 @@ class BatchPolicy:
             return waiting.future.result()
         if stopping is not None and stopping.done():
             raise StoppingError("the gateway is stopping")
-        raise DeadlineError(f"{self.app_id}: no answer before the deadline (queued in the "
+        raise DeadlineError(f"{request.app_id}: no answer before the deadline (queued in the "
                             f"{self.name} scheduler or in its batch)")
 
     # --- the dispatcher ------------------------------------------------------------------
@@ -210,11 +231,11 @@ class BatchPolicy:
         try:
             await self._loop()
         except Exception as exc:  # noqa: BLE001 - no request may wait for a dead dispatcher
-            logger.exception("%s: the %s scheduler failed", self.app_id, self.name)
+            logger.exception("%s: the %s scheduler failed", self.queue_id, self.name)
             for waiting in list(self.waiting.values()):
                 if not waiting.future.done():
                     waiting.future.set_exception(UnavailableError(
-                        f"{self.app_id}: the {self.name} scheduler failed: {exc}"))
+                        f"{self.queue_id}: the {self.name} scheduler failed: {exc}"))
 
     async def _loop(self) -> None:
         while True:  # ends once the queue is empty (the next arrival starts another)
@@ -229,7 +250,7 @@ class BatchPolicy:
             batch = [r for r in decision.batch if r.key in self.waiting]
             if decision.batch:
                 self.decision_cpu_s.append(cpu)
-                self.events.decided(self.app_id, self.name, cpu, len(decision.batch))
+                self.events.decided(self.queue_id, self.name, cpu, len(decision.batch))
             if batch:
                 await self._serve(batch, self.clock())
                 continue
@@ -251,7 +272,7 @@ class BatchPolicy:
             waiting = self.waiting.get(drop.request.key)
             if waiting is None or waiting.future.done():
                 continue
-            self.events.dropped(self.app_id, self.name, drop.reason)
+            self.events.dropped(drop.request.app, self.name, drop.reason)
             waiting.future.set_exception(self._drop_error(drop, now))
 
     def _drop_error(self, drop: Drop, now: float) -> GatewayError:
@@ -265,13 +286,14 @@ class BatchPolicy:
             why = f"its deadline passed while it was queued ({waited_ms:.1f} ms)"
         else:
             why = "the batch planned for it missed its execution window"
-        return DroppedError(f"{self.app_id}: dropped by the {self.name} scheduler: {why} "
+        return DroppedError(f"{request.app}: dropped by the {self.name} scheduler: {why} "
                             f"[{drop.reason}]", drop.reason)
 
     async def _serve(self, batch: list[QueuedRequest], started: float) -> None:
         members = [self.waiting[r.key].member for r in batch]
         results = await asyncio.gather(
-            *(self._send_group(g) for g in groups(members, self.settings.max_batch)))
+            *(self._send_group(g) for g in groups(
+                members, self.settings.max_batch, lambda m: self.place(m.request.app_id))))
         latency = self.clock() - started
         execs: dict[Hashable, float] = {}
         for found in results:
@@ -289,7 +311,7 @@ class BatchPolicy:
             return {}
         body, headers = pack(group)
         deadline = max(m.request.deadline for m in group)
-        request = InferRequest(self.app_id, deadline, body, headers)
+        request = InferRequest(group[0].request.app_id, deadline, body, headers)
         return await self._settle(group, self._send(request), passthrough=False)
 
     async def _settle(self, group: list[Member], sent: Any, passthrough: bool
@@ -300,8 +322,8 @@ class BatchPolicy:
             self._fail(group, exc)
             return {}
         except Exception as exc:  # noqa: BLE001 - every member gets an answer
-            logger.exception("%s: batch of %d failed", self.app_id, len(group))
-            self._fail(group, UnavailableError(f"{self.app_id}: batch failed: {exc}"))
+            logger.exception("%s: batch of %d failed", self.queue_id, len(group))
+            self._fail(group, UnavailableError(f"{self.queue_id}: batch failed: {exc}"))
             return {}
         if passthrough or answer.reply.status != 200:
             for member in group:  # an error (or an unbatched reply) goes to each as it is
@@ -309,9 +331,9 @@ class BatchPolicy:
             return {}
         try:
             outputs = read_outputs(answer.reply)
-            replies = split(outputs, group, self.app_id)
+            replies = split(outputs, group)
         except (NotCodable, ValueError) as exc:
-            self._fail(group, UnavailableError(f"{self.app_id}: the batch's reply could not "
+            self._fail(group, UnavailableError(f"{self.queue_id}: the batch's reply could not "
                                                f"be split: {exc}"))
             return {}
         for member, reply in zip(group, replies, strict=True):
@@ -336,6 +358,7 @@ class BatchPolicy:
         """Keep a request sent alone, probe batching with its rows, and maybe take over."""
         calibration = self.calibration
         calibration.alone.append(latency)
+        calibration.apps.append(member.request.app_id)
         if exec_s is not None:
             calibration.alone_exec.append(exec_s)
         if member.query is not None and self._send is not None:
@@ -351,21 +374,21 @@ class BatchPolicy:
         started = self.clock()
         deadline = asyncio.get_running_loop().time() + PROBE_DEADLINE_S
         try:
-            answer = await self._send(InferRequest(self.app_id, deadline, body, headers))
+            answer = await self._send(InferRequest(member.request.app_id, deadline, body,
+                                                   headers))
         except GatewayError as exc:
-            logger.debug("%s: probe of %d failed: %s", self.app_id, n, exc)
+            logger.debug("%s: probe of %d failed: %s", self.queue_id, n, exc)
             return
         if answer.reply.status == 200:
             self.calibration.probes.setdefault(n, []).append((self.clock() - started, alone_s))
 
     def _take_over(self) -> None:
-        """End the warm-up: build the app's scheduler and hand it the requests waiting."""
+        """End the warm-up: build the queue's scheduler and hand it the requests waiting."""
         law = self.calibration.law()
-        self.solo.extend(self.calibration.solo())
-        self.profile = profile_of(self.app_id, self.solo, law, self.calibration.static())
-        slo_ms = self.slo_ms()
-        self.slo_s = (slo_ms / 1000.0 if slo_ms is not None
-                      else statistics.median(self._timeouts) if self._timeouts else 1.0)
+        for app_id, times in self.calibration.solo_by_app().items():
+            self._window(app_id).extend(times)
+        self.profile = self._profile(law, self.calibration.static())
+        self.slo_s = self._queue_slo_s()
         scheduler = make_scheduler(self.settings.scheduler, self.profile, self.slo_s,
                                    self.settings.max_batch)
         now = self.clock()
@@ -375,7 +398,7 @@ class BatchPolicy:
         self.scheduler = scheduler
         self.warm = True
         logger.info("%s: %s scheduler on (SLO %.1f ms, solo p50 %.3f / p99 %.3f ms, batch "
-                    "law slope %.3f, overhead %.3f ms, %d requests handed over)", self.app_id,
+                    "law slope %.3f, overhead %.3f ms, %d requests handed over)", self.queue_id,
                     self.settings.scheduler, self.slo_s * 1000,
                     self.profile.mix.quantile(0.5) * 1000,
                     self.profile.mix.quantile(0.99) * 1000, law.slope,
@@ -392,11 +415,34 @@ class BatchPolicy:
         solo = {key: seconds / scale for key, seconds in execs.items()}
         if not solo and batch:  # a static model: the batch's time, per request alone
             solo[batch[0].key] = max(0.0, latency - law.overhead_s) / scale
-        self.solo.extend(solo.values())
+        app_of = {request.key: request.app for request in batch}
+        for key, seconds in solo.items():
+            self._window(app_of[key]).append(seconds)
         self.since_replan += len(solo)
         self.scheduler.completed(BatchDone(batch, started, latency, solo))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
-            self.profile = profile_of(self.app_id, self.solo, self.profile.law,
-                                      self.profile.per_batch)
+            self.profile = self._profile(self.profile.law, self.profile.per_batch)
+            self.slo_s = self._queue_slo_s()
             replan(self.scheduler, self.profile, self.slo_s, self.settings.max_batch)
+
+    def _queue_slo_s(self) -> float:
+        """The one objective the fixed-profile baselines plan for.
+
+        The tightest of the queue's recent apps' (else the median request timeout).
+        """
+        slos = [ms for ms in map(self.slo_ms, sorted(set(self.arrivals))) if ms is not None]
+        if slos:
+            return min(slos) / 1000.0
+        return statistics.median(self._timeouts) if self._timeouts else 1.0
+
+    def _window(self, app_id: str) -> deque[float]:
+        window = self.solo.get(app_id)
+        if window is None:
+            window = self.solo[app_id] = deque(maxlen=SOLO_WINDOW)
+        return window
+
+    def _profile(self, law: BatchLaw, per_batch: bool) -> ModelProfile:
+        """The queue's profile from its windows, its apps weighed by their recent requests."""
+        return profile_of(self.solo, law, per_batch, Counter(self.arrivals),
+                          pooled=self.queue_id)

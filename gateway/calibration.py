@@ -22,7 +22,7 @@ distribution from it (§3.2), and the fixed-profile baselines are re-planned fro
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,8 @@ class Calibration:
     """Requests sent alone: measured latency."""
     alone_exec: list[float] = field(default_factory=list)
     """Their reported execution times (empty for a model that reports none)."""
+    apps: list[str] = field(default_factory=list)
+    """Their apps (a queue shared by several apps warms up on all of them)."""
     probes: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     """Size -> (probe latency, latency of the request it copies sent alone)."""
 
@@ -111,15 +113,37 @@ class Calibration:
         """The solo execution times the profile starts from."""
         return list(self.alone) if self.static() else list(self.alone_exec)
 
+    def solo_by_app(self) -> dict[str, list[float]]:
+        """:meth:`solo`, per app."""
+        found: dict[str, list[float]] = {}
+        for app_id, seconds in zip(self.apps, self.solo(), strict=True):
+            found.setdefault(app_id, []).append(seconds)
+        return found
 
-def profile_of(app_id: str, solo: list[float] | deque[float], law: BatchLaw,
-               per_batch: bool = False) -> ModelProfile:
-    """A one-app profile (the gateway's queues are per app).
 
+MIN_APP_SAMPLES = 2
+"""Solo times an app needs for a distribution of its own (with fewer, the queue's pool)."""
+
+
+def profile_of(solo: Mapping[str, Sequence[float]], law: BatchLaw, per_batch: bool = False,
+               arrivals: Mapping[str, int] | None = None, pooled: str = "pool") -> ModelProfile:
+    """The profile of a queue's model: each app's solo times (seconds) as its distribution.
+
+    ``arrivals``: recent requests per app, the mixture's weights (default: equal). An app with
+    fewer than ``MIN_APP_SAMPLES`` times has none of its own (``ModelProfile.solo`` gives it
+    the mixture); when no app has that many, all times are pooled under ``pooled``.
     ``per_batch``: a static model (``ModelProfile.per_batch``).
     """
-    return ModelProfile({app_id: Distribution.from_samples(np.asarray(solo, dtype=float))},
-                        {app_id: 1.0}, law, per_batch=per_batch)
+    own = {app_id: Distribution.from_samples(np.asarray(times, dtype=float))
+           for app_id, times in solo.items() if len(times) >= MIN_APP_SAMPLES}
+    if not own:
+        everything = [t for times in solo.values() for t in times]
+        if not everything:
+            raise ValueError("a profile needs at least one solo time")
+        own = {pooled: Distribution.from_samples(np.asarray(everything, dtype=float))}
+    counts = arrivals or {}
+    weights = {app_id: float(counts.get(app_id, 0)) + 1.0 for app_id in own}
+    return ModelProfile(own, weights, law, per_batch=per_batch)
 
 
 def make_scheduler(name: str, profile: ModelProfile, slo_s: float,

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 APP_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 """What the controller accepts as an app id (``controller/records.py``'s ``ID_PATTERN``, without
@@ -82,6 +82,10 @@ class GatewayConfig(BaseModel):
     slo_ms: dict[str, float] = Field(default_factory=dict)
     """Per app: the latency objective its scheduler plans for (default: the app's registered
     ``latency_slo_ms``, else each request's own timeout)."""
+    model_queue: dict[str, str] = Field(default_factory=dict)
+    """Per app: a queue name; apps given the same name share one batch queue, one scheduler and
+    one batch in flight (the per-model queue: their requests are batched together, so they must
+    be served by the same model). Default: each app its own queue."""
     max_batch: int = Field(8, ge=1, le=1024)
     """Rows in one batch a scheduler sends (at most the model's ``max_batch_size``)."""
     exec_output: str = Field("exec_us", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -117,6 +121,34 @@ class GatewayConfig(BaseModel):
             if isinstance(setting, int) and setting < 0:
                 raise ValueError(f"default class for {app_id!r} must be >= 0")
         return value
+
+    @field_validator("model_queue")
+    @classmethod
+    def _queue_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for app_id, name in value.items():
+            if not valid_app_id(app_id):
+                raise ValueError(f"{app_id!r}: not an app id")
+            if not valid_app_id(name):
+                raise ValueError(f"{name!r}: not a queue name (letters, digits, '_', '.', "
+                                 f"'-'; at most 63)")
+        return value
+
+    @model_validator(mode="after")
+    def _shared_queues_schedule_alike(self) -> GatewayConfig:
+        for name, apps in self.shared_queues().items():
+            schedulers = {self.scheduler.get(app, "none") for app in apps}
+            if len(schedulers) != 1 or "none" in schedulers:
+                raise ValueError(f"queue {name!r}: its apps ({', '.join(apps)}) must all have "
+                                 f"the same batch scheduler (--scheduler), not "
+                                 f"{', '.join(sorted(schedulers))}")
+        return self
+
+    def shared_queues(self) -> dict[str, list[str]]:
+        """Queue name -> its apps (sorted), for every name ``model_queue`` gives."""
+        found: dict[str, list[str]] = {}
+        for app_id, name in sorted(self.model_queue.items()):
+            found.setdefault(name, []).append(app_id)
+        return found
 
     @property
     def cut_through_bytes(self) -> int:

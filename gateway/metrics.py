@@ -153,16 +153,19 @@ class GatewayMetrics:
 
     # --- SchedulerEvents --------------------------------------------------------------------
 
-    def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
-        self.scheduler_decisions.labels(app_id, scheduler).observe(cpu_s)
-        self.batch_sizes.labels(app_id, scheduler).observe(batch_size)
+    def decided(self, queue_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
+        self.scheduler_decisions.labels(queue_id, scheduler).observe(cpu_s)
+        self.batch_sizes.labels(queue_id, scheduler).observe(batch_size)
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
         self.scheduler_drops.labels(app_id, scheduler, reason).inc()
 
-    def watch_scheduler(self, app_id: str, p50_s: Callable[[], float]) -> None:
-        """Expose the app's scheduler's median CPU time per decision."""
-        self.scheduler_decision_p50.labels(app_id).set_function(p50_s)
+    def watch_scheduler(self, queue_id: str, p50_s: Callable[[], float]) -> None:
+        """Expose a batch queue's scheduler's median CPU time per decision.
+
+        Labelled with the app's id, or with the name of a queue that apps share.
+        """
+        self.scheduler_decision_p50.labels(queue_id).set_function(p50_s)
 
     def render(self) -> bytes:
         """The text exposition format."""

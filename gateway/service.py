@@ -58,6 +58,7 @@ class Gateway:
             retry_max_s=config.retry_max_s,
             hedge_s={app: ms / 1000.0 for app, ms in config.hedge_ms.items()},
             events=self.metrics)
+        self._batch_queues: dict[str, BatchPolicy] = {}
         self.queues = Queues(self.dispatcher.send, self._policy, self.metrics)
         self.plane = DataPlane(config, self.board, self.dispatcher, self.queues, self.metrics)
         self.follower = EventFollower(config.controller_url, self.board, config.token,
@@ -81,12 +82,7 @@ class Gateway:
         config = self.config
         scheduler = config.scheduler.get(app_id, "none")
         if scheduler != "none":
-            policy = BatchPolicy(
-                app_id, BatchSettings(scheduler, config.max_batch, config.exec_output),
-                lambda: self._slo_ms(app_id), events=self.metrics,
-                stopping=lambda: self.dispatcher.stopping)
-            self.metrics.watch_scheduler(app_id, policy.decision_cpu_p50_s)
-            return policy
+            return self._batch_policy(config.model_queue.get(app_id, app_id), scheduler)
         protection = Protection(mode=config.protect.get(app_id, "auto"),
                                 straggler_ms=config.straggler_ms.get(app_id),
                                 group_timeout_ms=config.group_timeout_ms,
@@ -95,6 +91,25 @@ class Gateway:
                                FifoPolicy(config.max_in_flight, config.max_waiting),
                                retry_min_s=config.retry_min_s, retry_max_s=config.retry_max_s,
                                events=self.metrics, stopping=lambda: self.dispatcher.stopping)
+
+    def _batch_policy(self, queue_id: str, scheduler: str) -> BatchPolicy:
+        """The batch queue ``queue_id`` (an app's own, or one that apps share), made once."""
+        policy = self._batch_queues.get(queue_id)
+        if policy is None:
+            config = self.config
+            policy = self._batch_queues[queue_id] = BatchPolicy(
+                queue_id, BatchSettings(scheduler, config.max_batch, config.exec_output),
+                self._slo_ms, place=self._place, events=self.metrics,
+                stopping=lambda: self.dispatcher.stopping)
+            self.metrics.watch_scheduler(queue_id, policy.decision_cpu_p50_s)
+        return policy
+
+    def _place(self, app_id: str) -> tuple[str, str] | None:
+        """Where the app is served now: (server, Triton model); None: nowhere."""
+        route = self.board.route(app_id)
+        if route is None or route.serving is None:
+            return None
+        return route.serving.server_id, route.serving.model_name
 
     def _slo_ms(self, app_id: str) -> float | None:
         """The app's latency objective: the gateway's setting, else its registration's."""
@@ -107,6 +122,8 @@ class Gateway:
     def _on_change(self, change: RouteChange) -> None:
         if change.deleted:
             self.queues.forget(change.app_id)
+            if change.app_id not in self.config.model_queue:  # a shared queue outlives one app
+                self._batch_queues.pop(change.app_id, None)
         if change.before is not change.after:
             self.metrics.route_changes.labels(change.app_id).inc()
         left = change.left_server

@@ -5,7 +5,8 @@ process routes several apps to it, each with its scheduler and latency objective
 clients get their own predictions back from batches the scheduler formed (one Triton request
 per batch); an app whose objective no request can meet answers at once with a 504 whose error
 names ``deadline-unreachable``, and the gateway's /metrics count the drops and expose the
-scheduler's CPU time per decision.
+scheduler's CPU time per decision. Two apps sharing one queue (``--model-queue``) are batched
+together, each client still getting its own prediction.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from deploy.scheduling_bed import (
 pytestmark = pytest.mark.timeout(600)
 MODEL = ServedModel("digits", "digits_cnn", "static__digits_cnn")
 SCHEDULERS = {"orloj": "orloj", "clipper": "clipper", "nexus": "nexus",
-              "clockwork": "clockwork", "triton": "triton", "hopeless": "orloj"}
+              "clockwork": "clockwork", "triton": "triton", "hopeless": "orloj",
+              "left": "orloj", "right": "orloj"}
+SHARED_QUEUE = "digits-queue"
+"""The queue ``left`` and ``right`` share (``--model-queue``)."""
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,8 @@ def gateway(triton: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[G
     write_routes(run_dir, triton.config.http_url, triton.config.grpc_url,
                  {app: MODEL for app in SCHEDULERS})
     slo = {app: 500.0 for app in SCHEDULERS} | {"hopeless": 0.001}
-    process = start_gateway(run_dir, SCHEDULERS, slo)
+    process = start_gateway(run_dir, SCHEDULERS, slo, "--model-queue", f"left={SHARED_QUEUE}",
+                            "--model-queue", f"right={SHARED_QUEUE}")
     try:
         yield process
     finally:
@@ -130,3 +135,27 @@ def test_a_request_that_cannot_meet_its_objective_is_refused_with_the_reason(
     errors = gateway.sample("understudy_gateway_errors_total", app_id="hopeless",
                             reason="deadline-unreachable")
     assert drops == 1 and errors == 1
+
+
+def test_apps_sharing_a_queue_are_batched_together_and_each_answered_its_own(
+        gateway: Gateway, digits: tuple[np.ndarray, np.ndarray]) -> None:
+    x, y = digits
+    for i in range(30):  # the queue's warm-up, on both apps
+        assert infer(gateway, ("left", "right")[i % 2], x[i:i + 1]).status_code == 200
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda i: (("left", "right")[i % 2],
+                                           infer(gateway, ("left", "right")[i % 2], x[i:i + 1])),
+                                range(160)))
+    assert all(r.status_code == 200 for _, r in replies)  # 500 ms of slack: nothing dropped
+    assert all(r.json()["model_name"] == app for app, r in replies)
+    predicted = np.array([int(np.argmax(r.json()["outputs"][0]["data"])) for _, r in replies])
+    assert np.mean(predicted == y[:160]) > 0.9  # each got its own rows
+    batches = gateway.sample("understudy_gateway_batch_size_count", app_id=SHARED_QUEUE,
+                             scheduler="orloj")
+    rows = gateway.sample("understudy_gateway_batch_size_sum", app_id=SHARED_QUEUE,
+                          scheduler="orloj")
+    assert batches is not None and rows is not None
+    assert rows >= 160 and batches < rows  # one scheduler decided for both, some together
+    for app in ("left", "right"):  # no queue of their own
+        assert gateway.sample("understudy_gateway_batch_size_count", app_id=app,
+                              scheduler="orloj") is None

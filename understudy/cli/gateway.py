@@ -97,6 +97,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         default=None, metavar="APP=MS",
                         help="the latency objective APP's scheduler plans for (default: the "
                              "app's registered latency_slo_ms)")
+    parser.add_argument("--model-queue", type=parse_app_setting(str), action="append",
+                        default=None, metavar="APP=QUEUE",
+                        help="apps given the same QUEUE share one batch queue and scheduler: "
+                             "their requests are batched together (they must be served by the "
+                             "same model and have the same --scheduler; repeatable)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="rows in one batch a scheduler sends (default 8)")
     parser.add_argument("--exec-output", default=None,
@@ -135,6 +140,7 @@ def run(options: argparse.Namespace) -> int:
             "group_timeout_ms": options.group_timeout_ms,
             "scheduler": dict(options.scheduler) if options.scheduler else None,
             "slo_ms": dict(options.slo_ms) if options.slo_ms else None,
+            "model_queue": dict(options.model_queue) if options.model_queue else None,
             "max_batch": options.max_batch, "exec_output": options.exec_output},
             ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
