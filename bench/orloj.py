@@ -1,7 +1,7 @@
 """Finish rate of the gateway's batch schedulers (Orloj and its baselines) on live models.
 
 Usage: ``python bench/orloj.py [--seconds 5] [--load 0.4] [--slos 1,1.5,2,3,5]
-[--schedulers orloj,clipper,...] [--static-only | --dynamic-only]`` (run it under
+[--schedulers orloj,clipper,...] [--workloads static,dynamic,shared]`` (run it under
 ``flock /tmp/understudy-bench.lock``: it starts Triton and a gateway). ``--schedulers`` may
 also name ``orloj_paper`` (Orloj with the paper's rules only); the gain and the static gap
 are taken against the baselines that ran.
@@ -10,38 +10,51 @@ Set-up (``deploy/scheduling_bed.py``): one Triton (Python backend, Triton's own 
 out) serves a static model, ``digits_cnn``, and, where this checkout has the early-exit family,
 the high-variance dynamic one, ``digits_ee`` (a request leaves at the first confident exit, so
 its execution time depends on the digit; the model reports each row's time in ``exec_us``).
-One ``understudy gateway`` routes one app per (model, scheduler, SLO) to them, each app with
-its ``--scheduler`` and ``--slo-ms``: every scheduler goes through the same gateway path
+One ``understudy gateway`` routes the workloads' apps to them, each app with its
+``--scheduler`` and ``--slo-ms``: every scheduler goes through the same gateway path
 (``gateway.batching``: the same warm-up and profile, batches sent as one Triton request).
+Workloads (``--workloads``, all by default):
 
-1. **Execution time** (the same run, before anything else): per model, 300 requests one at a
-   time through the gateway without a scheduler; their p99 latency is the "p99 execution time"
-   the SLOs are multiples of (what one request takes on this path: transfer, the gateway, the
-   model), and the median latency of a request of 8 rows gives the capacity at the largest
-   batch, ``8 / latency(8)``.
+- ``static``: ``digits_cnn``, one app per (scheduler, SLO), any held-out digit;
+- ``dynamic``: ``digits_ee``, one app per (scheduler, SLO), any held-out digit: the
+  scheduler sees one app, one distribution;
+- ``shared``: ``digits_ee``, two apps per (scheduler, SLO) sharing one queue
+  (``--model-queue``): ``easy`` sends the digits that leave at the model's first exit,
+  ``hard`` those that run to its last (found by asking the model each digit's
+  ``exit_index`` first), each app half the arrivals. Apps of different lengths behind one
+  model, the setting of Orloj's per-model queue (§3.2) and of the simulator's cases.
+
+1. **Execution time** (the same run, before anything else): per workload, 300 requests one at
+   a time through the gateway without a scheduler (a shared workload's classes in turn); their
+   p99 latency is the "p99 execution time" the SLOs are multiples of (what one request takes
+   on this path: transfer, the gateway, the model), and the median latency of a request of 8
+   rows gives the capacity at the largest batch, ``8 / latency(8)``.
 2. **Load**: Poisson arrivals at ``--load`` times that capacity (0.4, as the simulator's
    ``orloj-fig*`` experiments), at most ``--max-rate`` (400/s: the client and the gateway share
-   the machine with the model), held-out digits drawn at random, for ``--seconds`` per run,
-   after a warm-up that lets the app's scheduler take over. A request *finishes* when its
-   answer comes back within the SLO of its scheduled send time (a client that falls behind
-   counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a late
-   answer does not. The finish rate is finished over sent (Orloj §5.2).
-3. **Runs**: every (model, SLO, scheduler); at each SLO the ``--seconds`` go in ``--slices``
-   (5) slices, and in each slice every scheduler takes its turn, in a shuffled order, on the
-   same arrival times and digits, so that a drift of the machine (a background job, a slow
-   second) falls on all of them instead of on whichever ran then; all of it ``--repeats`` times
-   (3) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and gateway (one
-   5-second run per point moved by tens of points on this machine).
+   the machine with the model), digits drawn at random from the app's, for ``--seconds`` per
+   run, after a warm-up that lets the queue's scheduler take over. A request *finishes* when
+   its answer comes back within the SLO of its scheduled send time (a client that falls
+   behind counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a
+   late answer does not. The finish rate is finished over sent (Orloj §5.2).
+3. **Runs**: every (workload, SLO, scheduler); at each SLO the ``--seconds`` go in
+   ``--slices`` (5) slices, and in each slice every scheduler takes its turn, in a shuffled
+   order, on the same arrival times and digits, so that a drift of the machine (a background
+   job, a slow second) falls on all of them instead of on whichever ran then; all of it
+   ``--repeats`` times (3) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
+   gateway (one 5-second run per point moved by tens of points on this machine).
 
-Last line: one JSON object. ``finish_rate[model][scheduler][slo]`` (slo as "1.5x"), the median
-over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over them);
-``gain_vs_best_baseline_tight_pct``: on the dynamic model, 100 (Orloj / best baseline - 1) of
-the mean finish rate over the tight SLOs (<= 2x), the best baseline being the one with the
-highest such mean (``gain_by_slo_pct`` has each SLO's); ``static_gap_pct``: on the static model,
-the largest shortfall of Orloj behind the best baseline at any SLO, in percentage points
-(0 when Orloj is never behind); ``scheduler_overhead_us_p50``: Orloj's median CPU time per
-decision (``next_batch`` and the enqueues since the previous decision), over its apps, and
-``overhead_us_p50_by_scheduler``; ``exec_p99_ms`` and ``rate_rps`` per model.
+Last line: one JSON object. ``finish_rate[workload][scheduler][slo]`` (slo as "1.5x"), the
+median over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over
+them); ``gain_vs_best_baseline_tight_pct``: on the early-exit model's per-model queue
+(``shared``; ``dynamic`` when only that ran: ``gain_workload`` says which), 100 (Orloj /
+best baseline - 1) of the mean finish rate over the tight SLOs (<= 2x), the best baseline
+being the one with the highest such mean (``gain_by_slo_pct`` has each SLO's;
+``gain_by_workload_tight_pct`` the gain of each early-exit workload); ``static_gap_pct``: on
+the static model, the largest shortfall of Orloj behind the best baseline at any SLO, in
+percentage points (0 when Orloj is never behind); ``scheduler_overhead_us_p50``: Orloj's median
+CPU time per decision (``next_batch`` and the enqueues since the previous decision), over its
+queues, and ``overhead_us_p50_by_scheduler``; ``exec_p99_ms``, ``rate_rps`` per workload and
+``requests_per_class``.
 """
 
 from __future__ import annotations
@@ -89,23 +102,55 @@ MEASURE_REQUESTS = 300
 TIMEOUT_HEADER = "understudy-timeout-ms"
 
 
-def bodies(count: int = 256) -> tuple[list[tuple[bytes, tuple[tuple[str, str], ...]]], bytes,
-                                      tuple[tuple[str, str], ...]]:
-    """Pre-encoded one-digit requests (binary extension), and one request of 8 digits."""
+Request = tuple[bytes, tuple[tuple[str, str], ...]]
+"""A pre-encoded request: its body and headers."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one series of runs serves: a model, and the classes of digits its apps send.
+
+    One class: one app per (scheduler, SLO). Several: an app per class, sharing one queue
+    (``--model-queue``), each sending only its class's digits.
+    """
+
+    key: str
+    model: ServedModel
+    classes: tuple[str, ...] = ("",)
+
+    def apps(self, scheduler: str, slo: float) -> list[str]:
+        base = f"{self.key}-{scheduler}-{str(slo).replace('.', 'p')}"
+        return [f"{base}-{c}" if c else base for c in self.classes]
+
+    def queue(self, scheduler: str, slo: float) -> str | None:
+        """The queue the apps share (None: one app)."""
+        return None if len(self.classes) == 1 else self.apps(scheduler, slo)[0].rsplit("-", 1)[0]
+
+
+WORKLOADS = {"static": Workload("static", STATIC), "dynamic": Workload("dynamic", DYNAMIC),
+             "shared": Workload("shared", DYNAMIC, ("easy", "hard"))}
+DYNAMIC_WORKLOADS = ("shared", "dynamic")
+"""The early-exit model's workloads, the one the headline gain is taken on first."""
+
+
+def bodies() -> tuple[list[Request], list[np.ndarray], Request]:
+    """Pre-encoded one-digit requests of the held-out digits (binary extension), the digits,
+    and one request of 8 digits."""
     from model_repo.digits import load_split
 
     _, _, x_test, _ = load_split()
-    out = [encode(x_test[i:i + 1]) for i in range(min(count, len(x_test)))]
-    eight, headers = encode(x_test[:MAX_BATCH])
-    return out, eight, headers
+    digits = [x_test[i:i + 1] for i in range(len(x_test))]
+    return [encode(d) for d in digits], digits, encode(x_test[:MAX_BATCH])
 
 
-def encode(images: np.ndarray) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+def encode(images: np.ndarray, output: str = "logits", binary: bool = True) -> Request:
+    wanted: dict[str, Any] = {"name": output}
+    if binary:
+        wanted["parameters"] = {"binary_data": True}
     header = json.dumps({"inputs": [{"name": "image", "shape": list(images.shape),
                                      "datatype": "FP32",
                                      "parameters": {"binary_data_size": images.nbytes}}],
-                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]
-                         }).encode()
+                         "outputs": [wanted]}).encode()
     return header + np.ascontiguousarray(images).tobytes(), (
         ("Content-Type", "application/octet-stream"),
         ("Inference-Header-Content-Length", str(len(header))))
@@ -139,17 +184,22 @@ class Client:
 
     async def infer(self, app: str, body: bytes, headers: tuple[tuple[str, str], ...],
                     timeout_ms: float) -> tuple[int, str]:
+        """The status, and the error's text when it is not 200."""
+        status, text = await self.ask(app, (body, headers), timeout_ms)
+        return status, "" if status == 200 else text[:300]
+
+    async def ask(self, app: str, request: Request, timeout_ms: float) -> tuple[int, str]:
+        """The status and the reply's text (the error when it fails on the way)."""
+        body, headers = request
         try:
             reply = await self.http.request(
                 self.hostport, "POST", f"/v2/models/{app}/infer",
                 (*headers, (TIMEOUT_HEADER, f"{timeout_ms:.0f}")), body)
         except UpstreamError as exc:
             return 0, str(exc)
-        if reply.status == 200:
-            return 200, ""
-        return reply.status, reply.body.decode("utf-8", "replace")[:300]
+        return reply.status, reply.body.decode("utf-8", "replace")
 
-    async def sequential(self, app: str, requests: list[tuple[bytes, Any]], count: int,
+    async def sequential(self, app: str, requests: list[Request], count: int,
                          strict: bool = True) -> list[float]:
         """One at a time; with ``strict``, a refusal is an error (not in a warm-up, where the
         scheduler that takes over may drop what its SLO rules out)."""
@@ -171,16 +221,21 @@ def reason_of(status: int, error: str) -> str:
     return "error" if status != 504 else "deadline"
 
 
-async def poisson_run(client: Client, app: str, requests: list[tuple[bytes, Any]],
-                      rate: float, seconds: float, slo_s: float, seed: int) -> Run:
-    """Poisson arrivals for ``seconds``; each request's outcome against the SLO."""
+Stream = tuple[str, list[Request]]
+"""An app and the requests it sends."""
+
+
+async def poisson_run(client: Client, streams: list[Stream], rate: float, seconds: float,
+                      slo_s: float, seed: int) -> Run:
+    """Poisson arrivals for ``seconds``, each from a stream drawn at random; each request's
+    outcome against the SLO."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     run = Run()
     tasks = []
     timeout_ms = max(1000.0, 10 * slo_s * 1000)
 
-    async def one(due: float, body: bytes, headers: Any) -> None:
+    async def one(due: float, app: str, body: bytes, headers: Any) -> None:
         status, error = await client.infer(app, body, headers, timeout_ms)
         latency = loop.time() - due
         if status == 200:
@@ -199,48 +254,95 @@ async def poisson_run(client: Client, app: str, requests: list[tuple[bytes, Any]
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        app, requests = streams[rng.randrange(len(streams))]
         body, headers = requests[rng.randrange(len(requests))]
-        tasks.append(asyncio.create_task(one(due, body, headers)))
+        tasks.append(asyncio.create_task(one(due, app, body, headers)))
         run.sent += 1
     await asyncio.gather(*tasks)
     return run
 
 
-def app_name(model: str, scheduler: str, slo: float) -> str:
-    return f"{model}-{scheduler}-{str(slo).replace('.', 'p')}"
+async def warm(client: Client, streams: list[Stream], count: int) -> None:
+    """``count`` requests one at a time, from the streams in turn (refusals allowed)."""
+    for i in range(count):
+        app, requests = streams[i % len(streams)]
+        await client.infer(app, *requests[(i // len(streams)) % len(requests)], 5000)
 
 
-async def measure(client: Client, models: dict[str, ServedModel], requests: list[Any],
-                  eight: bytes, eight_headers: Any) -> dict[str, dict[str, float]]:
+def interleave(lists: list[list[Request]]) -> list[Request]:
+    """The lists' requests taken in turn (as many of each)."""
+    shortest = min(len(x) for x in lists)
+    return [x[i] for i in range(shortest) for x in lists]
+
+
+async def exits_of(client: Client, app: str, digits: list[np.ndarray]) -> list[int]:
+    """The exit each digit takes in the early-exit model (asked through the gateway)."""
+    exits = []
+    for digit in digits:
+        status, text = await client.ask(app, encode(digit, "exit_index", binary=False), 5000)
+        if status != 200:
+            raise RuntimeError(f"{app}: {status} {text[:300]}")
+        exits.append(int(json.loads(text)["outputs"][0]["data"][0]))
+    return exits
+
+
+async def classify(client: Client, workloads: list[Workload], requests: list[Request],
+                   digits: list[np.ndarray]) -> dict[str, dict[str, list[Request]]]:
+    """Each workload's requests per class: all of them for one class; for the early-exit
+    model's ``easy`` and ``hard``, the digits that leave at its first exit and at its last."""
+    out: dict[str, dict[str, list[Request]]] = {}
+    for workload in workloads:
+        if workload.classes == ("",):
+            out[workload.key] = {"": requests}
+            continue
+        exits = await exits_of(client, f"probe-{workload.key}", digits)
+        last = max(exits)
+        by_exit = {"easy": 0, "hard": last}
+        out[workload.key] = {c: [r for r, e in zip(requests, exits, strict=True)
+                                 if e == by_exit[c]] for c in workload.classes}
+        logging.info("%s: %s", workload.key, {c: len(r) for c, r in out[workload.key].items()})
+    return out
+
+
+async def measure(client: Client, workloads: list[Workload],
+                  classes: dict[str, dict[str, list[Request]]], eight: Request
+                  ) -> dict[str, dict[str, float]]:
+    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn) and a
+    request of 8 digits' (the capacity at batch 8)."""
     figures = {}
-    for key in models:
-        await client.sequential(f"probe-{key}", requests, 50)  # warm-up
-        alone = await client.sequential(f"probe-{key}", requests, MEASURE_REQUESTS)
-        batch = await client.sequential(f"probe-{key}", [(eight, eight_headers)], 60)
-        figures[key] = {"p50_s": float(np.percentile(alone, 50)),
-                        "p99_s": float(np.percentile(alone, 99)),
-                        "batch8_s": statistics.median(batch)}
+    for workload in workloads:
+        app = f"probe-{workload.key}"
+        mixed = interleave(list(classes[workload.key].values()))
+        await client.sequential(app, mixed, 50)  # warm-up
+        alone = await client.sequential(app, mixed, MEASURE_REQUESTS)
+        batch = await client.sequential(app, [eight], 60)
+        figures[workload.key] = {"p50_s": float(np.percentile(alone, 50)),
+                                 "p99_s": float(np.percentile(alone, 99)),
+                                 "batch8_s": statistics.median(batch)}
     return figures
 
 
-async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, ServedModel],
-                slos: list[float], requests: list[Any], figures: dict[str, dict[str, float]],
-                seed: int) -> dict[str, Any]:
+async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
+                slos: list[float], classes: dict[str, dict[str, list[Request]]],
+                figures: dict[str, dict[str, float]], seed: int) -> dict[str, Any]:
     client = Client(gateway_url)
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
     order = list(args.schedulers)
     shuffle = random.Random(seed)
-    for key in models:
+    for workload in workloads:
+        key = workload.key
         capacity = MAX_BATCH / figures[key]["batch8_s"]
         rate = min(args.load * capacity, args.max_rate)
         figures[key]["rate_rps"] = rate
         figures[key]["capacity_rps"] = capacity
         for slo in slos:
             slo_s = slo * figures[key]["p99_s"]
-            for scheduler in order:
-                await client.sequential(app_name(key, scheduler, slo), requests,
-                                        WARMUP_REQUESTS, strict=False)
+            streams = {scheduler: list(zip(workload.apps(scheduler, slo),
+                                           classes[key].values(), strict=True))
+                       for scheduler in order}
+            for scheduler in order:  # the warm-up (a shared queue's: on all its apps in turn)
+                await warm(client, streams[scheduler], WARMUP_REQUESTS)
             runs = {scheduler: Run() for scheduler in order}
             # in slices, the schedulers' turns interleaved: the machine's drifts (a background
             # job, a slow second) fall on all of them rather than on whichever ran then
@@ -248,8 +350,8 @@ async def bench(args: argparse.Namespace, gateway_url: str, models: dict[str, Se
                 shuffle.shuffle(order)
                 for scheduler in order:
                     runs[scheduler].add(await poisson_run(
-                        client, app_name(key, scheduler, slo), requests, rate,
-                        args.seconds / args.slices, slo_s, seed * 1000 + piece))
+                        client, streams[scheduler], rate, args.seconds / args.slices, slo_s,
+                        seed * 1000 + piece))
             for scheduler, run in runs.items():
                 rate_done = run.finished / max(run.sent, 1)
                 finish.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = round(
@@ -313,8 +415,8 @@ def static_gap(static: dict[str, dict[str, float]] | None) -> float | None:
     return max(max(static[b][s] for b in baselines) - static["orloj"][s] for s in static["orloj"])
 
 
-def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float]]:
-    """The options, the models to run (key -> model) and the SLO multiples."""
+def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
+    """The options, the workloads to run and the SLO multiples."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per run")
     parser.add_argument("--load", type=float, default=0.4,
@@ -330,8 +432,9 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of every point, seeds --seed, --seed + 1, ...; each finish "
                              "rate is their median")
-    parser.add_argument("--static-only", action="store_true")
-    parser.add_argument("--dynamic-only", action="store_true")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="which to run (comma-separated, of " + ", ".join(WORKLOADS) +
+                             "; those of the early-exit model only where the checkout has it)")
     parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
                         help="which to run (comma-separated; also " + ", ".join(VARIANTS) + ")")
     parser.add_argument("--keep-log", type=Path, default=None,
@@ -346,56 +449,77 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, ServedModel], list[float
         parser.error(f"--schedulers: unknown {sorted(unknown)}")
     if not args.schedulers:
         parser.error("--schedulers: none")
-    if args.static_only and args.dynamic_only:
-        parser.error("--static-only and --dynamic-only exclude each other")
-    models = {} if args.dynamic_only else {"static": STATIC}
-    if not args.static_only and early_exit_available():
-        models["dynamic"] = DYNAMIC
-    if not models:
-        parser.error("--dynamic-only: this checkout has no early-exit family")
-    return args, models, [float(s) for s in args.slos.split(",")]
+    names = [w for w in args.workloads.split(",") if w]
+    if set(names) - set(WORKLOADS):
+        parser.error(f"--workloads: unknown {sorted(set(names) - set(WORKLOADS))}")
+    workloads = [WORKLOADS[w] for w in names
+                 if WORKLOADS[w].model is STATIC or early_exit_available()]
+    if not workloads:
+        parser.error("--workloads: none (this checkout has no early-exit family)")
+    return args, workloads, [float(s) for s in args.slos.split(",")]
+
+
+def every_app(workloads: list[Workload], schedulers: list[str], slos: list[float]
+              ) -> list[tuple[Workload, str, float, str]]:
+    """(workload, scheduler, SLO multiple, app) of every app a run serves."""
+    return [(w, scheduler, slo, app) for w in workloads for scheduler in schedulers
+            for slo in slos for app in w.apps(scheduler, slo)]
+
+
+def gateway_settings(workloads: list[Workload], schedulers: list[str], slos: list[float],
+                     figures: dict[str, dict[str, float]]
+                     ) -> tuple[dict[str, str], dict[str, float], list[str]]:
+    """The gateway's schedulers and objectives per app, and its options (the batch size and
+    each shared queue's apps)."""
+    by_app: dict[str, str] = {}
+    slo_ms: dict[str, float] = {}
+    options = ["--max-batch", str(MAX_BATCH)]
+    for workload, scheduler, slo, app in every_app(workloads, schedulers, slos):
+        by_app[app] = scheduler
+        slo_ms[app] = slo * figures[workload.key]["p99_s"] * 1000
+        queue = workload.queue(scheduler, slo)
+        if queue is not None:
+            options += ["--model-queue", f"{app}={queue}"]
+    return by_app, slo_ms, options
 
 
 def main() -> None:
-    args, models, slos = parse_args()
+    args, workloads, slos = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="orloj-bench-") as scratch:
         root = Path(scratch)
-        write_repository(root / "store", root / "repository", list(models.values()))
-        triton: Any = start_triton(root, root / "repository", list(models.values()))
+        models = list({w.model.model_name: w.model for w in workloads}.values())
+        write_repository(root / "store", root / "repository", models)
+        triton: Any = start_triton(root, root / "repository", models)
         gateway = None
         try:
-            apps: dict[str, ServedModel] = {f"probe-{k}": m for k, m in models.items()}
-            for key, model in models.items():
-                for scheduler in args.schedulers:
-                    for slo in slos:
-                        apps[app_name(key, scheduler, slo)] = model
+            apps = {f"probe-{w.key}": w.model for w in workloads} | {
+                app: w.model for w, _, _, app in every_app(workloads, args.schedulers, slos)}
             write_routes(root / "gateway", triton.config.http_url, triton.config.grpc_url,
                          apps)
-            requests, eight, eight_headers = bodies()
+            requests, digits, eight = bodies()
             # the SLOs are set once the execution times are known: measure on a gateway of
             # its own first
             probe = start_gateway(root / "gateway", {}, {})
             try:
-                figures = asyncio.run(measure(Client(probe.url), models, requests, eight,
-                                              eight_headers))
+                client = Client(probe.url)
+                classes = asyncio.run(classify(client, workloads, requests, digits))
+                figures = asyncio.run(measure(Client(probe.url), workloads, classes, eight))
             finally:
                 probe.stop()
-            schedulers = {app: app.split("-")[1] for app in apps if not app.startswith("probe")}
-            slo_ms = {app: float(app.rsplit("-", 1)[1].replace("p", ".")) * figures[
-                app.split("-")[0]]["p99_s"] * 1000 for app in schedulers}
-            gateway = start_gateway(root / "gateway", schedulers, slo_ms,
-                                    "--max-batch", str(MAX_BATCH))
-            result = combine([asyncio.run(bench(args, gateway.url, models, slos, requests,
+            by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures)
+            gateway = start_gateway(root / "gateway", by_app, slo_ms, *options)
+            result = combine([asyncio.run(bench(args, gateway.url, workloads, slos, classes,
                                                 figures, args.seed + repeat))
                               for repeat in range(args.repeats)])
             overhead = {}
             for scheduler in args.schedulers:
+                labels = {workload.queue(scheduler, slo) or workload.apps(scheduler, slo)[0]
+                          for workload in workloads for slo in slos}
                 values = [gateway.sample("understudy_gateway_scheduler_decision_cpu_p50_seconds",
-                                         app_id=app) for app, s in schedulers.items()
-                          if s == scheduler]
+                                         app_id=label) for label in sorted(labels)]
                 found = [v for v in values if v]
                 overhead[scheduler] = round(statistics.median(found) * 1e6, 1) if found else None
         finally:
@@ -407,7 +531,9 @@ def main() -> None:
             if args.keep_log is not None and (root / "gateway" / "gateway.log").exists():
                 shutil.copyfile(root / "gateway" / "gateway.log", args.keep_log)
     finish = result["finish_rate"]
-    gain, gain_detail = gains(finish["dynamic"], slos) if "dynamic" in finish else (None, {})
+    by_workload = {key: gains(finish[key], slos) for key in DYNAMIC_WORKLOADS if key in finish}
+    headline = next((key for key in DYNAMIC_WORKLOADS if key in by_workload), None)
+    gain, gain_detail = by_workload[headline] if headline else (None, {})
     gap = static_gap(finish.get("static"))
     for key, per in finish.items():
         for scheduler, rates in per.items():
@@ -415,7 +541,10 @@ def main() -> None:
                                                           rates.items()))
     print(json.dumps({
         "finish_rate": finish,
-        "gain_vs_best_baseline_tight_pct": gain, **gain_detail,
+        "gain_vs_best_baseline_tight_pct": gain, **gain_detail, "gain_workload": headline,
+        "gain_by_workload_tight_pct": {k: g for k, (g, _) in by_workload.items()},
+        "best_baseline_by_workload": {k: d.get("best_baseline_tight")
+                                      for k, (_, d) in by_workload.items()},
         "static_gap_pct": None if gap is None else round(max(0.0, gap) * 100, 1),
         "scheduler_overhead_us_p50": overhead.get("orloj"),
         "overhead_us_p50_by_scheduler": overhead,
@@ -424,8 +553,10 @@ def main() -> None:
         "batch8_ms": {k: round(f["batch8_s"] * 1000, 3) for k, f in figures.items()},
         "rate_rps": {k: round(f["rate_rps"], 1) for k, f in figures.items()},
         "capacity_rps": {k: round(f["capacity_rps"], 1) for k, f in figures.items()},
+        "requests_per_class": {k: {c or "all": len(r) for c, r in v.items()}
+                               for k, v in classes.items()},
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
-        "dynamic_model": "dynamic" in models,
+        "dynamic_model": any(w.model is DYNAMIC for w in workloads),
         "outcomes": result["outcomes"], "repeats": args.repeats,
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))

@@ -42,6 +42,10 @@ from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedReque
 logger = logging.getLogger(__name__)
 
 
+APP_DEPTH = 4
+"""Request-aware goodput selection looks this many batches deep for each app's own batch."""
+
+
 class OrlojConfig(BaseModel):
     """Orloj's knobs (times in seconds)."""
 
@@ -62,6 +66,10 @@ class OrlojConfig(BaseModel):
     """Estimate a request's batch latency with its own app's distribution for itself and the
     mixture for the others (ours), instead of the mixture for all (§4.3)."""
     selection: Literal["earliest-deadline", "goodput"] = "earliest-deadline"
+    """``goodput`` (ours): of the ready sizes' candidate batches, the one with the most expected
+    on-time finishes per second of worker time; with ``request_aware`` and several apps, a
+    size's candidates are its top ``n`` and, per app, that app's top ``n`` among the
+    ``APP_DEPTH * n`` highest priorities (a batch of short requests only runs short)."""
     partial_batches: bool = False
     """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
     more than the next smaller size (ours: the batch runs at the size it has); False: only
@@ -288,10 +296,10 @@ class Orloj:
         if self.config.selection == "goodput":
             best: tuple[float, int, _SizeQueue, list[Hashable], float] | None = None
             for queue in ready:
-                keys = self._top(queue, now_s)
-                value, expected = self._goodput(queue, keys, now_s)
-                if best is None or (value, queue.size) > best[:2]:
-                    best = (value, queue.size, queue, keys, expected)
+                for keys in self._candidates(queue, now_s):
+                    value, expected = self._goodput(queue, keys, now_s)
+                    if best is None or (value, queue.size) > best[:2]:
+                        best = (value, queue.size, queue, keys, expected)
             assert best is not None  # ready is not empty
             return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
@@ -314,13 +322,30 @@ class Orloj:
             below = queue.size
         return ready
 
-    def _top(self, queue: _SizeQueue, now_s: float) -> list[Hashable]:
-        """The ``size`` keys of highest priority in ``queue`` at ``now_s``."""
+    def _candidates(self, queue: _SizeQueue, now_s: float) -> list[list[Hashable]]:
+        """The batches of ``queue``'s size worth weighing (see ``OrlojConfig.selection``)."""
+        if not self.config.request_aware or len(self.profile.apps) < 2:
+            return [self._top(queue, now_s)]
+        ranked = self._top(queue, now_s, APP_DEPTH * queue.size)
+        found = [ranked[:queue.size]]
+        by_app: dict[str, list[Hashable]] = {}
+        for key in ranked:
+            by_app.setdefault(self._requests[key].app, []).append(key)
+        if len(by_app) > 1:  # a mixed top: each app's own batch too
+            found += [keys[:queue.size] for keys in by_app.values()]
+        return found
+
+    def _top(self, queue: _SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
+        """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``.
+
+        Best first; all of them, unranked, when the queue holds no more than a batch.
+        """
         if len(queue.members) <= queue.size:  # all of them: no need to rank
             return list(queue.members)
+        count = min(count or queue.size, len(queue.members))
         u = math.exp((now_s - self._t0) / self.delay_s)
         taken: list[tuple[Hashable, float, float]] = []
-        for _ in range(queue.size):
+        for _ in range(count):
             best = queue.hull.best(u)
             if best is None:
                 break

@@ -178,6 +178,30 @@ def test_request_aware_uses_the_apps_own_distribution() -> None:
     assert [r.key for r in decision.batch] == [2]
 
 
+def test_request_aware_goodput_weighs_a_batch_of_one_apps_requests(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two urgent long requests rank above four short ones: the top four by priority mix them
+    (a batch as long as the long ones); the short four alone run in a third of the time and
+    leave the long ones time to finish after them."""
+    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
+    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0}, LAW)
+
+    def first_batch() -> set[str]:
+        orloj = Orloj(profile, OrlojConfig(batch_sizes=(1, 2, 4), request_aware=True,
+                                           selection="goodput", partial_batches=True))
+        for key, app, deadline in [(1, "long", 0.070), (2, "long", 0.070), (3, "short", 0.080),
+                                   (4, "short", 0.080), (5, "short", 0.080),
+                                   (6, "short", 0.080)]:
+            orloj.enqueue(request(key, 0.0, deadline, app), 0.0)
+        return {r.app for r in orloj.next_batch(0.0).batch}
+
+    assert first_batch() == {"short"}
+    monkeypatch.setattr(Orloj, "_candidates", lambda self, queue, now_s: [
+        self._top(queue, now_s)])  # the top by priority only
+    assert first_batch() == {"short", "long"}
+
+
 def test_choices_survive_reference_time_rebases() -> None:
     """Moving the reference time (§4.4's overflow handling) changes no decision."""
 
