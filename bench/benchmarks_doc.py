@@ -539,38 +539,50 @@ p99 ≤ 1000 ms.""",
 Orloj §5's finish-rate evaluation on live models (`docs/scheduling.md`). One Triton (Python
 backend, Triton's own dynamic batcher taken out of the configs) serves the static `digits_cnn`
 and the early-exit `digits_ee` (a request leaves at the first confident exit; the model reports
-each row's execution time in `exec_us`); one `understudy gateway` routes an app per (model,
-scheduler, SLO) to them, each with `--scheduler` and `--slo-ms`, so every scheduler goes through
-the same gateway path (`gateway/batching.py`: the same warm-up of 24 requests with probes, the
-same profile window, batches sent as one Triton request of up to 8 rows, one batch in flight).
-First, in the same run, each model's p99 execution time: 300 requests one at a time through the
-gateway without a scheduler (client-observed: transfer, gateway and model), and the median time
-of a request of 8 rows, whose inverse times 8 is the capacity. Then, per model, SLO (1, 1.5, 2,
-3, 5 x that p99) and scheduler (Orloj as the simulator's "ours"; Clipper-like AIMD, Nexus-like
-plan from the mean with early drop, Clockwork-like EDF with the p99 and an action window of one
-p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a warm-up each, then `--seconds`
-(5) of Poisson arrivals at `--load` (0.4) x the capacity, at most `--max-rate` (400/s; client,
-gateway and model share the machine's cores), random held-out digits, in `--slices` (5) slices
-in which each scheduler takes its turn (shuffled order) on the same arrivals, so that the
-machine's drifts fall on all of them; all of it `--repeats` (3) times with successive seeds,
-each finish rate the median over the repeats. A request finishes when its answer is back within
-the SLO of its scheduled send time; drops and late answers do not.
-`gain_vs_best_baseline_tight_pct`: on the dynamic model, 100 (Orloj / best baseline - 1) of the
-mean finish rate over the SLOs <= 2 x p99, against the baseline with the best such mean (target
->= 50; the paper 51-80 %). `static_gap_pct`: the largest shortfall of Orloj behind the best
-baseline on the static model, in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's
-median CPU time per decision (`next_batch` and the enqueues since the previous decision), over
-its apps.""",
-        (("gain_vs_best_baseline_tight_pct", "gain over the best baseline, tight SLOs (%)"),
-         ("best_baseline_tight", "best baseline at tight SLOs"),
+each row's execution time in `exec_us`); one `understudy gateway` routes the workloads' apps to
+them, each with `--scheduler` and `--slo-ms`, so every scheduler goes through the same gateway
+path (`gateway/batching.py`: the same warm-up of 24 requests with probes, the same profile
+window, batches sent as one Triton request of up to 8 rows, one batch in flight per queue).
+Workloads: `static` (`digits_cnn`) and `dynamic` (`digits_ee`), one app per (scheduler, SLO)
+sending any held-out digit; `shared` (`digits_ee`), two apps per (scheduler, SLO) sharing one
+queue (`--model-queue`, Orloj's per-model queue): `easy` sends the digits that leave at the
+first exit, `hard` those that run to the last (asked of the model first), half the arrivals
+each. First, in the same run, each workload's p99 execution time: 300 requests one at a time
+through the gateway without a scheduler (client-observed: transfer, gateway and model), and
+the median time of a request of 8 rows, whose inverse times 8 is the capacity. Then, per
+workload, SLO (1, 1.5, 2, 3, 5 x that p99) and scheduler (Orloj as the simulator's "ours";
+Clipper-like AIMD, Nexus-like plan from the mean with early drop, Clockwork-like EDF with the
+p99 and an action window of one p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a
+warm-up each, then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at
+most `--max-rate` (400/s; client, gateway and model share the machine's cores), in `--slices`
+(5) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
+that the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive
+seeds, each finish rate the median over the repeats. A request finishes when its answer is
+back within the SLO of its scheduled send time; drops and late answers do not.
+`gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj / best
+baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with the
+best such mean (target >= 50; the paper 51-80 %); the same for the one-app `dynamic` workload
+beside it. `static_gap_pct`: the largest shortfall of Orloj behind the best baseline on the
+static model, in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's median CPU time per
+decision (`next_batch` and the enqueues since the previous decision), over its queues.""",
+        (("gain_vs_best_baseline_tight_pct",
+          "shared queue: gain over the best baseline, tight SLOs (%)"),
+         ("best_baseline_tight", "shared queue: best baseline at tight SLOs"),
+         ("gain_by_workload_tight_pct.dynamic", "one app (dynamic): gain, tight SLOs (%)"),
+         ("best_baseline_by_workload.dynamic", "one app (dynamic): best baseline"),
          ("static_gap_pct", "static model: Orloj behind the best baseline (points)"),
          ("scheduler_overhead_us_p50", "Orloj CPU per decision, median (us)"),
+         ("finish_rate.shared.orloj.1x", "shared, 1x p99: Orloj"),
+         ("finish_rate.shared.orloj.1.5x", "shared, 1.5x p99: Orloj"),
+         ("finish_rate.shared.orloj.2x", "shared, 2x p99: Orloj"),
          ("finish_rate.dynamic.orloj.1x", "dynamic, 1x p99: Orloj"),
          ("finish_rate.dynamic.orloj.1.5x", "dynamic, 1.5x p99: Orloj"),
          ("finish_rate.dynamic.orloj.2x", "dynamic, 2x p99: Orloj"),
          ("finish_rate.static.orloj.1.5x", "static, 1.5x p99: Orloj"),
+         ("exec_p99_ms.shared", "shared: p99 execution time (ms)"),
          ("exec_p99_ms.dynamic", "dynamic: p99 execution time (ms)"),
          ("exec_p99_ms.static", "static: p99 execution time (ms)"),
+         ("rate_rps.shared", "shared: arrival rate (/s)"),
          ("rate_rps.dynamic", "dynamic: arrival rate (/s)"),
          ("rate_rps.static", "static: arrival rate (/s)"))),
 }
