@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 APP_DEPTH = 4
 """Request-aware goodput selection looks this many batches deep for each app's own batch."""
+URGENT_COUNT = 4
+"""How many of the highest priorities overall a batch is checked against (``_lost``)."""
+HARMLESS_LOSS = 0.1
+"""Expected finishes below which a batch costs the requests it leaves out nothing."""
 
 
 class OrlojConfig(BaseModel):
@@ -69,7 +73,10 @@ class OrlojConfig(BaseModel):
     """``goodput`` (ours): of the ready sizes' candidate batches, the one with the most expected
     on-time finishes per second of worker time; with ``request_aware`` and several apps, a
     size's candidates are its top ``n`` and, per app, that app's top ``n`` among the
-    ``APP_DEPTH * n`` highest priorities (a batch of short requests only runs short)."""
+    ``APP_DEPTH * n`` highest priorities (a batch of short requests only runs short); then,
+    when the best batch would cost one of the most urgent requests left out its chance of
+    finishing, the best batch costing none goes first if the best one's requests can still
+    finish after it (short requests do not starve long ones while they can wait)."""
     partial_batches: bool = False
     """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
     more than the next smaller size (ours: the batch runs at the size it has); False: only
@@ -108,6 +115,11 @@ class _SizeQueue:
         while self.deadlines and self.deadlines[0][2] not in self.members:
             heapq.heappop(self.deadlines)
         return self.deadlines[0][0] if self.deadlines else math.inf
+
+
+_Candidate = tuple[float, int, _SizeQueue, list[Hashable], float]
+"""A batch weighed by goodput selection: (goodput, size, its queue, its keys, its expected
+latency)."""
 
 
 class Orloj:
@@ -294,13 +306,26 @@ class Orloj:
                 now_s: float) -> tuple[_SizeQueue, list[Hashable], float]:
         """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
-            best: tuple[float, int, _SizeQueue, list[Hashable], float] | None = None
+            best: _Candidate | None = None
+            harmless: _Candidate | None = None
+            urgent = self._urgent(now_s)
             for queue in ready:
                 for keys in self._candidates(queue, now_s):
-                    value, expected = self._goodput(queue, keys, now_s)
-                    if best is None or (value, queue.size) > best[:2]:
-                        best = (value, queue.size, queue, keys, expected)
+                    on_time, expected = self._on_time(keys, now_s)
+                    # expected on-time finishes per second of worker time
+                    entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected)
+                    if best is None or entry[:2] > best[:2]:
+                        best = entry
+                    if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
+                            self._lost(keys, urgent, expected, now_s) <= HARMLESS_LOSS:
+                        harmless = entry
             assert best is not None  # ready is not empty
+            if harmless is not None and harmless is not best and self._lost(
+                    best[3], urgent, best[4], now_s) > HARMLESS_LOSS and self._waits(
+                    best[3], harmless[4], now_s):
+                # the best batch would cost an urgent request its chance, and it can still
+                # finish as well after one that costs nobody theirs: that one first
+                best = harmless
             return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
         queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
@@ -335,6 +360,40 @@ class Orloj:
             found += [keys[:queue.size] for keys in by_app.values()]
         return found
 
+    def _urgent(self, now_s: float) -> list[Hashable]:
+        """The requests of highest priority overall (none with one app, or not request-aware).
+
+        The size-1 queue holds every request.
+        """
+        if not self.config.request_aware or len(self.profile.apps) < 2:
+            return []
+        return self._top(self._queues[0], now_s, URGENT_COUNT)
+
+    def _lost(self, keys: list[Hashable], others: list[Hashable], took_s: float,
+              now_s: float) -> float:
+        """Expected finishes ``others`` lose if ``keys`` run first, for ``took_s``.
+
+        Each request of ``others`` not in ``keys`` loses the chance it has now of finishing
+        alone minus the chance it keeps after the wait. Without this check, batches of
+        short requests, which finish more per second, starve long ones past their deadlines.
+        """
+        chosen = set(keys)
+        overhead = self.profile.law.overhead_s
+        lost = 0.0
+        for key in others:
+            if key in chosen:
+                continue
+            request = self._requests[key]
+            slack = request.deadline_s - now_s - overhead
+            now, after = self.profile.solo(request.app).cdf_list([slack, slack - took_s])
+            lost += now - after
+        return lost
+
+    def _waits(self, keys: list[Hashable], wait_s: float, now_s: float) -> bool:
+        """Whether the batch ``keys`` sent ``wait_s`` later finishes about as many on time."""
+        return (self._on_time(keys, now_s)[0] - self._on_time(keys, now_s + wait_s)[0]
+                <= HARMLESS_LOSS)
+
     def _top(self, queue: _SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
         """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``.
 
@@ -356,9 +415,8 @@ class Orloj:
             queue.hull.insert(key, a, beta)
         return [key for key, _, _ in taken]
 
-    def _goodput(self, queue: _SizeQueue, keys: list[Hashable],
-                 now_s: float) -> tuple[float, float]:
-        """(expected on-time finishes per second of worker time, expected latency) of a batch.
+    def _on_time(self, keys: list[Hashable], now_s: float) -> tuple[float, float]:
+        """(expected on-time finishes, expected latency) of a batch sent at ``now_s``.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
         the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise,
@@ -368,8 +426,7 @@ class Orloj:
         if not self.config.request_aware or self.profile.per_batch:
             latency = self._mix_latency(len(requests))
             expected = latency.mean()
-            on_time = sum(latency.cdf_list([r.deadline_s - now_s for r in requests]))
-            return on_time / max(expected, 1e-12), expected
+            return sum(latency.cdf_list([r.deadline_s - now_s for r in requests])), expected
         law = self.profile.law
         scale = law.scale(len(requests))
         longest = [(r.deadline_s - now_s - law.overhead_s) / scale for r in requests]
@@ -380,7 +437,7 @@ class Orloj:
             chance = [c * f ** count for c, f in zip(chance, found, strict=True)]
         expected = law.overhead_s + scale * self._composition(
             tuple(sorted(counts.items())))
-        return sum(chance) / max(expected, 1e-12), expected
+        return sum(chance), expected
 
     def _mix_latency(self, n: int) -> Distribution:
         """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""

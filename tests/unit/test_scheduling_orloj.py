@@ -202,6 +202,23 @@ def test_request_aware_goodput_weighs_a_batch_of_one_apps_requests(
     assert first_batch() == {"short", "long"}
 
 
+@pytest.mark.parametrize(("short_deadline", "long_goes"), [(0.080, True), (0.045, False)])
+def test_short_requests_do_not_starve_a_long_one_while_they_can_wait(
+        short_deadline: float, long_goes: bool) -> None:
+    """Four short requests alone finish most per second, but a long request with 40 ms left
+    could no longer finish after them. With 80 ms left the short ones can wait for it: it goes
+    first. With 45 ms they cannot: four finishes are worth more than one."""
+    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
+    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0}, LAW)
+    orloj = Orloj(profile, OURS)
+    orloj.enqueue(request(1, 0.0, 0.040, "long"), 0.0)
+    for key in range(2, 6):
+        orloj.enqueue(request(key, 0.0, short_deadline, "short"), 0.0)
+    batch = orloj.next_batch(0.0).batch
+    assert (1 in {r.key for r in batch}) is long_goes
+
+
 def test_choices_survive_reference_time_rebases() -> None:
     """Moving the reference time (§4.4's overflow handling) changes no decision."""
 
