@@ -322,6 +322,16 @@ async def measure(client: Client, workloads: list[Workload],
     return figures
 
 
+async def prepare(url: str, workloads: list[Workload], requests: list[Request],
+                  digits: list[np.ndarray], eight: Request
+                  ) -> tuple[dict[str, dict[str, list[Request]]], dict[str, dict[str, float]]]:
+    """Each workload's requests per class, then its execution times (on a gateway without
+    schedulers)."""
+    client = Client(url)
+    classes = await classify(client, workloads, requests, digits)
+    return classes, await measure(client, workloads, classes, eight)
+
+
 async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
                 slos: list[float], classes: dict[str, dict[str, list[Request]]],
                 figures: dict[str, dict[str, float]], seed: int) -> dict[str, Any]:
@@ -504,9 +514,8 @@ def main() -> None:
             # its own first
             probe = start_gateway(root / "gateway", {}, {})
             try:
-                client = Client(probe.url)
-                classes = asyncio.run(classify(client, workloads, requests, digits))
-                figures = asyncio.run(measure(Client(probe.url), workloads, classes, eight))
+                classes, figures = asyncio.run(prepare(probe.url, workloads, requests, digits,
+                                                       eight))
             finally:
                 probe.stop()
             by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures)

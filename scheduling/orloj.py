@@ -349,7 +349,7 @@ class Orloj:
 
     def _candidates(self, queue: _SizeQueue, now_s: float) -> list[list[Hashable]]:
         """The batches of ``queue``'s size worth weighing (see ``OrlojConfig.selection``)."""
-        if not self.config.request_aware or len(self.profile.apps) < 2:
+        if not self._several_apps():
             return [self._top(queue, now_s)]
         ranked = self._top(queue, now_s, APP_DEPTH * queue.size)
         found = [ranked[:queue.size]]
@@ -365,9 +365,13 @@ class Orloj:
 
         The size-1 queue holds every request.
         """
-        if not self.config.request_aware or len(self.profile.apps) < 2:
+        if not self._several_apps():
             return []
         return self._top(self._queues[0], now_s, URGENT_COUNT)
+
+    def _several_apps(self) -> bool:
+        """Whether requests are told apart by app (request-aware) and there are several."""
+        return self.config.request_aware and len(self.profile.apps) > 1
 
     def _lost(self, keys: list[Hashable], others: list[Hashable], took_s: float,
               now_s: float) -> float:
