@@ -118,13 +118,16 @@ class Workload:
     model: ServedModel
     classes: tuple[str, ...] = ("",)
 
+    def _base(self, scheduler: str, slo: float) -> str:
+        return f"{self.key}-{scheduler}-{str(slo).replace('.', 'p')}"
+
     def apps(self, scheduler: str, slo: float) -> list[str]:
-        base = f"{self.key}-{scheduler}-{str(slo).replace('.', 'p')}"
+        base = self._base(scheduler, slo)
         return [f"{base}-{c}" if c else base for c in self.classes]
 
     def queue(self, scheduler: str, slo: float) -> str | None:
         """The queue the apps share (None: one app)."""
-        return None if len(self.classes) == 1 else self.apps(scheduler, slo)[0].rsplit("-", 1)[0]
+        return None if len(self.classes) == 1 else self._base(scheduler, slo)
 
 
 WORKLOADS = {"static": Workload("static", STATIC), "dynamic": Workload("dynamic", DYNAMIC),

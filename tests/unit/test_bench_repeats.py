@@ -38,3 +38,16 @@ def test_orloj_slices_of_a_run_add_up() -> None:
     run.add(orloj.Run(5, 4, {"finished": 4, "deadline-unreachable": 1}))
     assert (run.sent, run.finished) == (15, 11)
     assert run.outcomes == {"finished": 11, "late": 3, "deadline-unreachable": 1}
+
+
+def test_orloj_shared_workload_gives_each_scheduler_and_slo_one_queue_of_two_apps() -> None:
+    orloj = load_script("bench/orloj.py")
+    shared, static = orloj.WORKLOADS["shared"], orloj.WORKLOADS["static"]
+    figures = {"shared": {"p99_s": 0.010}, "static": {"p99_s": 0.002}}
+    by_app, slo_ms, options = orloj.gateway_settings([shared, static], ["orloj"], [1.5], figures)
+    assert by_app == {"shared-orloj-1p5-easy": "orloj", "shared-orloj-1p5-hard": "orloj",
+                      "static-orloj-1p5": "orloj"}
+    assert slo_ms["shared-orloj-1p5-hard"] == 15.0 and slo_ms["static-orloj-1p5"] == 3.0
+    assert options == ["--max-batch", str(orloj.MAX_BATCH),
+                       "--model-queue", "shared-orloj-1p5-easy=shared-orloj-1p5",
+                       "--model-queue", "shared-orloj-1p5-hard=shared-orloj-1p5"]
