@@ -472,8 +472,10 @@ ParM §6.2.1 on a live testbed on this machine (`docs/parity.md`): Redis, the co
 instances and a parity model the controller places on a server none of them uses) against
 Equal-Resources (k + 1 plain instances), both through one `understudy gateway` (coding groups
 of k queries on k separate instances, a prediction reconstructed as soon as the parity output
-and the k - 1 others are in; each query to the instance with the fewest in flight, an instance
-answered for by a reconstruction still busy until its own answer). An open-loop Poisson client
+and the k - 1 others are in, a group whose query is unanswered 5 ms after its send filled with
+queries answered before (`--group-fill-ms`); each query to the instance with the fewest in
+flight, an instance answered for by a reconstruction still busy until its own answer). An
+open-loop Poisson client
 of batch-1 digits at each rate (latency from each query's scheduled send), each system's
 seconds in slices taken in turn with the other's, under the same seeded background: by
 default `stall`, two episodes side by side, each after an exponential gap (mean 300 ms)
@@ -487,8 +489,9 @@ p99.9) and `median_change_pct` at the highest rate, each the median over the rep
 repeat's. Failure case: a ParM instance's server SIGKILLed at the middle rate, every query
 until the controller has
 placed the instance again counted (`unanswered_during_failure`, target 0). All servers share
-the machine's cores: the parity queries are 1/k more inference on them (the paper gives the
-parity model its own machine).""",
+the machine's cores: the parity queries are 1/k more inference on them, and a little more for
+the filled groups (`parity_queries_per_query`; the paper gives the parity model its own
+machine).""",
         (("p999_reduction_pct", "p99.9 reduction vs Equal-Resources (%)"),
          ("median_change_pct", "median change vs Equal-Resources (%)"),
          ("parm.p50_ms", "ParM p50 (ms)"),
@@ -499,6 +502,8 @@ parity model its own machine).""",
          ("failure.reconstructed_during_failure", "reconstructed during the failure"),
          ("failure.failover_s", "failover (s)"),
          ("reconstructions_total", "reconstructions (all runs)"),
+         ("parity_queries_per_query", "parity queries per ParM query"),
+         ("coding_groups.filled", "groups filled with stand-ins"),
          ("k", "k"),
          ("rates_rps", "rates (req/s)"),
          ("total_s", "bench duration (s)"))),

@@ -14,8 +14,9 @@ serves two apps of ``digits_cnn`` with the same number of servers:
 
 One ``understudy gateway`` serves both: ``parm`` in its default mode (coding groups of k, a
 prediction reconstructed as soon as the parity output and the k - 1 others are in while it is
-not, §4.1's first rule), ``er`` balanced over its instances. Each query goes to the instance with
-the fewest in flight (§6.1's single queue).
+not, §4.1's first rule; a group one of whose queries is not answered 5 ms after its send
+filled with queries answered before, ``--group-fill-ms``), ``er`` balanced over its instances.
+Each query goes to the instance with the fewest in flight (§6.1's single queue).
 
 **Background load** (``bench/parm_background.py``): §6.1 slows the servers that background
 network shuffles run between, and only them ("we do not introduce computational
@@ -56,7 +57,9 @@ at the highest rate; ``p999_reduction_pct`` = 100 (1 - ParM p99.9 / ER p99.9) an
 ``median_change_pct`` = 100 (ParM p50 / ER p50 - 1), both at the highest rate; each is the
 median over the repeats. ``by_background`` has both medians at every rate, ``by_repeat`` every
 repeat's, ``by_rate`` the first repeat's full rows; ``failure`` has
-``unanswered_during_failure``.
+``unanswered_during_failure``. What coding cost over the sweeps: ``parity_queries_per_query``
+(parity queries sent per ParM query; 1/k with every group filled by arrivals alone) and
+``coding_groups`` by outcome (``filled``: sent with stand-ins for a late query).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ from deploy.parity_bed import (  # noqa: E402
 from deploy.samples import LabelledSamples  # noqa: E402
 from deploy.testbed import Testbed, wait_until  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
+from gateway.config import GatewayConfig  # noqa: E402
 from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
 VARIANT = "digits_cnn"
@@ -344,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--straggler-ms", type=float, default=None,
                         help="ParM's straggler time (the gateway's --straggler-ms; default "
                              "its own: 0, reconstruct as soon as possible)")
+    parser.add_argument("--group-fill-ms", type=float, default=None,
+                        help="the gateway's --group-fill-ms (default its own, 5; 50, the group "
+                             "timeout: no group filled with stand-ins)")
     parser.add_argument("--no-failure", action="store_true", help="skip the failure case")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3,
@@ -384,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--max-in-flight", "1024", "--deadline-s", "30"]
         if options.straggler_ms is not None:
             extra += ["--straggler-ms", f"parm={options.straggler_ms:g}"]
+        if options.group_fill_ms is not None:
+            extra += ["--group-fill-ms", f"{options.group_fill_ms:g}"]
         gateway = start_gateway(work / "gateway", bed.state.controller_url, *extra,
                                 token_file=bed.token_file("gateway"))
         samples = LabelledSamples.from_store(store, FAMILY, seed=options.seed)
@@ -396,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                                         options.seed + repeat)
                    for settings in backgrounds}
                   for repeat in range(options.repeats)]
+        swept = gateway.metrics()  # the sweeps' parity queries, before the failure case's
         failure = None if options.no_failure else failure_case(
             bed, gateway.port, rates[len(rates) // 2], samples, options.seed)
         metrics = gateway.metrics()
@@ -410,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
         "slices": options.slices, "repeats": options.repeats,
         "straggler_ms": options.straggler_ms or 0.0,
+        "group_fill_ms": GatewayConfig.model_fields["group_fill_ms"].default
+        if options.group_fill_ms is None else options.group_fill_ms,
         "background": backgrounds[0].describe(),
         "parm": {key: _median(row["parm"][key] for row in top_rows)
                  for key in ("p50_ms", "p999_ms")},
@@ -430,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "unanswered_during_failure": None if failure is None
         else failure["unanswered_during_failure"],
         "reconstructions_total": _metric_sum(metrics, "understudy_gateway_reconstructions_total"),
+        **_parity_cost(swept, sweeps),
         "setup_s": round(setup_s, 1), "total_s": round(time.monotonic() - started, 1)}
     print(json.dumps(result))
     return 0
@@ -472,6 +485,18 @@ def _reduction(row: dict[str, Any]) -> float:
 
 def _median_change(row: dict[str, Any]) -> float:
     return round(100.0 * (row["parm"]["p50_ms"] / row["equal_resources"]["p50_ms"] - 1.0), 1)
+
+
+def _parity_cost(metrics: str, sweeps: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """What coding cost in the sweeps: parity queries per ParM query, groups by outcome."""
+    queries = sum(row["parm"]["queries"] for by_background in sweeps
+                  for rows in by_background.values() for row in rows.values())
+    parity = _metric_sum(metrics, 'understudy_gateway_parity_queries_total{app_id="parm"')
+    groups = {outcome: int(_metric_sum(metrics, "understudy_gateway_coding_groups_total"
+                                       f'{{app_id="parm",outcome="{outcome}"}}'))
+              for outcome in ("encoded", "filled", "timeout", "unencodable")}
+    return {"parity_queries_per_query": round(parity / queries, 3) if queries else None,
+            "coding_groups": groups}
 
 
 def _metric_sum(text: str, name: str) -> float:

@@ -14,6 +14,14 @@ arrive. When a member's prediction is unavailable, :meth:`Group.reconstruct` reb
 the parity model's output and the k - 1 others with the subtraction decoder, as soon as they
 are all in.
 
+ParM pays for its groups in waiting: a query on a slow instance whose group is not full cannot
+be rebuilt before the next queries arrive (§6.2.2 names this wait as a cost of a larger k). So a
+group still open when one of its queries is late (``gateway.protection`` asks) is *filled*
+(:meth:`Coder.fill`) with stand-ins: queries of the app answered by the model shortly before,
+whose outputs are known, so the subtraction decoder needs nothing more from them. The parity
+model was trained on sums of any k queries of the data, so a stand-in codes like a member; the
+cost is a parity query for a group that would otherwise have waited, only when a member is late.
+
 This module keeps the groups and does the algebra around the wire formats; when a prediction
 counts as unavailable, and what is sent where, is ``gateway.protection``'s.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -67,6 +76,8 @@ class Member:
     """Its tensors, read when the group is encoded."""
     reply: UpstreamReply | None = None
     reconstructed: bool = False
+    stand_in: bool = False
+    """A query answered before, put in to fill the group (its reply is its own)."""
 
     @property
     def protocol(self) -> str:
@@ -167,6 +178,14 @@ class Group:
         return UpstreamReply(200, headers, body)
 
 
+def _signature(member: Member) -> tuple[Any, ...]:
+    """The shapes and types of a member's tensors (read once; NotCodable when unreadable)."""
+    if member.query is None:
+        member.query = read_request(member.protocol, member.request.body,
+                                    member.request.headers)
+    return member.query.signature()
+
+
 def encode_members(group: Group) -> tuple[dict[str, np.ndarray], Query]:
     """The parity query's inputs of a full group (its members' tensors read here)."""
     for member in group.members:
@@ -186,6 +205,10 @@ def encode_members(group: Group) -> tuple[dict[str, np.ndarray], Query]:
     return parity, first
 
 
+STAND_INS_KEPT = 8
+"""Answered queries an app keeps as possible stand-ins (the latest)."""
+
+
 class Coder:
     """The coding groups of one app: joins queries, encodes full groups, closes stale ones."""
 
@@ -199,6 +222,8 @@ class Coder:
         self.events = events
         self._open: dict[tuple[Any, ...], list[Group]] = {}
         """Open groups by (k, encoder), oldest first."""
+        self._answered: deque[Member] = deque(maxlen=STAND_INS_KEPT)
+        """Members the model answered lately, newest last: the stand-ins of :meth:`fill`."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def join(self, query_id: str, request: InferRequest, k: int, encoder: EncoderKind,
@@ -218,10 +243,59 @@ class Coder:
         group.members.append(Member(query_id, request, server_id))
         if group.full:
             groups.remove(group)
-            task = asyncio.get_running_loop().create_task(self._encode_and_send(group))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(group)
         return group
+
+    def answered(self, group: Group, query_id: str, reply: UpstreamReply) -> None:
+        """A member's own reply came: tell its group, and keep it as a possible stand-in."""
+        group.answered(query_id, reply)
+        if reply.status == 200:
+            member = next((m for m in group.members if m.query_id == query_id), None)
+            if member is not None and not member.stand_in:
+                self._answered.append(member)
+
+    def fill(self, group: Group) -> bool:
+        """Fill an open group with stand-ins and send its parity query; whether it was.
+
+        Stand-ins are the latest answered queries of the app with the group's tensor shapes
+        (read here); none is used twice in one group. Not filled: the group is full or closed
+        already, or too few stand-ins are at hand.
+        """
+        if group.full or group.closed:
+            return False
+        groups = self._open.get(group.signature, [])
+        if group not in groups:
+            return False
+        try:
+            wanted = _signature(group.members[0])
+        except NotCodable:
+            return False
+        taken = {m.query_id for m in group.members}
+        stand_ins: list[Member] = []
+        for member in reversed(self._answered):
+            if len(group.members) + len(stand_ins) >= group.k:
+                break
+            if member.query_id in taken or member.reply is None:
+                continue
+            try:
+                if _signature(member) != wanted:
+                    continue
+            except NotCodable:
+                continue
+            taken.add(member.query_id)
+            stand_ins.append(Member(member.query_id, member.request, member.server_id,
+                                    member.query, member.reply, stand_in=True))
+        if len(group.members) + len(stand_ins) < group.k:
+            return False
+        group.members.extend(stand_ins)
+        groups.remove(group)
+        self._start(group)
+        return True
+
+    def _start(self, group: Group) -> None:
+        task = asyncio.get_running_loop().create_task(self._encode_and_send(group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _expire(self, group: Group) -> None:
         if group.full or group.closed:
@@ -240,7 +314,7 @@ class Coder:
             group.close(f"not encodable: {exc}")
             self._report("unencodable")
             return
-        self._report("encoded")
+        self._report("filled" if any(m.stand_in for m in group.members) else "encoded")
         try:
             group.parity_output = await self.send_parity(group, parity, template)
         except asyncio.CancelledError:

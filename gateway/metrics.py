@@ -75,8 +75,9 @@ class GatewayMetrics:
             registry=r)
         self.coding_groups = Counter(
             "understudy_gateway_coding_groups",
-            "coding groups, by outcome: encoded (its parity query sent), timeout (closed "
-            "unfilled), unencodable (a query's tensors unreadable, or shapes that differ)",
+            "coding groups, by outcome: encoded (its parity query sent), filled (sent with "
+            "stand-ins for a late query), timeout (closed unfilled), unencodable "
+            "(a query's tensors unreadable, or shapes that differ)",
             ["app_id", "outcome"], registry=r)
         self.parity_queries = Counter(
             "understudy_gateway_parity_queries",

@@ -12,7 +12,8 @@ request:
    prediction is **unavailable**: its attempt failed (the server is down, Triton says the model
    is not there), or it is not back ``straggler_ms`` after it was sent (0, the default for
    parity models and approximate backups: as soon as the substitute is ready, ParM §4.1's first
-   rule);
+   rule); a parity-coded query not answered ``group_fill_ms`` after its send fills its group,
+   if still open, with stand-ins (``gateway.coding``), so that its substitute can come;
 3. failing that, is sent again to another instance, until its deadline.
 
 Modes (``--protect APP=MODE``; ``auto`` by default):
@@ -40,16 +41,21 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, get_args
+from typing import Any
 
 import numpy as np
 
 from gateway.board import RouteBoard
 from gateway.coding import Coder, Group
-from gateway.config import ProtectMode
 from gateway.errors import DeadlineError, StoppingError, UnavailableError
 from gateway.exchange import Answer, InferRequest, Send, failure_of
+from gateway.protection_modes import (
+    NoEvents,
+    Protection,
+    ProtectionEvents,
+    effective_mode,
+    parity_coding,
+)
 from gateway.queue import FifoPolicy, Submit
 from gateway.routes import AppRoute
 from gateway.tensors import (
@@ -63,72 +69,9 @@ from gateway.tensors import (
     read_request,
 )
 from gateway.upstream import UpstreamError, UpstreamReply
-from parity.coding import EncoderKind
-from parity.naming import parse_parity_name
 from understudy.client import Location
 
 logger = logging.getLogger(__name__)
-
-MODES: tuple[str, ...] = get_args(ProtectMode)
-DEFAULT_RESPONSE_STRAGGLER_MS = 100.0
-"""Without a straggler time of its own, a default-response app waits this long (an eager
-default would answer every query with it)."""
-
-
-@dataclass(frozen=True)
-class Protection:
-    """How one app's requests are protected (the gateway's settings for it)."""
-
-    mode: ProtectMode = "auto"
-    straggler_ms: float | None = None
-    """None: 0 (eager) for parity and approximate backups, 100 ms for the default response."""
-    group_timeout_ms: float = 50.0
-    default_class: int = 0
-
-    def straggler_s(self, mode: str) -> float:
-        """When a prediction not back yet counts as unavailable, in seconds after its send."""
-        if self.straggler_ms is not None:
-            return self.straggler_ms / 1000.0
-        return DEFAULT_RESPONSE_STRAGGLER_MS / 1000.0 if mode == "default-response" else 0.0
-
-
-class ProtectionEvents(Protocol):
-    """What protected requests report (the metrics)."""
-
-    def substituted(self, app_id: str, source: str, cause: str) -> None: ...
-
-    def group_closed(self, app_id: str, outcome: str) -> None: ...
-
-    def parity_sent(self, app_id: str, outcome: str) -> None: ...
-
-
-class _NoEvents:
-    def substituted(self, app_id: str, source: str, cause: str) -> None:
-        return None
-
-    def group_closed(self, app_id: str, outcome: str) -> None:
-        return None
-
-    def parity_sent(self, app_id: str, outcome: str) -> None:
-        return None
-
-
-def parity_coding(route: AppRoute) -> tuple[int, EncoderKind] | None:
-    """(k, encoder) of the app's parity models, from their names; None without any."""
-    for location in route.parity.values():
-        parsed = parse_parity_name(location.variant)
-        if parsed is not None:
-            return parsed[1], parsed[2]
-    return None
-
-
-def effective_mode(protection: Protection, route: AppRoute) -> str:
-    """The mode a request of the app is handled in now (``auto`` resolved)."""
-    mode = protection.mode
-    if mode == "auto":
-        return "parity" if parity_coding(route) is not None else "equal-resources"
-    return mode
-
 
 class ProtectedPolicy:
     """The dispatch policy of one app (see the module doc); one instance per app."""
@@ -147,7 +90,7 @@ class ProtectedPolicy:
         self.fifo = fifo
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
-        self.events: ProtectionEvents = events or _NoEvents()
+        self.events: ProtectionEvents = events or NoEvents()
         self.coder = Coder(app_id, self._send_parity, protection.group_timeout_ms / 1000.0,
                            self.events)
         self.outstanding: dict[str, int] = {}
@@ -334,6 +277,8 @@ class _Protected:
         self.query_id = policy.next_query_id()
         self.retry_at: float | None = None
         """When every instance backs off: when to try again."""
+        self.fill_at: float | None = None
+        """When the query, unanswered, fills its open group (None: not, or done)."""
 
     async def run(self) -> Answer:
         route = self.p.board.route(self.request.app_id)
@@ -359,6 +304,9 @@ class _Protected:
         if self.mode == "parity" and coding is not None:
             server = self.location.server_id if self.location is not None else ""
             self.group = self.p.coder.join(self.query_id, request, *coding, server)
+            protection = self.p.protection
+            if protection.group_fill_ms < protection.group_timeout_ms:
+                self.fill_at = self.sent_at + protection.group_fill_ms / 1000.0
         if self.mode == "approximate-backup":
             members = {m.server_id for m in route.members()}
             backup = next((b for s, b in sorted(route.backups.items()) if s not in members), None)
@@ -385,6 +333,7 @@ class _Protected:
             now = self.loop.time()
             if not self.cause and now >= straggler_at:
                 self.cause = "late"
+            self._fill(now)
             answer = self._substitute()
             if answer is not None:
                 return answer
@@ -399,16 +348,24 @@ class _Protected:
             stopping = self.p.stopping() if self.p.stopping is not None else None
             if stopping is not None:
                 waits.append(stopping)
-            wake = request.deadline if self.cause else min(request.deadline, straggler_at)
-            if self.attempt is None and self.retry_at is not None:
-                wake = min(wake, self.retry_at)
-            await asyncio.wait(waits, timeout=max(0.0, wake - now),
+            await asyncio.wait(waits, timeout=max(0.0, self._wake_at(straggler_at) - now),
                                return_when=asyncio.FIRST_COMPLETED)
             if stopping is not None and stopping.done():
                 raise StoppingError("the gateway is stopping")
             answer = self._settle()
             if answer is not None:
                 return answer
+
+    def _wake_at(self, straggler_at: float) -> float:
+        """When to look again with no news: the deadline, or a time the query acts on first."""
+        times = [self.request.deadline]
+        if not self.cause:
+            times.append(straggler_at)
+        if self.attempt is None and self.retry_at is not None:
+            times.append(self.retry_at)
+        if self.fill_at is not None:
+            times.append(self.fill_at)
+        return min(times)
 
     def _settle(self) -> Answer | None:
         """Look at the attempt: its answer, or a failure and the next instance."""
@@ -426,7 +383,8 @@ class _Protected:
                 reply = task.result()
                 self.p.succeeded(location.server_id)
                 if self.group is not None:
-                    self.group.answered(self.query_id, reply)
+                    self.p.coder.answered(self.group, self.query_id, reply)
+                self.fill_at = None
                 if self.mode == "default-response" and reply.status == 200:
                     self.p.learn_template(self.request.protocol, reply)
                 return Answer(reply, location, self.attempts, self.attempts - 1, False, False)
@@ -434,6 +392,14 @@ class _Protected:
         if self.attempt is None and route is not None and self._may_resend():
             self._send_next(route)
         return None
+
+    def _fill(self, now: float) -> None:
+        """Fill the query's open group with stand-ins once it is late for its fill time."""
+        if self.fill_at is None or now < self.fill_at:
+            return
+        self.fill_at = None
+        if self.group is not None and not self.group.full:
+            self.p.coder.fill(self.group)
 
     def _may_resend(self) -> bool:
         """Whether to send a failed query again now, rather than wait for its substitute.

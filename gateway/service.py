@@ -26,7 +26,8 @@ from gateway.http_api import HttpFrontEnd, http_sender
 from gateway.http_server import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.persist import TABLE_FILE, load_table, save_doc
-from gateway.protection import ProtectedPolicy, Protection
+from gateway.protection import ProtectedPolicy
+from gateway.protection_modes import Protection
 from gateway.queue import FifoPolicy, Queues
 from gateway.routes import RouteChange
 from gateway.upstream import HttpUpstream
@@ -86,6 +87,7 @@ class Gateway:
         protection = Protection(mode=config.protect.get(app_id, "auto"),
                                 straggler_ms=config.straggler_ms.get(app_id),
                                 group_timeout_ms=config.group_timeout_ms,
+                                group_fill_ms=config.group_fill_ms,
                                 default_class=config.default_class.get(app_id, 0))
         return ProtectedPolicy(app_id, self.board, self.senders, protection,
                                FifoPolicy(config.max_in_flight, config.max_waiting),

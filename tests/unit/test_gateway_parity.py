@@ -16,8 +16,10 @@ import pytest
 
 from gateway.board import RouteBoard
 from gateway.coding import Coder, Group
+from gateway.errors import DeadlineError
 from gateway.exchange import Answer, InferRequest
-from gateway.protection import ProtectedPolicy, Protection, effective_mode, parity_coding
+from gateway.protection import ProtectedPolicy
+from gateway.protection_modes import Protection, effective_mode, parity_coding
 from gateway.queue import FifoPolicy
 from gateway.routes import RoutingTable
 from gateway.tensors import (
@@ -163,6 +165,13 @@ def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
 def request(x: np.ndarray, binary: bool = False, timeout_s: float = 5.0) -> InferRequest:
     data, headers = body(x, binary)
     return InferRequest(APP, asyncio.get_running_loop().time() + timeout_s, data, headers)
+
+
+def reply_of(outputs: np.ndarray) -> UpstreamReply:
+    """An instance's JSON answer with ``logits``."""
+    doc = {"outputs": [{"name": "logits", "shape": list(outputs.shape), "datatype": "FP32",
+                        "data": outputs.ravel().tolist()}]}
+    return UpstreamReply(200, {"content-type": "application/json"}, json.dumps(doc).encode())
 
 
 def logits(answer: Answer) -> np.ndarray:
@@ -314,6 +323,74 @@ def test_a_group_takes_its_queries_from_separate_instances() -> None:
         await asyncio.sleep(0.01)
         assert sent == [["q1", "q3"], ["q2", "q4"]]
         assert [m.server_id for m in first.members] == ["s1", "s2"]
+
+    run(scenario)
+
+
+def test_an_open_group_is_filled_with_answered_queries_and_decodes_with_them() -> None:
+    async def scenario() -> None:
+        sent: list[list[tuple[str, bool]]] = []
+
+        async def send_parity(group: Group, inputs: dict[str, np.ndarray],
+                              template: Any) -> dict[str, np.ndarray]:
+            sent.append([(m.query_id, m.stand_in) for m in group.members])
+            return {"logits": model(inputs["image"])}
+
+        recorder = Recorder()
+        coder = Coder(APP, send_parity, 0.05, recorder)
+        xs = queries(4, seed=8)
+        odd = np.zeros((1, 1, 3, 3), dtype=np.float32)  # another shape: no stand-in for xs
+        first = coder.join("q1", request(xs[0]), 2, EncoderKind.ADDITION, "s1")
+        coder.join("q2", request(xs[1]), 2, EncoderKind.ADDITION, "s2")
+        alone = coder.join("q3", request(xs[2]), 2, EncoderKind.ADDITION, "s1")
+        assert not coder.fill(alone)  # nothing answered yet: nothing to fill with
+        for query_id, x in (("q1", xs[0]), ("q2", xs[1])):
+            coder.answered(first, query_id, reply_of(model(x)))
+        other = coder.join("q9", request(odd), 2, EncoderKind.ADDITION, "s2")
+        assert other is alone  # joined on s2 (its shape is only read when it is encoded)
+        late = coder.join("q4", request(xs[3]), 2, EncoderKind.ADDITION, "s1")
+        assert coder.fill(late) and late.full and not coder.fill(late)  # once only
+        await asyncio.sleep(0.01)
+        assert sent[-1] == [("q4", False), ("q2", True)]  # the latest answered query
+        assert late.decodable("q4")  # the stand-in's own answer is in
+        rebuilt = late.reconstruct("q4", APP)
+        assert np.allclose(read_http_reply(rebuilt.body, None)["logits"], model(xs[3]),
+                           atol=1e-5)
+        assert recorder.groups == ["encoded", "unencodable", "filled"]
+
+    run(scenario)
+
+
+def test_a_late_query_fills_its_group_and_is_rebuilt_without_waiting_for_others() -> None:
+    async def scenario() -> None:
+        _, fake, recorder, policy, plain = setup(*parm(2), group_fill_ms=5)
+        xs = queries(3, seed=9)
+        warm = await asyncio.gather(*(policy.dispatch(request(x), plain) for x in xs[:2]))
+        assert [a.source for a in warm] == ["model", "model"]
+        fake.mode.update(s1="hang", s2="hang")  # whichever instance it takes is stuck
+        started = asyncio.get_running_loop().time()
+        answer = await policy.dispatch(request(xs[2]), plain)
+        assert answer.source == "reconstructed" and answer.route.server_id == "s3"
+        assert np.allclose(logits(answer), model(xs[2]), atol=1e-5)
+        assert asyncio.get_running_loop().time() - started < 0.045  # before the group timeout
+        assert recorder.groups == ["encoded", "filled"]
+        assert recorder.substitutes == [("reconstructed", "late")]
+        fake.release.set()
+
+    run(scenario)
+
+
+def test_without_a_fill_time_below_the_group_timeout_a_late_query_waits_for_others() -> None:
+    async def scenario() -> None:
+        _, fake, recorder, policy, plain = setup(*parm(2), group_fill_ms=50,
+                                                 group_timeout_ms=50)
+        xs = queries(3, seed=9)
+        await asyncio.gather(*(policy.dispatch(request(x), plain) for x in xs[:2]))
+        fake.mode.update(s1="hang", s2="hang")
+        with pytest.raises(DeadlineError):
+            await policy.dispatch(request(xs[2], timeout_s=0.2), plain)
+        assert recorder.groups == ["encoded", "timeout"] and len(fake.parity_inputs) == 1
+        fake.release.set()
 
     run(scenario)
 

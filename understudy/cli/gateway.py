@@ -110,6 +110,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-timeout-ms", type=float, default=None,
                         help="a coding group not filled this long is closed unprotected "
                              "(default 50)")
+    parser.add_argument("--group-fill-ms", type=float, default=None,
+                        help="a parity-coded query not answered this long fills its open group "
+                             "with queries answered before, to be rebuilt at once (default 5; "
+                             "not below --group-timeout-ms: never)")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -138,6 +142,7 @@ def run(options: argparse.Namespace) -> int:
             "straggler_ms": dict(options.straggler_ms) if options.straggler_ms else None,
             "default_class": dict(options.default_class) if options.default_class else None,
             "group_timeout_ms": options.group_timeout_ms,
+            "group_fill_ms": options.group_fill_ms,
             "scheduler": dict(options.scheduler) if options.scheduler else None,
             "slo_ms": dict(options.slo_ms) if options.slo_ms else None,
             "model_queue": dict(options.model_queue) if options.model_queue else None,
