@@ -2,13 +2,16 @@
 the digits family and its parity model in the artifact store, an app registered with
 ``"protection": "parity:2"``, and ``understudy gateway`` in front. The server of one of the app's
 instances is SIGKILLed: the queries it held come back reconstructed from the parity model's
-output, marked as such, and the controller places the lost instance again."""
+output, marked as such, and the controller places the lost instance again. A query held by a
+frozen instance with no other query to complete its group is rebuilt at once, its group filled
+with queries answered before."""
 
 from __future__ import annotations
 
 import json
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -74,20 +77,20 @@ def gateway(bed: Testbed, tmp_path_factory: pytest.TempPathFactory
         process.stop()
 
 
-def infer(gateway: GatewayProcess, image: np.ndarray) -> httpx.Response:
+def infer(gateway: GatewayProcess, image: np.ndarray, app_id: str = APP) -> httpx.Response:
     body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32",
                         "data": image.ravel().tolist()}]}
-    return httpx.post(f"{gateway.url}/v2/models/{APP}/infer", json=body, timeout=30)
+    return httpx.post(f"{gateway.url}/v2/models/{app_id}/infer", json=body, timeout=30)
 
 
-def pair(gateway: GatewayProcess, samples: LabelledSamples
+def pair(gateway: GatewayProcess, samples: LabelledSamples, app_id: str = APP
          ) -> list[tuple[httpx.Response, int]]:
     """Two queries at once (one coding group of k = 2), with their labels."""
     inputs = [samples.next() for _ in range(2)]
     replies: list[Any] = [None, None]
 
     def send(index: int) -> None:
-        replies[index] = infer(gateway, inputs[index][0])
+        replies[index] = infer(gateway, inputs[index][0], app_id)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
     for thread in threads:
@@ -152,3 +155,50 @@ def test_a_killed_instance_is_answered_by_reconstruction(bed: Testbed, store: Pa
     assert after["parity"][0] not in {*after["serving"], *after["instance"]}
     for reply, _ in pair(gateway, samples):
         assert reply.status_code == 200
+
+
+def test_a_query_on_a_frozen_instance_fills_its_group_and_is_rebuilt_at_once(
+        bed: Testbed, store: Path, gateway: GatewayProcess) -> None:
+    # An app with the gateway's defaults: a late prediction is rebuilt as soon as it can be,
+    # and a query unanswered 5 ms after its send fills its open group with answered queries.
+    app_id = "parm-fill"
+    roles = servers_of(register(bed, app_id, VARIANT, protection="parity:2"))
+    samples = LabelledSamples.from_store(store, FAMILY, seed=5)
+    assert samples is not None
+
+    def coded() -> bool:  # answered queries to fill with, and a parity model that answers
+        for reply, _ in pair(gateway, samples, app_id):
+            assert reply.status_code == 200, reply.text
+        return gateway.total("understudy_gateway_parity_queries_total",
+                             f'app_id="{app_id}",outcome="answered"') > 0
+
+    wait_until("a coding group decoded by the parity model", coded, 60, 0.1)
+    filled_before = gateway.total("understudy_gateway_coding_groups_total",
+                                  f'app_id="{app_id}",outcome="filled"')
+    frozen = next(s for s in (*roles["serving"], *roles["instance"]) if s != roles["parity"][0])
+    agent = bed.state.processes[f"agent-{frozen}"]
+    # One query at a time, each after the last one's group timed out (3 s here): a query the
+    # frozen instance holds is alone in its group, and is rebuilt only through a filled group
+    # (without one it would wait for the group timeout and a resend). The server is frozen
+    # only while a query is out, so that the controller does not declare it failed.
+    rebuilt = None
+    for _ in range(6):
+        time.sleep(3.2)
+        image, _label = samples.next()
+        signal_group(agent, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            reply = infer(gateway, image, app_id)
+            took_s = time.monotonic() - started
+        finally:
+            signal_group(agent, signal.SIGCONT)
+        assert reply.status_code == 200, reply.text
+        if reply.headers.get("understudy-answer") == "reconstructed":
+            rebuilt = (reply, took_s)
+            break
+    assert rebuilt is not None, "no query was held by the frozen instance"
+    reply, took_s = rebuilt
+    assert took_s < 1.5, f"rebuilt after {took_s:.2f} s: it waited for its group"
+    assert reply.json()["outputs"][0]["shape"] == [1, 10]
+    assert gateway.total("understudy_gateway_coding_groups_total",
+                         f'app_id="{app_id}",outcome="filled"') > filled_before
