@@ -295,13 +295,19 @@ class BatchPolicy:
             *(self._send_group(g) for g in groups(
                 members, self.settings.max_batch, lambda m: self.place(m.request.app_id))))
         latency = self.clock() - started
-        execs: dict[Hashable, float] = {}
-        for found in results:
-            execs.update(found)
         if not self.warm:
+            execs: dict[Hashable, float] = {}
+            for found in results:
+                execs.update(found)
             await self._warmup(members[0], latency, execs.get(members[0].key))
             return
-        self._learn(tuple(batch), started, latency, execs)
+        assert self.profile is not None  # noqa: S101 - warm
+        solo: dict[Hashable, float] = {}
+        for found in results:  # one Triton request each: its own batch
+            keys = list(found)
+            solo.update(zip(keys, self.profile.law.solo_times([found[k] for k in keys]),
+                            strict=True))
+        self._learn(tuple(batch), started, latency, solo)
 
     async def _send_group(self, group: list[Member]) -> dict[Hashable, float]:
         """Send one Triton request of a batch; answer its members; their execution times."""
@@ -405,16 +411,17 @@ class BatchPolicy:
                     law.overhead_s * 1000, len(pending))
 
     def _learn(self, batch: tuple[QueuedRequest, ...], started: float, latency: float,
-               execs: dict[Hashable, float]) -> None:
-        """Report a finished batch to the scheduler and the window of solo times."""
+               solo: dict[Hashable, float]) -> None:
+        """Report a finished batch to the scheduler and the window of solo times.
+
+        ``solo``: the members' solo times from their reported ones (``BatchLaw.solo_times``:
+        a reported time runs from the batch's start to the row's exit, slowed by the rows
+        beside it); empty for a static model, whose batch time stands in.
+        """
         assert self.profile is not None  # noqa: S101 - warm
         law = self.profile.law
-        scale = law.scale(len(batch))
-        # a reported time runs from the batch's start to the row's exit, slowed by the rows
-        # beside it: the law's scale takes that back out
-        solo = {key: seconds / scale for key, seconds in execs.items()}
         if not solo and batch:  # a static model: the batch's time, per request alone
-            solo[batch[0].key] = max(0.0, latency - law.overhead_s) / scale
+            solo = {batch[0].key: max(0.0, latency - law.overhead_s) / law.scale(len(batch))}
         app_of = {request.key: request.app for request in batch}
         for key, seconds in solo.items():
             self._window(app_of[key]).append(seconds)
