@@ -29,12 +29,10 @@ import math
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scheduling.distribution import Distribution, compacting_batch_time, expected_max_of
 from scheduling.hull import UpperHull
+from scheduling.orloj_config import OrlojConfig
 from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedRequest
@@ -48,50 +46,6 @@ URGENT_COUNT = 4
 """How many of the highest priorities overall a batch is checked against (``_lost``)."""
 HARMLESS_LOSS = 0.1
 """Expected finishes below which a batch costs the requests it leaves out nothing."""
-
-
-class OrlojConfig(BaseModel):
-    """Orloj's knobs (times in seconds)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    delay_s: float | None = Field(default=None, gt=0)
-    """The anticipated delay ``a`` of eq. 2; None: ``delay_p99`` × p99 solo execution time."""
-    delay_p99: float = Field(default=1.0, gt=0)
-    penalty: float = Field(default=1.0, gt=0)
-    """Cost of a missed deadline (the same for every request: maximise the finish rate)."""
-    bins: int = Field(default=16, ge=1, le=256)
-    """Histogram bins of eq. 2."""
-    min_probability: float = Field(default=0.0, ge=0, lt=1)
-    """A request leaves size ``n``'s queue once P(batch of n meets its deadline) < this; 0:
-    once it is nil (the paper)."""
-    request_aware: bool = False
-    """Estimate a request's batch latency with its own app's distribution for itself and the
-    mixture for the others (ours), instead of the mixture for all (§4.3)."""
-    selection: Literal["earliest-deadline", "goodput"] = "earliest-deadline"
-    """``goodput`` (ours): of the ready sizes' candidate batches, the one with the most expected
-    on-time finishes per second of worker time; with ``request_aware`` and several apps, a
-    size's candidates are its top ``n`` and, per app, that app's top ``n`` among the
-    ``APP_DEPTH * n`` highest priorities (a batch of short requests only runs short); then,
-    when the best batch would cost one of the most urgent requests left out its chance of
-    finishing, the best batch costing none goes first if the best one's requests can still
-    finish after it (short requests do not starve long ones while they can wait)."""
-    partial_batches: bool = False
-    """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
-    more than the next smaller size (ours: the batch runs at the size it has); False: only
-    full queues are ready."""
-    refresh_every: int = Field(default=512, ge=1)
-    """Profiler measurements between two profile refreshes."""
-    rebase_after: float = Field(default=500.0, gt=0, le=700)
-    """Move the reference time once (now - t0) / a exceeds this (e^700 is near float max)."""
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _sizes(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        if not sizes or min(sizes) < 1 or 1 not in sizes:
-            raise ValueError("batch sizes are positive and include 1")
-        return tuple(sorted(set(sizes)))
 
 
 @dataclass(slots=True)

@@ -13,7 +13,8 @@ import numpy as np
 
 from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher
 from scheduling.distribution import Distribution
-from scheduling.orloj import Orloj, OrlojConfig
+from scheduling.orloj import Orloj
+from scheduling.orloj_config import OrlojConfig
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import BatchLaw, BatchScheduler
 

@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from scheduling.distribution import Distribution
-from scheduling.orloj import Orloj, OrlojConfig
+from scheduling.orloj import Orloj
+from scheduling.orloj_config import OrlojConfig
 from scheduling.profile import ModelProfile
 from scheduling.types import UNREACHABLE, BatchDone, BatchLaw, QueuedRequest
 
