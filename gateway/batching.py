@@ -36,7 +36,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gateway.batch_wire import (
@@ -84,6 +84,10 @@ logger = logging.getLogger(__name__)
 WARMUP_REQUESTS = 24
 """Requests sent alone (each with a probe) before the app's scheduler takes over."""
 SOLO_WINDOW = 2048
+OVERHEAD_WINDOW = 512
+"""A dynamic model's latest batch overheads (latency beyond the longest row's own time)."""
+MIN_OVERHEADS = 32
+"""Batch overheads needed before they replace the warm-up's (at a re-plan)."""
 FALLBACK_WAKE_S = 0.005
 """With requests waiting, no batch and no wake-up time: look again after this long."""
 PROBE_DEADLINE_S = 2.0
@@ -149,6 +153,8 @@ class BatchPolicy:
         self.slo_s = 0.0
         self.profile: ModelProfile | None = None
         self.solo: dict[str, deque[float]] = {}
+        self.overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
+        """A dynamic model's batches: latency beyond the longest reported row time."""
         """Per app: the window of solo execution times its profile is built from."""
         self.arrivals: deque[str] = deque(maxlen=SOLO_WINDOW)
         """The apps of the latest requests (the weights of the model's mixture)."""
@@ -307,6 +313,8 @@ class BatchPolicy:
             keys = list(found)
             solo.update(zip(keys, self.profile.law.solo_times([found[k] for k in keys]),
                             strict=True))
+            if found:  # what the batch took beyond its longest row: the live overhead
+                self.overheads.append(max(0.0, latency - max(found.values())))
         self._learn(tuple(batch), started, latency, solo)
 
     async def _send_group(self, group: list[Member]) -> dict[Hashable, float]:
@@ -429,7 +437,9 @@ class BatchPolicy:
         self.scheduler.completed(BatchDone(batch, started, latency, solo))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
-            self.profile = self._profile(self.profile.law, self.profile.per_batch)
+            if len(self.overheads) >= MIN_OVERHEADS:  # the warm-up's overhead, kept up to date
+                law = replace(law, overhead_s=statistics.median(self.overheads))
+            self.profile = self._profile(law, self.profile.per_batch)
             self.slo_s = self._queue_slo_s()
             replan(self.scheduler, self.profile, self.slo_s, self.settings.max_batch)
 

@@ -15,6 +15,11 @@ From them, :meth:`Calibration.profile` gives:
   rows' times is *compacting*: the early-exit runtime runs each stage on the rows still
   inside, so a batch takes its longest row plus the slope times the others' own times.
 
+After the warm-up the overhead of a model that reports its rows' times is kept up to date too:
+at each re-plan, the median over its latest batches of what a batch took beyond its longest
+row's reported time (the warm-up's requests alone, interleaved with probes, measure it under
+other conditions than the live batches).
+
 After the warm-up the solo times keep coming from the batches the scheduler sends (the reported
 times, taken back to solo times by ``BatchLaw.solo_times``, or a static model's batch time
 divided by the law's scale), in a sliding window: Orloj rebuilds its
@@ -184,8 +189,14 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
 
 def replan(scheduler: BatchScheduler, profile: ModelProfile, slo_s: float,
            max_batch: int) -> None:
-    """Give a fixed-profile baseline the window's numbers (Orloj refreshes on its own)."""
-    if isinstance(scheduler, NexusLike):
+    """Give a fixed-profile baseline the window's numbers, and Orloj the window's batch law.
+
+    Orloj refreshes its distributions on its own; its next refresh takes the law (the live
+    overhead) given here.
+    """
+    if isinstance(scheduler, Orloj):
+        scheduler.profiler.law = profile.law
+    elif isinstance(scheduler, NexusLike):
         scheduler.law, scheduler.solo_s = profile.law, profile.mix.mean()
         scheduler.batch_size = plan_batch(profile.law, scheduler.solo_s, slo_s, max_batch)
     elif isinstance(scheduler, ClockworkLike):
