@@ -552,7 +552,7 @@ Workloads: `static` (`digits_cnn`) and `dynamic` (`digits_ee`), one app per (sch
 sending any held-out digit; `shared` (`digits_ee`), two apps per (scheduler, SLO) sharing one
 queue (`--model-queue`, Orloj's per-model queue): `easy` sends the digits that leave at the
 first exit, `hard` those that run to the last (asked of the model first), half the arrivals
-each. First, in the same run, each workload's p99 execution time: 300 requests one at a time
+each. First, in the same run, each workload's p99 execution time: 2,000 requests one at a time
 through the gateway without a scheduler (client-observed: transfer, gateway and model), and
 the median time of a request of 8 rows, whose inverse times 8 is the capacity. Then, per
 workload, SLO (1, 1.5, 2, 3, 5 x that p99) and scheduler (Orloj as the simulator's "ours";

@@ -24,7 +24,7 @@ Workloads (``--workloads``, all by default):
   ``exit_index`` first), each app half the arrivals. Apps of different lengths behind one
   model, the setting of Orloj's per-model queue (§3.2) and of the simulator's cases.
 
-1. **Execution time** (the same run, before anything else): per workload, 300 requests one at
+1. **Execution time** (the same run, before anything else): per workload, 2,000 requests one at
    a time through the gateway without a scheduler (a shared workload's classes in turn); their
    p99 latency is the "p99 execution time" the SLOs are multiples of (what one request takes
    on this path: transfer, the gateway, the model), and the median latency of a request of 8
@@ -98,7 +98,7 @@ DYNAMIC = ServedModel("digits_ee", "digits_ee", "dynamic__digits_ee")
 TIGHT_MAX = 2.0
 MAX_BATCH = 8
 WARMUP_REQUESTS = 60
-MEASURE_REQUESTS = 300
+MEASURE_REQUESTS = 2000
 TIMEOUT_HEADER = "understudy-timeout-ms"
 
 

@@ -58,7 +58,8 @@ at the highest rate; ``p999_reduction_pct`` = 100 (1 - ParM p99.9 / ER p99.9) an
 median over the repeats. ``by_background`` has both medians at every rate, ``by_repeat`` every
 repeat's, ``by_rate`` the first repeat's full rows; ``failure`` has
 ``unanswered_during_failure``. What coding cost over the sweeps: ``parity_queries_per_query``
-(parity queries sent per ParM query; 1/k with every group filled by arrivals alone) and
+(parity queries sent per measured ParM query; the warm-up second of each slice sends parity
+queries too, so about 1/k with every group filled by arrivals alone) and
 ``coding_groups`` by outcome (``filled``: sent with stand-ins for a late query).
 """
 

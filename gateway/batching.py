@@ -36,7 +36,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.batch_wire import (
@@ -84,10 +84,6 @@ logger = logging.getLogger(__name__)
 WARMUP_REQUESTS = 24
 """Requests sent alone (each with a probe) before the app's scheduler takes over."""
 SOLO_WINDOW = 2048
-OVERHEAD_WINDOW = 512
-"""A dynamic model's latest batch overheads (latency beyond the longest row's own time)."""
-MIN_OVERHEADS = 32
-"""Batch overheads needed before they replace the warm-up's (at a re-plan)."""
 FALLBACK_WAKE_S = 0.005
 """With requests waiting, no batch and no wake-up time: look again after this long."""
 PROBE_DEADLINE_S = 2.0
@@ -153,8 +149,6 @@ class BatchPolicy:
         self.slo_s = 0.0
         self.profile: ModelProfile | None = None
         self.solo: dict[str, deque[float]] = {}
-        self.overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
-        """A dynamic model's batches: latency beyond the longest reported row time."""
         """Per app: the window of solo execution times its profile is built from."""
         self.arrivals: deque[str] = deque(maxlen=SOLO_WINDOW)
         """The apps of the latest requests (the weights of the model's mixture)."""
@@ -301,21 +295,13 @@ class BatchPolicy:
             *(self._send_group(g) for g in groups(
                 members, self.settings.max_batch, lambda m: self.place(m.request.app_id))))
         latency = self.clock() - started
+        execs: dict[Hashable, float] = {}
+        for found in results:
+            execs.update(found)
         if not self.warm:
-            execs: dict[Hashable, float] = {}
-            for found in results:
-                execs.update(found)
             await self._warmup(members[0], latency, execs.get(members[0].key))
             return
-        assert self.profile is not None  # noqa: S101 - warm
-        solo: dict[Hashable, float] = {}
-        for found in results:  # one Triton request each: its own batch
-            keys = list(found)
-            solo.update(zip(keys, self.profile.law.solo_times([found[k] for k in keys]),
-                            strict=True))
-            if found:  # what the batch took beyond its longest row: the live overhead
-                self.overheads.append(max(0.0, latency - max(found.values())))
-        self._learn(tuple(batch), started, latency, solo)
+        self._learn(tuple(batch), started, latency, execs)
 
     async def _send_group(self, group: list[Member]) -> dict[Hashable, float]:
         """Send one Triton request of a batch; answer its members; their execution times."""
@@ -419,17 +405,16 @@ class BatchPolicy:
                     law.overhead_s * 1000, len(pending))
 
     def _learn(self, batch: tuple[QueuedRequest, ...], started: float, latency: float,
-               solo: dict[Hashable, float]) -> None:
-        """Report a finished batch to the scheduler and the window of solo times.
-
-        ``solo``: the members' solo times from their reported ones (``BatchLaw.solo_times``:
-        a reported time runs from the batch's start to the row's exit, slowed by the rows
-        beside it); empty for a static model, whose batch time stands in.
-        """
+               execs: dict[Hashable, float]) -> None:
+        """Report a finished batch to the scheduler and the window of solo times."""
         assert self.profile is not None  # noqa: S101 - warm
         law = self.profile.law
+        scale = law.scale(len(batch))
+        # a reported time runs from the batch's start to the row's exit, slowed by the rows
+        # beside it: the law's scale takes that back out
+        solo = {key: seconds / scale for key, seconds in execs.items()}
         if not solo and batch:  # a static model: the batch's time, per request alone
-            solo = {batch[0].key: max(0.0, latency - law.overhead_s) / law.scale(len(batch))}
+            solo[batch[0].key] = max(0.0, latency - law.overhead_s) / scale
         app_of = {request.key: request.app for request in batch}
         for key, seconds in solo.items():
             self._window(app_of[key]).append(seconds)
@@ -437,9 +422,7 @@ class BatchPolicy:
         self.scheduler.completed(BatchDone(batch, started, latency, solo))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
-            if len(self.overheads) >= MIN_OVERHEADS:  # the warm-up's overhead, kept up to date
-                law = replace(law, overhead_s=statistics.median(self.overheads))
-            self.profile = self._profile(law, self.profile.per_batch)
+            self.profile = self._profile(self.profile.law, self.profile.per_batch)
             self.slo_s = self._queue_slo_s()
             replan(self.scheduler, self.profile, self.slo_s, self.settings.max_batch)
 

@@ -11,18 +11,10 @@ From them, :meth:`Calibration.profile` gives:
   beyond its reported execution time (transfer, encoding; 0 without reports, when it is part
   of the solo time), and ``slope`` the median over sizes of
   ``((probe(n) - overhead) / (alone - overhead) - 1) / (n - 1)`` (a probe's rows share one
-  execution time, so the ratio is batching's cost alone). The law of a model that reports its
-  rows' times is *compacting*: the early-exit runtime runs each stage on the rows still
-  inside, so a batch takes its longest row plus the slope times the others' own times.
-
-After the warm-up the overhead of a model that reports its rows' times is kept up to date too:
-at each re-plan, the median over its latest batches of what a batch took beyond its longest
-row's reported time (the warm-up's requests alone, interleaved with probes, measure it under
-other conditions than the live batches).
+  execution time, so the ratio is batching's cost alone).
 
 After the warm-up the solo times keep coming from the batches the scheduler sends (the reported
-times, taken back to solo times by ``BatchLaw.solo_times``, or a static model's batch time
-divided by the law's scale), in a sliding window: Orloj rebuilds its
+times, or a batch's time divided by the law's scale), in a sliding window: Orloj rebuilds its
 distribution from it (§3.2), and the fixed-profile baselines are re-planned from the same window
 (Nexus's mean, Clockwork's p99), so none plans with staler numbers than the others.
 """
@@ -108,14 +100,8 @@ class Calibration:
         return min(MAX_SLOPE, max(0.0, statistics.median(slopes))) if slopes else 0.0
 
     def law(self) -> BatchLaw:
-        """The batch law; compacting for a model that reports each row's own time.
-
-        Such a model is served by the early-exit runtime (``model_repo.early_exit``), which
-        runs each stage on the rows still inside: a row that left costs the batch nothing more.
-        """
         overhead = self.overhead_s()
-        return BatchLaw(slope=self.slope(overhead), overhead_s=overhead,
-                        compacting=not self.static())
+        return BatchLaw(slope=self.slope(overhead), overhead_s=overhead)
 
     def static(self) -> bool:
         """Whether the model reported no execution times of its own (a static model).
@@ -189,14 +175,8 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
 
 def replan(scheduler: BatchScheduler, profile: ModelProfile, slo_s: float,
            max_batch: int) -> None:
-    """Give a fixed-profile baseline the window's numbers, and Orloj the window's batch law.
-
-    Orloj refreshes its distributions on its own; its next refresh takes the law (the live
-    overhead) given here.
-    """
-    if isinstance(scheduler, Orloj):
-        scheduler.profiler.law = profile.law
-    elif isinstance(scheduler, NexusLike):
+    """Give a fixed-profile baseline the window's numbers (Orloj refreshes on its own)."""
+    if isinstance(scheduler, NexusLike):
         scheduler.law, scheduler.solo_s = profile.law, profile.mix.mean()
         scheduler.batch_size = plan_batch(profile.law, scheduler.solo_s, slo_s, max_batch)
     elif isinstance(scheduler, ClockworkLike):

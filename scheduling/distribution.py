@@ -176,32 +176,6 @@ class Distribution:
         power = np.where(flat, a ** n, (b ** (n + 1) - a ** (n + 1)) / ((n + 1) * safe))
         return float(self.xs[0] + np.sum(dx * (1.0 - power)))
 
-    def conditional_moments(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """E[X | X <= x] and Var[X | X <= x] at each of ``points`` (x and 0 where P(X <= x) = 0).
-
-        Exact for the piecewise-linear CDF: each segment is uniform, an atom a point.
-        """
-        x0s, x1s = self.xs[:-1], self.xs[1:]
-        p = np.diff(self.cs)
-        first = np.concatenate([[0.0], np.cumsum(p * (x0s + x1s) / 2.0)])
-        second = np.concatenate([[0.0], np.cumsum(p * (x0s ** 2 + x0s * x1s + x1s ** 2) / 3.0)])
-        k = np.searchsorted(self.xs, points, side="right")
-        j = np.clip(k - 1, 0, self.xs.size - 2)
-        x0, x1 = self.xs[j], self.xs[j + 1]
-        top = np.clip(points, x0, x1)
-        share = np.where(x1 > x0, (top - x0) / np.where(x1 > x0, x1 - x0, 1.0), 1.0) * p[j]
-        m1 = np.where(k == 0, 0.0, np.where(k >= self.xs.size, first[-1],
-                                            first[j] + share * (x0 + top) / 2.0))
-        m2 = np.where(k == 0, 0.0, np.where(k >= self.xs.size, second[-1],
-                                            second[j] + share * (x0 ** 2 + x0 * top + top ** 2)
-                                            / 3.0))
-        mass = self.cdfs(points)
-        some = mass > _EPS
-        safe = np.where(some, mass, 1.0)
-        mean = np.where(some, m1 / safe, points)
-        var = np.where(some, np.maximum(m2 / safe - mean ** 2, 0.0), 0.0)
-        return np.asarray(mean), np.asarray(var)
-
     def segments(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         """(lo, hi, probability) of each segment with mass (atoms have lo == hi)."""
         p = np.diff(self.cs)
@@ -342,70 +316,6 @@ def max_of(dists: Sequence[Distribution], counts: Sequence[int],
     """
     points, left, right = _max_limits(dists, counts, refine)
     return _combine(points, left, right)
-
-
-COMPACTING_GRID = 97
-"""Points at which a compacting batch's CDF is evaluated."""
-
-
-def compacting_batch_time(dists: Sequence[Distribution], counts: Sequence[int], slope: float,
-                          refine: int = 1) -> Distribution:
-    """The execution time of a batch whose rows leave as they finish (``BatchLaw.compacting``).
-
-    ``counts[i]`` members drawn from ``dists[i]``; the batch takes its longest member's time
-    ``M`` plus ``slope`` times the others' own times ``S``. ``M`` has the distribution of the
-    maximum (eq. 6-8); given ``M = m`` the others are draws below ``m``: every member's
-    conditional moments below ``m``, less those of the member that is the maximum (each
-    distribution weighed by its share of the maximum's mass there), and ``S`` normal with
-    that mean and variance. The batch's CDF is that mixture over ``m``, on a grid.
-    """
-    used = [(d, c) for d, c in zip(dists, counts, strict=True) if c > 0]
-    if not used:
-        raise ValueError("one count per distribution, at least one draw")
-    n = sum(c for _, c in used)
-    if n <= 1 or slope <= 0:
-        return max_of(dists, counts, refine)
-    points = _knot_points([d for d, _ in used], refine)
-    lefts = [d.cdfs(points, left=True) for d, _ in used]
-    rights = [d.cdfs(points) for d, _ in used]
-    left = np.prod([f ** c for f, (_, c) in zip(lefts, used, strict=True)], axis=0)
-    right = np.prod([f ** c for f, (_, c) in zip(rights, used, strict=True)], axis=0)
-    # the maximum's mass: each gap between points (at its middle), and each atom; and the
-    # share of it each distribution's members make (their part of the rise of log F_max)
-    where = np.concatenate([(points[:-1] + points[1:]) / 2.0, points])
-    mass = np.concatenate([left[1:] - right[:-1], right - left])
-    rises = [c * np.concatenate([_log(fl[1:]) - _log(fr[:-1]), _log(fr) - _log(fl)])
-             for fl, fr, (_, c) in zip(lefts, rights, used, strict=True)]
-    keep = mass > _EPS
-    where, mass = where[keep], mass[keep] / max(float(mass[keep].sum()), _EPS)
-    total_rise = np.maximum(np.sum([r[keep] for r in rises], axis=0), _EPS)
-    mean = np.zeros(where.size)
-    var = np.zeros(where.size)
-    for (d, c), rise in zip(used, rises, strict=True):
-        m, v = d.conditional_moments(where)
-        share = np.maximum(rise[keep], 0.0) / total_rise  # P(the maximum is one of these)
-        mean += (c - share) * m
-        var += (c - share) * v
-    center = where + slope * mean
-    spread = slope * np.sqrt(np.maximum(var, 0.0))
-    lo = max(0.0, float(np.min(center - 4.0 * spread)))
-    hi = float(np.max(center + 4.0 * spread))
-    if hi - lo <= 1e-12:
-        return Distribution.point(hi)
-    grid = np.linspace(lo, hi, COMPACTING_GRID)
-    z = (grid[:, None] - center[None, :]) / np.where(spread > 1e-12, spread, 1.0)[None, :]
-    below = np.where(spread[None, :] > 1e-12, _normal_cdf(z),
-                     (grid[:, None] >= center[None, :]).astype(float))
-    return Distribution.from_knots(grid, below @ mass)
-
-
-def _log(values: FloatArray) -> FloatArray:
-    return np.asarray(np.log(np.maximum(values, 1e-12)))
-
-
-def _normal_cdf(z: FloatArray) -> FloatArray:
-    """Φ(z), within about 2e-4 (a tanh form: numpy has no erf, and this core needs no scipy)."""
-    return np.asarray(0.5 * (1.0 + np.tanh(0.7978845608 * (z + 0.044715 * z ** 3))))
 
 
 def expected_max_of(dists: Sequence[Distribution], counts: Sequence[int],

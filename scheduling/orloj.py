@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from scheduling.distribution import Distribution, compacting_batch_time, expected_max_of
+from scheduling.distribution import Distribution, expected_max_of
 from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
 from scheduling.priority import DEAD, Curve
@@ -110,7 +110,6 @@ class Orloj:
             self.delay_s = 1e-3
         self._curves: dict[tuple[str | None, int], Curve] = {}
         self._compositions: dict[tuple[tuple[str, int], ...], float] = {}
-        self._latencies: dict[tuple[tuple[str, int], ...], Distribution] = {}
         self._mixes: dict[int, Distribution] = {}
 
     def curve(self, app: str | None, n: int) -> Curve:
@@ -262,7 +261,7 @@ class Orloj:
         """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
             best: _Candidate | None = None
-            harmless: list[_Candidate] = []
+            harmless: _Candidate | None = None
             urgent = self._urgent(now_s)
             for queue in ready:
                 for keys in self._candidates(queue, now_s):
@@ -271,19 +270,16 @@ class Orloj:
                     entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected)
                     if best is None or entry[:2] > best[:2]:
                         best = entry
-                    if urgent and self._lost(keys, urgent, expected, now_s) <= HARMLESS_LOSS:
-                        harmless.append(entry)
+                    if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
+                            self._lost(keys, urgent, expected, now_s) <= HARMLESS_LOSS:
+                        harmless = entry
             assert best is not None  # ready is not empty
-            if harmless and self._lost(best[3], urgent, best[4], now_s) > HARMLESS_LOSS:
-                # the best batch would cost an urgent request its chance: a batch that costs
-                # nobody theirs goes first if it, then what is left of the best, finishes more
-                best_first = self._best_first(best, urgent, now_s)
-                values = [(self._harmless_first(h, best, urgent, now_s), h[:2], index)
-                          for index, h in enumerate(harmless) if h is not best]
-                if values:
-                    value, _, index = max(values)
-                    if value > best_first + HARMLESS_LOSS:
-                        best = harmless[index]
+            if harmless is not None and harmless is not best and self._lost(
+                    best[3], urgent, best[4], now_s) > HARMLESS_LOSS and self._waits(
+                    best[3], harmless[4], now_s):
+                # the best batch would cost an urgent request its chance, and it can still
+                # finish as well after one that costs nobody theirs: that one first
+                best = harmless
             return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
         queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
@@ -351,35 +347,10 @@ class Orloj:
             lost += now - after
         return lost
 
-    def _best_first(self, best: _Candidate, urgent: list[Hashable], now_s: float) -> float:
-        """Finishes of ``best`` first, then of each urgent request it leaves out, sent alone."""
-        keys = set(best[3])
-        return self._on_time(best[3], now_s)[0] + sum(
-            self._chance_alone(key, now_s + best[4]) for key in urgent if key not in keys)
-
-    def _harmless_first(self, harmless: _Candidate, best: _Candidate, urgent: list[Hashable],
-                        now_s: float) -> float:
-        """Finishes of ``harmless`` first, then of the rest of ``best``, then of the others.
-
-        The rest of ``best`` (its requests ``harmless`` does not hold) as one batch right after
-        ``harmless``; the urgent requests neither holds each alone after those.
-        """
-        best_keys, harmless_keys = set(best[3]), set(harmless[3])
-        rest = [key for key in best[3] if key not in harmless_keys]
-        after_s = harmless[4]
-        finishes = self._on_time(harmless[3], now_s)[0]
-        if rest:
-            later, took_s = self._on_time(rest, now_s + after_s)
-            finishes += later
-            after_s += took_s
-        return finishes + sum(self._chance_alone(key, now_s + after_s) for key in urgent
-                              if key not in best_keys and key not in harmless_keys)
-
-    def _chance_alone(self, key: Hashable, at_s: float) -> float:
-        """The chance ``key`` has of finishing if sent alone at ``at_s``."""
-        request = self._requests[key]
-        slack = request.deadline_s - at_s - self.profile.law.overhead_s
-        return self.profile.solo(request.app).cdf_list([slack])[0]
+    def _waits(self, keys: list[Hashable], wait_s: float, now_s: float) -> bool:
+        """Whether the batch ``keys`` sent ``wait_s`` later finishes about as many on time."""
+        return (self._on_time(keys, now_s)[0] - self._on_time(keys, now_s + wait_s)[0]
+                <= HARMLESS_LOSS)
 
     def _top(self, queue: _SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
         """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``.
@@ -406,9 +377,8 @@ class Orloj:
         """(expected on-time finishes, expected latency) of a batch sent at ``now_s``.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
-        the known composition: P(on time) = Π F_app((slack - overhead) / scale); under a
-        compacting law, ``compacting_batch_time`` of the composition); otherwise, or for a
-        static model (one draw per batch), the size's mixture estimate.
+        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise,
+        or for a static model (one draw per batch), the size's mixture estimate.
         """
         requests = [self._requests[key] for key in keys]
         if not self.config.request_aware or self.profile.per_batch:
@@ -416,13 +386,9 @@ class Orloj:
             expected = latency.mean()
             return sum(latency.cdf_list([r.deadline_s - now_s for r in requests])), expected
         law = self.profile.law
-        counts = Counter(r.app for r in requests)
-        if law.compacting:
-            latency = self._composed(tuple(sorted(counts.items())))
-            return sum(latency.cdf_list([r.deadline_s - now_s for r in requests])), \
-                latency.mean()
         scale = law.scale(len(requests))
         longest = [(r.deadline_s - now_s - law.overhead_s) / scale for r in requests]
+        counts = Counter(r.app for r in requests)
         chance = [1.0] * len(requests)
         for app, count in counts.items():
             found = self.profile.solo(app).cdf_list(longest)
@@ -448,19 +414,6 @@ class Orloj:
                 self._compositions.clear()
             self._compositions[counts] = expected
         return expected
-
-    def _composed(self, counts: tuple[tuple[str, int], ...]) -> Distribution:
-        """Latency of a batch with ``counts`` requests per app under a compacting law, cached."""
-        latency = self._latencies.get(counts)
-        if latency is None:
-            law = self.profile.law
-            latency = compacting_batch_time([self.profile.solo(a) for a, _ in counts],
-                                            [c for _, c in counts], law.slope
-                                            ).affine(1.0, law.overhead_s)
-            if len(self._latencies) >= 4096:
-                self._latencies.clear()
-            self._latencies[counts] = latency
-        return latency
 
     def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
         batch = []

@@ -32,9 +32,8 @@ class OrlojConfig(BaseModel):
     size's candidates are its top ``n`` and, per app, that app's top ``n`` among the
     ``APP_DEPTH * n`` highest priorities (a batch of short requests only runs short); then,
     when the best batch would cost one of the most urgent requests left out its chance of
-    finishing, a batch costing none goes first if it, then the rest of the best one, finishes
-    more than the best one, then the urgent requests alone (two batches ahead: short requests
-    do not starve long ones while they can wait)."""
+    finishing, the best batch costing none goes first if the best one's requests can still
+    finish after it (short requests do not starve long ones while they can wait)."""
     partial_batches: bool = False
     """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
     more than the next smaller size (ours: the batch runs at the size it has); False: only

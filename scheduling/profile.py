@@ -16,10 +16,7 @@ freezes the windows into a :class:`ModelProfile`, which the scheduler uses until
 * once ``min_batch_observations`` batches of size ``n`` were measured, the measured latencies of
   that size instead of the estimate (the paper's mixture case only; those batches mix apps);
 * for a static model (``per_batch``), one draw scaled by the law: its solo times vary with the
-  machine, not with the request, so a batch's members do not each draw their own;
-* with a compacting law (``BatchLaw.compacting``: rows leave the batch as they exit), the
-  longest member's time plus the slope times the others' own
-  (``scheduling.distribution.compacting_batch_time``), not every member padded to the longest.
+  machine, not with the request, so a batch's members do not each draw their own.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from scheduling.distribution import Distribution, compacting_batch_time, max_of, mixture
+from scheduling.distribution import Distribution, max_of, mixture
 from scheduling.types import BatchLaw
 
 
@@ -78,13 +75,12 @@ class ModelProfile:
         if app is None and n in self.measured:
             return self.measured[n]
         if self.per_batch:
-            return self.solo(app).affine(self.law.scale(n), self.law.overhead_s)
-        dists, counts = (([self.solo(app)], [n]) if app is None or n == 1
-                         else ([self.solo(app), self.mix], [1, n - 1]))
-        if self.law.compacting:
-            return compacting_batch_time(dists, counts, self.law.slope).affine(
-                1.0, self.law.overhead_s)
-        return max_of(dists, counts).affine(self.law.scale(n), self.law.overhead_s)
+            longest = self.solo(app)
+        elif app is None or n == 1:
+            longest = max_of([self.solo(app)], [n])
+        else:
+            longest = max_of([self.solo(app), self.mix], [1, n - 1])
+        return longest.affine(self.law.scale(n), self.law.overhead_s)
 
 
 class Profiler:

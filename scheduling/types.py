@@ -9,7 +9,7 @@ argument, and a :class:`Decision` with no batch says when to ask again (``wake_a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -93,17 +93,10 @@ class BatchLaw:
 
     ``latency = overhead_s + m · (1 + slope · (n - 1))``: requests are padded to the longest, and
     each extra request adds ``slope`` of that time (0: batching is free; 1: no gain).
-
-    ``compacting``: rows leave the batch as they finish (an early-exit runtime drops the rows
-    that exited before running the next stage), so each extra request adds ``slope`` of *its
-    own* solo time, not the longest's: ``latency = overhead_s + m + slope · Σ others`` (the
-    same as above when all members take as long, as a static model's do). The paper's law
-    pads every request to the longest.
     """
 
     slope: float = 0.0
     overhead_s: float = 0.0
-    compacting: bool = False
 
     def __post_init__(self) -> None:
         if self.slope < 0 or self.overhead_s < 0:
@@ -113,27 +106,4 @@ class BatchLaw:
         return 1.0 + self.slope * (n - 1)
 
     def latency(self, n: int, longest_s: float) -> float:
-        """A batch of ``n`` whose members all take ``longest_s`` alone (an upper bound)."""
         return self.overhead_s + longest_s * self.scale(n)
-
-    def solo_times(self, execs: Sequence[float]) -> list[float]:
-        """Each member's solo time from its time in the batch, in the same order.
-
-        A member's time in the batch runs from the batch's start to its exit (what a dynamic
-        model reports). Padded, it is the solo time times the batch's scale. Compacting, the
-        batch runs with fewer rows after each exit: between two successive exits the ``m``
-        rows still inside go ``scale(m)`` times slower than alone, and a member's solo time is
-        the sum of those stretches, each divided by its own scale.
-        """
-        n = len(execs)
-        if not self.compacting or n <= 1:
-            return [seconds / self.scale(n) for seconds in execs]
-        order = sorted(range(n), key=lambda i: execs[i])
-        solo = [0.0] * n
-        elapsed = done = 0.0
-        for rank, index in enumerate(order):
-            stretch = max(0.0, execs[index] - elapsed)
-            done += stretch / self.scale(n - rank)
-            elapsed = max(elapsed, execs[index])
-            solo[index] = done
-        return solo

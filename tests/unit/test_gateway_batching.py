@@ -20,14 +20,7 @@ from pydantic import ValidationError
 from gateway.batch_wire import groups, read_member
 from gateway.batching import BatchPolicy, BatchSettings
 from gateway.board import RouteBoard
-from gateway.calibration import (
-    SCHEDULERS,
-    Calibration,
-    batch_sizes,
-    make_scheduler,
-    profile_of,
-    replan,
-)
+from gateway.calibration import SCHEDULERS, Calibration, batch_sizes
 from gateway.config import GatewayConfig
 from gateway.errors import DroppedError, GatewayError
 from gateway.exchange import Answer, Dispatcher, InferRequest
@@ -184,16 +177,12 @@ def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
         assert p.slo_s == pytest.approx(5.0, abs=0.1)
         # the fake's own law: the warm-up's estimate of it moves with the machine's load
         assert p.profile is not None
-        # and an overhead far off what the live batches take beyond their rows' own times
-        p.profile = dataclasses.replace(p.profile, law=BatchLaw(
-            slope=model.slope, overhead_s=0.05, compacting=True))
+        p.profile = dataclasses.replace(p.profile, law=BatchLaw(slope=model.slope))
         model.exec_s = lambda x: 0.006
         for _ in range(9):
             await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(30)))
         assert max(p.solo[APP]) == pytest.approx(0.006, rel=0.3)  # in-batch times scaled back
         assert isinstance(p.scheduler, NexusLike) and p.scheduler.solo_s > 0.003  # re-planned
-        assert p.profile.law.overhead_s < 0.01  # the live overhead replaced the wrong one
-        assert p.scheduler.law.overhead_s == p.profile.law.overhead_s
 
     run(scenario)
 
@@ -376,17 +365,9 @@ def test_the_calibration_reads_overhead_and_slope() -> None:
     assert law.overhead_s == pytest.approx(0.002)
     assert law.slope == pytest.approx(0.25)
     assert c.solo() == [0.010, 0.011, 0.010]
-    assert law.compacting  # its rows report their own times: the early-exit runtime's law
     static = Calibration(alone=[0.01, 0.01], probes={2: [(0.015, 0.01)]})
     assert static.law().overhead_s == 0.0 and static.law().slope == pytest.approx(0.5)
-    assert static.solo() == [0.01, 0.01] and not static.law().compacting
-    # a re-plan hands Orloj the window's law (its next refresh plans with the live overhead)
-    profile = profile_of({APP: c.solo()}, law)
-    orloj = make_scheduler("orloj", profile, 0.05, 8)
-    assert isinstance(orloj, Orloj)
-    live = dataclasses.replace(profile, law=dataclasses.replace(law, overhead_s=0.001))
-    replan(orloj, live, 0.05, 8)
-    assert orloj.profiler.law.overhead_s == 0.001
+    assert static.solo() == [0.01, 0.01]
 
 
 def test_latencies_are_measured_finer_than_uvloops_millisecond_loop_clock() -> None:

@@ -5,14 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduling.distribution import (
-    Distribution,
-    compacting_batch_time,
-    expected_max_of,
-    max_of,
-    mixture,
-)
-from scheduling.types import BatchLaw
+from scheduling.distribution import Distribution, expected_max_of, max_of, mixture
 
 
 def bimodal(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -53,65 +46,6 @@ def test_max_of_different_distributions_matches_monte_carlo() -> None:
     for q in (0.25, 0.5, 0.9):
         assert batch.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.03)
     assert batch.cdf(float(np.median(draws))) == pytest.approx(0.5, abs=0.02)
-
-
-def test_conditional_moments_match_monte_carlo(population: np.ndarray) -> None:
-    empirical = Distribution.from_samples(population[:20_000])
-    points = np.array([5e-3, 12e-3, 31e-3, 50e-3])  # not in the gap: a segment spans it
-    means, variances = empirical.conditional_moments(points)
-    for x, mean, var in zip(points[1:], means[1:], variances[1:], strict=True):
-        below = population[population <= x]
-        assert mean == pytest.approx(below.mean(), rel=0.02)
-        assert var == pytest.approx(below.var(), rel=0.1)
-    assert means[0] == pytest.approx(5e-3) and variances[0] == 0.0  # nothing below
-
-
-def compacting_times(solo: np.ndarray, slope: float) -> np.ndarray:
-    """Each row's batch time when the rows leave as they finish (rows: batches)."""
-    ordered = np.sort(solo, axis=1)
-    n = ordered.shape[1]
-    stretches = np.diff(np.concatenate([np.zeros((len(ordered), 1)), ordered], axis=1), axis=1)
-    scales = 1.0 + slope * (n - np.arange(n) - 1)  # rows still inside during each stretch
-    return np.asarray((stretches * scales).sum(axis=1))
-
-
-@pytest.mark.parametrize(("n", "slope"), [(2, 0.5), (4, 0.3), (8, 0.53), (16, 0.2)])
-def test_a_compacting_batch_time_matches_monte_carlo(population: np.ndarray, n: int,
-                                                     slope: float) -> None:
-    rng = np.random.default_rng(n)
-    empirical = Distribution.from_samples(rng.choice(population, 20_000))
-    draws = compacting_times(rng.choice(population, size=(40_000, n)), slope)
-    batch = compacting_batch_time([empirical], [n], slope)
-    assert batch.mean() == pytest.approx(draws.mean(), rel=0.03)
-    for q in (0.1, 0.5, 0.9, 0.99):
-        assert batch.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.05)
-    padded = max_of([empirical], [n]).affine(1.0 + slope * (n - 1), 0.0)
-    assert batch.mean() < padded.mean()  # rows that left cost nothing more
-
-
-def test_a_compacting_batch_of_two_apps_matches_monte_carlo() -> None:
-    rng = np.random.default_rng(5)
-    easy, hard = rng.normal(1e-3, 0.1e-3, 100_000), rng.normal(4e-3, 0.3e-3, 100_000)
-    dists = [Distribution.from_samples(easy[:20_000]), Distribution.from_samples(hard[:20_000])]
-    solo = np.concatenate([rng.choice(easy, (40_000, 7)), rng.choice(hard, (40_000, 1))], axis=1)
-    draws = compacting_times(solo, 0.5)
-    batch = compacting_batch_time(dists, [7, 1], 0.5)
-    assert batch.mean() == pytest.approx(draws.mean(), rel=0.03)
-    assert batch.cdf(float(np.median(draws))) == pytest.approx(0.5, abs=0.08)
-    # seven easy rows and one hard: about 4 + 0.5 * 7 * 1 ms, far from 4 * (1 + 0.5 * 7)
-    assert batch.mean() == pytest.approx(7.5e-3, rel=0.05)
-
-
-def test_a_compacting_law_gives_back_each_rows_solo_time() -> None:
-    law = BatchLaw(slope=0.5, compacting=True)
-    # rows of 1, 2 and 4 ms alone: 3 rows at scale 2 for 1 ms, 2 at 1.5 for 1, 1 alone for 2
-    assert law.solo_times([2e-3, 3.5e-3, 5.5e-3]) == pytest.approx([1e-3, 2e-3, 4e-3])
-    assert law.solo_times([5.5e-3, 2e-3, 3.5e-3]) == pytest.approx([4e-3, 1e-3, 2e-3])
-    padded = BatchLaw(slope=0.5)
-    assert padded.solo_times([2e-3, 3.5e-3, 5.5e-3]) == pytest.approx([1e-3, 1.75e-3, 2.75e-3])
-    assert law.solo_times([3e-3]) == pytest.approx([3e-3])
-    same = Distribution.point(2e-3)  # rows alike: compacting and padded agree
-    assert compacting_batch_time([same], [4], 0.5).mean() == pytest.approx(2e-3 * 2.5)
 
 
 def test_a_static_model_is_a_degenerate_distribution() -> None:

@@ -220,28 +220,6 @@ def test_short_requests_do_not_starve_a_long_one_while_they_can_wait(
     assert (1 in {r.key for r in batch}) is long_goes
 
 
-@pytest.mark.parametrize("compacting", [True, False])
-def test_a_compacting_batch_is_planned_with_the_others_own_times(compacting: bool) -> None:
-    """One long request (52 ms left) and three short ones (60 ms). Padded to the longest, the
-    four together take 34 x 2.5 = 85 ms: none on time, so the long one goes alone first and
-    the short ones after it. Rows leaving as they finish, about 34 + 0.5 x 3 x 11 = 50 ms: all
-    four on time together, where the short ones first (22 ms) would leave the long one late."""
-    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
-    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
-    law = BatchLaw(slope=0.5, compacting=compacting)
-    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0}, law)
-    orloj = Orloj(profile, OURS)
-    orloj.enqueue(request(1, 0.0, 0.052, "long"), 0.0)
-    for key in range(2, 5):
-        orloj.enqueue(request(key, 0.0, 0.060, "short"), 0.0)
-    batch = orloj.next_batch(0.0)
-    if compacting:
-        assert len(batch.batch) == 4
-        assert batch.expected_latency_s == pytest.approx(0.0505, rel=0.05)
-    else:
-        assert [r.key for r in batch.batch] == [1]
-
-
 def test_choices_survive_reference_time_rebases() -> None:
     """Moving the reference time (§4.4's overflow handling) changes no decision."""
 
