@@ -472,10 +472,10 @@ ParM §6.2.1 on a live testbed on this machine (`docs/parity.md`): Redis, the co
 instances and a parity model the controller places on a server none of them uses) against
 Equal-Resources (k + 1 plain instances), both through one `understudy gateway` (coding groups
 of k queries on k separate instances, a prediction reconstructed as soon as the parity output
-and the k - 1 others are in, a group whose query is unanswered 5 ms after its send filled with
-queries answered before (`--group-fill-ms`); each query to the instance with the fewest in
-flight, an instance answered for by a reconstruction still busy until its own answer). An
-open-loop Poisson client
+and the k - 1 others are in, a group whose query is unanswered twice the median answer time
+after its send filled with queries answered before (`--group-fill-ms`); each query to the
+instance with the fewest in flight, an instance answered for by a reconstruction still busy
+until its own answer). An open-loop Poisson client
 of batch-1 digits at each rate (latency from each query's scheduled send), each system's
 seconds in slices taken in turn with the other's, under the same seeded background: by
 default `stall`, two episodes side by side, each after an exponential gap (mean 300 ms)

@@ -14,9 +14,10 @@ serves two apps of ``digits_cnn`` with the same number of servers:
 
 One ``understudy gateway`` serves both: ``parm`` in its default mode (coding groups of k, a
 prediction reconstructed as soon as the parity output and the k - 1 others are in while it is
-not, §4.1's first rule; a group one of whose queries is not answered 5 ms after its send
-filled with queries answered before, ``--group-fill-ms``), ``er`` balanced over its instances.
-Each query goes to the instance with the fewest in flight (§6.1's single queue).
+not, §4.1's first rule; a group one of whose queries is not answered twice the median answer
+time after its send filled with queries answered before, ``--group-fill-ms``), ``er`` balanced
+over its instances. Each query goes to the instance with the fewest in flight (§6.1's single
+queue).
 
 **Background load** (``bench/parm_background.py``): §6.1 slows the servers that background
 network shuffles run between, and only them ("we do not introduce computational
@@ -100,7 +101,6 @@ from deploy.parity_bed import (  # noqa: E402
 from deploy.samples import LabelledSamples  # noqa: E402
 from deploy.testbed import Testbed, wait_until  # noqa: E402
 from deploy.topology import make_topology  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
 from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
 VARIANT = "digits_cnn"
@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ParM's straggler time (the gateway's --straggler-ms; default "
                              "its own: 0, reconstruct as soon as possible)")
     parser.add_argument("--group-fill-ms", type=float, default=None,
-                        help="the gateway's --group-fill-ms (default its own, 5; 50, the group "
-                             "timeout: no group filled with stand-ins)")
+                        help="the gateway's --group-fill-ms (default its own: twice the median "
+                             "answer time; 50, the group timeout: no group filled)")
     parser.add_argument("--no-failure", action="store_true", help="skip the failure case")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3,
@@ -421,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         "k": options.k, "variant": VARIANT, "rates_rps": rates, "seconds": options.seconds,
         "slices": options.slices, "repeats": options.repeats,
         "straggler_ms": options.straggler_ms or 0.0,
-        "group_fill_ms": GatewayConfig.model_fields["group_fill_ms"].default
-        if options.group_fill_ms is None else options.group_fill_ms,
+        "group_fill_ms": "twice the median answer" if options.group_fill_ms is None
+        else options.group_fill_ms,
         "background": backgrounds[0].describe(),
         "parm": {key: _median(row["parm"][key] for row in top_rows)
                  for key in ("p50_ms", "p999_ms")},

@@ -77,10 +77,10 @@ class GatewayConfig(BaseModel):
     """Per app: the class the default response answers (default 0)."""
     group_timeout_ms: float = Field(50.0, gt=0, le=60_000)
     """A coding group not filled this long after its first query is closed unprotected."""
-    group_fill_ms: float = Field(5.0, ge=0, le=60_000)
+    group_fill_ms: float | None = Field(None, ge=0, le=60_000)
     """A query of a parity-coded app not answered this long after its send fills its open group
     with stand-ins (queries answered before) so that it can be rebuilt at once; not below
-    ``group_timeout_ms``: never."""
+    ``group_timeout_ms``: never. None: twice the median of the app's latest answer times."""
     scheduler: dict[str, SchedulerName] = Field(default_factory=dict)
     """Per app: the batch scheduler of its queue (``gateway.batching``; default ``none``)."""
     slo_ms: dict[str, float] = Field(default_factory=dict)

@@ -12,8 +12,9 @@ request:
    prediction is **unavailable**: its attempt failed (the server is down, Triton says the model
    is not there), or it is not back ``straggler_ms`` after it was sent (0, the default for
    parity models and approximate backups: as soon as the substitute is ready, ParM §4.1's first
-   rule); a parity-coded query not answered ``group_fill_ms`` after its send fills its group,
-   if still open, with stand-ins (``gateway.coding``), so that its substitute can come;
+   rule); a parity-coded query not answered ``group_fill_ms`` after its send (by default twice
+   the median of the app's latest answers), and unavailable, fills its group, if still open,
+   with stand-ins (``gateway.coding``), so that its substitute can come;
 3. failing that, is sent again to another instance, until its deadline.
 
 Modes (``--protect APP=MODE``; ``auto`` by default):
@@ -40,6 +41,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import statistics
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,6 +53,8 @@ from gateway.coding import Coder, Group
 from gateway.errors import DeadlineError, StoppingError, UnavailableError
 from gateway.exchange import Answer, InferRequest, Send, failure_of
 from gateway.protection_modes import (
+    FILL_BEFORE_ANSWERS_MS,
+    FILL_OF_MEDIAN,
     NoEvents,
     Protection,
     ProtectionEvents,
@@ -72,6 +77,11 @@ from gateway.upstream import UpstreamError, UpstreamReply
 from understudy.client import Location
 
 logger = logging.getLogger(__name__)
+
+ANSWER_TIMES_KEPT = 256
+"""Latest model answers whose median sets the default fill time."""
+MIN_ANSWER_TIMES = 16
+"""Answers needed before their median sets the fill time."""
 
 class ProtectedPolicy:
     """The dispatch policy of one app (see the module doc); one instance per app."""
@@ -102,6 +112,8 @@ class ProtectedPolicy:
         self._queries = 0
         self._ids = itertools.count(1)
         self._lingering: set[asyncio.Task[UpstreamReply]] = set()
+        self.answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
+        """How long the app's latest model answers took from their send."""
 
     def next_query_id(self) -> str:
         """A query id unique within the app (coding groups name their members by it)."""
@@ -142,6 +154,18 @@ class ProtectedPolicy:
         start = self._queries % len(usable)  # ties go round-robin
         ordered = usable[start:] + usable[:start]
         return min(ordered, key=lambda m: self.outstanding.get(m.server_id, 0))
+
+    def answered_in(self, seconds: float) -> None:
+        """A model answer took ``seconds`` from its send (the fill time's median)."""
+        self.answer_times.append(seconds)
+
+    def fill_s(self) -> float:
+        """When a parity-coded query unanswered fills its group, in seconds after its send."""
+        if self.protection.group_fill_ms is not None:
+            return self.protection.group_fill_ms / 1000.0
+        if len(self.answer_times) < MIN_ANSWER_TIMES:
+            return FILL_BEFORE_ANSWERS_MS / 1000.0
+        return FILL_OF_MEDIAN * statistics.median(self.answer_times)
 
     def failed(self, server_id: str) -> None:
         """An attempt at ``server_id`` failed: back off from it (50 ms, doubling to 1 s)."""
@@ -304,9 +328,9 @@ class _Protected:
         if self.mode == "parity" and coding is not None:
             server = self.location.server_id if self.location is not None else ""
             self.group = self.p.coder.join(self.query_id, request, *coding, server)
-            protection = self.p.protection
-            if protection.group_fill_ms < protection.group_timeout_ms:
-                self.fill_at = self.sent_at + protection.group_fill_ms / 1000.0
+            fill_s = self.p.fill_s()
+            if fill_s < self.p.protection.group_timeout_ms / 1000.0:
+                self.fill_at = self.sent_at + fill_s
         if self.mode == "approximate-backup":
             members = {m.server_id for m in route.members()}
             backup = next((b for s, b in sorted(route.backups.items()) if s not in members), None)
@@ -363,8 +387,8 @@ class _Protected:
             times.append(straggler_at)
         if self.attempt is None and self.retry_at is not None:
             times.append(self.retry_at)
-        if self.fill_at is not None:
-            times.append(self.fill_at)
+        if self.fill_at is not None:  # a fill waits for the query to be unavailable too
+            times.append(self.fill_at if self.cause else max(self.fill_at, straggler_at))
         return min(times)
 
     def _settle(self) -> Answer | None:
@@ -382,6 +406,7 @@ class _Protected:
             if reason is None:
                 reply = task.result()
                 self.p.succeeded(location.server_id)
+                self.p.answered_in(self.loop.time() - self.sent_at)
                 if self.group is not None:
                     self.p.coder.answered(self.group, self.query_id, reply)
                 self.fill_at = None
@@ -394,8 +419,12 @@ class _Protected:
         return None
 
     def _fill(self, now: float) -> None:
-        """Fill the query's open group with stand-ins once it is late for its fill time."""
-        if self.fill_at is None or now < self.fill_at:
+        """Fill the query's open group with stand-ins once it is late for its fill time.
+
+        Not before its prediction is unavailable (its straggler time, or a failure): a
+        reconstruction could not answer it before then.
+        """
+        if self.fill_at is None or now < self.fill_at or not self.cause:
             return
         self.fill_at = None
         if self.group is not None and not self.group.full:

@@ -15,6 +15,11 @@ from parity.coding import EncoderKind
 from parity.naming import parse_parity_name
 
 MODES: tuple[str, ...] = get_args(ProtectMode)
+FILL_OF_MEDIAN = 2.0
+"""Without a fill time of its own, a parity-coded query fills its group once it has waited this
+many times the median of the app's latest answers (a query that late is likely held up)."""
+FILL_BEFORE_ANSWERS_MS = 5.0
+"""The fill time until an app has answers enough to take their median."""
 DEFAULT_RESPONSE_STRAGGLER_MS = 100.0
 """Without a straggler time of its own, a default-response app waits this long (an eager
 default would answer every query with it)."""
@@ -28,9 +33,10 @@ class Protection:
     straggler_ms: float | None = None
     """None: 0 (eager) for parity and approximate backups, 100 ms for the default response."""
     group_timeout_ms: float = 50.0
-    group_fill_ms: float = 5.0
-    """A query not answered this long after its send fills its open group with stand-ins
-    (``gateway.coding``); not below ``group_timeout_ms``: never."""
+    group_fill_ms: float | None = None
+    """A query not answered this long after its send (and not before it is unavailable) fills
+    its open group with stand-ins (``gateway.coding``); not below ``group_timeout_ms``: never.
+    None: twice the median time of the app's latest model answers (``FILL_OF_MEDIAN``)."""
     default_class: int = 0
 
     def straggler_s(self, mode: str) -> float:

@@ -395,6 +395,24 @@ def test_without_a_fill_time_below_the_group_timeout_a_late_query_waits_for_othe
     run(scenario)
 
 
+def test_the_fill_time_follows_the_apps_answers_and_waits_for_the_straggler_time() -> None:
+    async def scenario() -> None:
+        _, fake, recorder, policy, plain = setup(*parm(2), straggler_ms=300)
+        assert policy.fill_s() == pytest.approx(0.005)  # no answers yet
+        for _ in range(16):
+            policy.answered_in(0.003)
+        assert policy.fill_s() == pytest.approx(0.006)  # twice their median
+        xs = queries(3, seed=10)
+        await asyncio.gather(*(policy.dispatch(request(x), plain) for x in xs[:2]))
+        fake.mode.update(s1="hang", s2="hang")
+        with pytest.raises(DeadlineError):  # not yet late: nothing to fill for
+            await policy.dispatch(request(xs[2], timeout_s=0.15), plain)
+        assert "filled" not in recorder.groups
+        fake.release.set()
+
+    run(scenario)
+
+
 def test_a_failed_instance_is_answered_by_reconstruction_and_marked() -> None:
     async def scenario() -> None:
         _, fake, recorder, policy, plain = setup(*parm(2))

@@ -112,8 +112,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default 50)")
     parser.add_argument("--group-fill-ms", type=float, default=None,
                         help="a parity-coded query not answered this long fills its open group "
-                             "with queries answered before, to be rebuilt at once (default 5; "
-                             "not below --group-timeout-ms: never)")
+                             "with queries answered before, to be rebuilt at once (default: "
+                             "twice the median of the app's latest answers; not below "
+                             "--group-timeout-ms: never)")
 
 
 def run(options: argparse.Namespace) -> int:
