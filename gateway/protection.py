@@ -81,7 +81,7 @@ logger = logging.getLogger(__name__)
 ANSWER_TIMES_KEPT = 256
 """Latest model answers whose median sets the default fill time."""
 MIN_ANSWER_TIMES = 16
-"""Answers needed before their median sets the fill time."""
+"""Answers needed before their median sets the fill time (and between two medians)."""
 
 class ProtectedPolicy:
     """The dispatch policy of one app (see the module doc); one instance per app."""
@@ -114,6 +114,9 @@ class ProtectedPolicy:
         self._lingering: set[asyncio.Task[UpstreamReply]] = set()
         self.answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
         """How long the app's latest model answers took from their send."""
+        self._answers = 0
+        self._fill_median_s: float | None = None
+        """Their median, taken again every ``MIN_ANSWER_TIMES`` answers."""
 
     def next_query_id(self) -> str:
         """A query id unique within the app (coding groups name their members by it)."""
@@ -158,14 +161,17 @@ class ProtectedPolicy:
     def answered_in(self, seconds: float) -> None:
         """A model answer took ``seconds`` from its send (the fill time's median)."""
         self.answer_times.append(seconds)
+        self._answers += 1
+        if self._answers % MIN_ANSWER_TIMES == 0:  # a median per query would sort each time
+            self._fill_median_s = statistics.median(self.answer_times)
 
     def fill_s(self) -> float:
         """When a parity-coded query unanswered fills its group, in seconds after its send."""
         if self.protection.group_fill_ms is not None:
             return self.protection.group_fill_ms / 1000.0
-        if len(self.answer_times) < MIN_ANSWER_TIMES:
+        if self._fill_median_s is None:
             return FILL_BEFORE_ANSWERS_MS / 1000.0
-        return FILL_OF_MEDIAN * statistics.median(self.answer_times)
+        return FILL_OF_MEDIAN * self._fill_median_s
 
     def failed(self, server_id: str) -> None:
         """An attempt at ``server_id`` failed: back off from it (50 ms, doubling to 1 s)."""
