@@ -178,21 +178,17 @@ class Group:
         return UpstreamReply(200, headers, body)
 
 
-def _signature(member: Member) -> tuple[Any, ...]:
-    """The shapes and types of a member's tensors (read once; NotCodable when unreadable)."""
+def _query(member: Member) -> Query:
+    """A member's tensors, read once (NotCodable when the gateway cannot read them)."""
     if member.query is None:
         member.query = read_request(member.protocol, member.request.body,
                                     member.request.headers)
-    return member.query.signature()
+    return member.query
 
 
 def encode_members(group: Group) -> tuple[dict[str, np.ndarray], Query]:
     """The parity query's inputs of a full group (its members' tensors read here)."""
-    for member in group.members:
-        if member.query is None:
-            member.query = read_request(member.protocol, member.request.body,
-                                        member.request.headers)
-    queries = [m.query for m in group.members if m.query is not None]
+    queries = [_query(m) for m in group.members]
     signatures = {q.signature() for q in queries}
     if len(signatures) != 1:
         raise NotCodable(f"the queries' tensors differ: {sorted(signatures)}")
@@ -267,7 +263,7 @@ class Coder:
         if group not in groups:
             return False
         try:
-            wanted = _signature(group.members[0])
+            wanted = _query(group.members[0]).signature()
         except NotCodable:
             return False
         taken = {m.query_id for m in group.members}
@@ -278,7 +274,7 @@ class Coder:
             if member.query_id in taken or member.reply is None:
                 continue
             try:
-                if _signature(member) != wanted:
+                if _query(member).signature() != wanted:
                     continue
             except NotCodable:
                 continue

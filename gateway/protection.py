@@ -412,8 +412,8 @@ class _Protected:
             if reason is None:
                 reply = task.result()
                 self.p.succeeded(location.server_id)
-                self.p.answered_in(self.loop.time() - self.sent_at)
-                if self.group is not None:
+                if self.group is not None:  # only coded queries have a fill time to set
+                    self.p.answered_in(self.loop.time() - self.sent_at)
                     self.p.coder.answered(self.group, self.query_id, reply)
                 self.fill_at = None
                 if self.mode == "default-response" and reply.status == 200:
@@ -433,8 +433,8 @@ class _Protected:
         if self.fill_at is None or now < self.fill_at or not self.cause:
             return
         self.fill_at = None
-        if self.group is not None and not self.group.full:
-            self.p.coder.fill(self.group)
+        if self.group is not None:
+            self.p.coder.fill(self.group)  # a no-op on a group full or closed meanwhile
 
     def _may_resend(self) -> bool:
         """Whether to send a failed query again now, rather than wait for its substitute.

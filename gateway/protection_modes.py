@@ -7,14 +7,13 @@ service, its metrics and tests need to know of them without the request machiner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, get_args
+from typing import Protocol
 
 from gateway.config import ProtectMode
 from gateway.routes import AppRoute
 from parity.coding import EncoderKind
 from parity.naming import parse_parity_name
 
-MODES: tuple[str, ...] = get_args(ProtectMode)
 FILL_OF_MEDIAN = 2.0
 """Without a fill time of its own, a parity-coded query fills its group once it has waited this
 many times the median of the app's latest answers (a query that late is likely held up)."""
