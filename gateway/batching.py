@@ -17,9 +17,10 @@ different places (one moved after a failover) go in separate Triton requests.
    (``gateway.batch_wire``) through the usual exchange, so a failover cancels and resends it to
    the new replica like any request; with nothing to send, the task sleeps until the
    scheduler's ``wake_at_s`` or the next arrival, and ends when the queue is empty;
-3. the answer is cut back into each request's rows; the batch's time, and each row's execution
-   time when the model reports it, go back to the scheduler (``completed``) and to the window
-   its profile is rebuilt from (``gateway.calibration``).
+3. the answer is cut back into each request's rows; the batch's time, each row's execution
+   time when the model reports it, and then the batch's overhead beside the model's time (its
+   latency minus the longest reported execution), go back to the scheduler (``completed``) and
+   to the window its profile is rebuilt from (``gateway.calibration``).
 
 The first requests of a queue are its warm-up: sent one at a time, each followed by a probe, to
 measure the execution times and the batch law every scheduler starts from. The scheduler's CPU
@@ -419,7 +420,9 @@ class BatchPolicy:
         for key, seconds in solo.items():
             self._window(app_of[key]).append(seconds)
         self.since_replan += len(solo)
-        self.scheduler.completed(BatchDone(batch, started, latency, solo))
+        # beyond the model's own time: transfer, Triton and this gateway, under today's load
+        overhead = latency - max(execs.values()) if execs else None
+        self.scheduler.completed(BatchDone(batch, started, latency, solo, overhead))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
             self.profile = self._profile(self.profile.law, self.profile.per_batch)

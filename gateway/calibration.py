@@ -45,6 +45,10 @@ predicted start before it misses its window (the simulator's 0 assumes exact pre
 live worker's times jitter, and Clockwork's actions carry a window of slack)."""
 REFRESH_EVERY = 256
 """Solo measurements between two re-plans (Orloj's profile refresh, the baselines' numbers)."""
+REFRESH_TOLERANCE = 0.05
+"""Orloj keeps its curves while no refreshed distribution moved by more than this (the largest
+gap between CDFs): a rebuild holds the event loop for milliseconds, and on a steady workload a
+window of 2,048 times moves by less than this between refreshes."""
 PROFILE_BINS = 32
 """Equal-mass knots of Orloj's refreshed solo distribution (its profiler's window). Eq. 2's
 curves use 16 bins; with 64 knots the batch maxima of a refresh grow past the knot limit
@@ -159,7 +163,7 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
     law, solo = profile.law, profile.mix
     if name in ORLOJ_CONFIGS:
         config = OrlojConfig(batch_sizes=sizes, refresh_every=REFRESH_EVERY,
-                             **ORLOJ_CONFIGS[name])
+                             refresh_tolerance=REFRESH_TOLERANCE, **ORLOJ_CONFIGS[name])
         return Orloj(profile, config, Profiler(window=2048, bins=PROFILE_BINS, law=law))
     if name == "clipper":
         return ClipperLike(slo_s, max_batch=max_batch)

@@ -190,7 +190,41 @@ class Distribution:
         frac = np.where(c1 - c0 > _EPS, (u - c0) / np.where(c1 - c0 > _EPS, c1 - c0, 1.0), 0.0)
         return np.asarray(self.xs[k - 1] + frac * (self.xs[k] - self.xs[k - 1]))
 
+    def representatives(self, count: int) -> FloatArray:
+        """``count`` equal-mass stand-ins, for averaging over the distribution.
+
+        The quantiles at the middles of ``count`` equal slices of probability.
+        """
+        if count < 1:
+            raise ValueError("at least one representative")
+        return np.array([self.quantile((k + 0.5) / count) for k in range(count)])
+
+    def distance(self, other: Distribution) -> float:
+        """The largest gap between the two CDFs (the Kolmogorov-Smirnov distance).
+
+        Both CDFs are linear between the union of their knots, so the gap is largest at a
+        knot, on one side of it or the other (atoms).
+        """
+        points = np.union1d(self.xs, other.xs)
+        right = np.abs(self.cdfs(points) - other.cdfs(points))
+        left = np.abs(self.cdfs(points, left=True) - other.cdfs(points, left=True))
+        return float(max(right.max(), left.max()))
+
     # --- transforms ----------------------------------------------------------------------
+
+    def plus(self, other: Distribution, points: int = 32) -> Distribution:
+        """The distribution of X + Y, X from this one and Y from ``other``, independent.
+
+        A constant adds as a shift; otherwise each is stood in for by ``points`` equal-mass
+        representatives and the sum takes the distribution of their ``points²`` pairwise sums.
+        """
+        if other.is_point:
+            return self.affine(1.0, other.low)
+        if self.is_point:
+            return other.affine(1.0, self.low)
+        sums = (self.representatives(points)[:, None]
+                + other.representatives(points)[None, :]).ravel()
+        return Distribution.from_samples(sums, bins=2 * points)
 
     def affine(self, scale: float, offset_s: float) -> Distribution:
         """The distribution of ``scale * X + offset_s`` (scale > 0)."""

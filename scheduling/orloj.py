@@ -127,7 +127,7 @@ class Orloj:
         """Rebuild the curves from the profiler's windows and re-place every request."""
         profile = self.profiler.snapshot(self.profile)
         self._refreshed_at = self.profiler.observations
-        if profile is None:
+        if profile is None or self._unmoved(profile):
             return
         self._install(profile)
         pending = list(self._requests.values())
@@ -138,6 +138,26 @@ class Orloj:
             self._place(request, self._t0)
         logger.debug("orloj: profile refreshed (a=%.6f s, %d apps, %d pending)", self.delay_s,
                      len(profile.apps), len(pending))
+
+    def _unmoved(self, profile: ModelProfile) -> bool:
+        """Whether ``profile`` is within ``refresh_tolerance`` of the one in use.
+
+        Every app's distribution, the mixture and the overhead's, by their largest CDF gap:
+        rebuilding the curves and re-placing every request costs milliseconds of the caller's
+        time, which a stationary workload would spend for nothing.
+        """
+        tolerance = self.config.refresh_tolerance
+        old = self.profile
+        if not tolerance or set(profile.apps) != set(old.apps) or \
+                (profile.overhead is None) != (old.overhead is None) or \
+                profile.measured.keys() != old.measured.keys():
+            return False
+        pairs = [(profile.apps[a], old.apps[a]) for a in profile.apps]
+        pairs.append((profile.mix, old.mix))
+        pairs += [(profile.measured[n], old.measured[n]) for n in profile.measured]
+        if profile.overhead is not None and old.overhead is not None:
+            pairs.append((profile.overhead, old.overhead))
+        return all(new.distance(current) <= tolerance for new, current in pairs)
 
     # --- the BatchScheduler interface ----------------------------------------------------
 
@@ -165,6 +185,8 @@ class Orloj:
 
     def completed(self, done: BatchDone) -> None:
         self.profiler.batch(len(done.batch), done.latency_s)
+        if done.overhead_s is not None:
+            self.profiler.overhead(done.overhead_s)
         apps = {r.key: r.app for r in done.batch}
         for key, seconds in done.solo_s.items():
             if key in apps:
@@ -336,15 +358,16 @@ class Orloj:
         short requests, which finish more per second, starve long ones past their deadlines.
         """
         chosen = set(keys)
-        overhead = self.profile.law.overhead_s
+        offsets = self.profile.overhead_points
         lost = 0.0
         for key in others:
             if key in chosen:
                 continue
             request = self._requests[key]
-            slack = request.deadline_s - now_s - overhead
-            now, after = self.profile.solo(request.app).cdf_list([slack, slack - took_s])
-            lost += now - after
+            slack = request.deadline_s - now_s
+            found = self.profile.solo(request.app).cdf_list(
+                [x for o in offsets for x in (slack - o, slack - o - took_s)])
+            lost += (sum(found[0::2]) - sum(found[1::2])) / len(offsets)
         return lost
 
     def _waits(self, keys: list[Hashable], wait_s: float, now_s: float) -> bool:
@@ -377,25 +400,28 @@ class Orloj:
         """(expected on-time finishes, expected latency) of a batch sent at ``now_s``.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
-        the known composition: P(on time) = Π F_app((slack - overhead) / scale)); otherwise,
-        or for a static model (one draw per batch), the size's mixture estimate.
+        the known composition: P(on time) = Π F_app((slack - overhead) / scale), averaged
+        over the overhead's stand-ins); otherwise, or for a static model (one draw per batch),
+        the size's mixture estimate.
         """
         requests = [self._requests[key] for key in keys]
         if not self.config.request_aware or self.profile.per_batch:
             latency = self._mix_latency(len(requests))
             expected = latency.mean()
             return sum(latency.cdf_list([r.deadline_s - now_s for r in requests])), expected
-        law = self.profile.law
-        scale = law.scale(len(requests))
-        longest = [(r.deadline_s - now_s - law.overhead_s) / scale for r in requests]
+        profile = self.profile
+        scale = profile.law.scale(len(requests))
+        offsets = profile.overhead_points
         counts = Counter(r.app for r in requests)
-        chance = [1.0] * len(requests)
+        # every (overhead stand-in, request) pair at once: one CDF lookup per app
+        longest = [(r.deadline_s - now_s - o) / scale for o in offsets for r in requests]
+        chance = [1.0] * len(longest)
         for app, count in counts.items():
-            found = self.profile.solo(app).cdf_list(longest)
+            found = profile.solo(app).cdf_list(longest)
             chance = [c * f ** count for c, f in zip(chance, found, strict=True)]
-        expected = law.overhead_s + scale * self._composition(
+        expected = profile.overhead_mean + scale * self._composition(
             tuple(sorted(counts.items())))
-        return sum(chance), expected
+        return sum(chance) / len(offsets), expected
 
     def _mix_latency(self, n: int) -> Distribution:
         """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""

@@ -40,6 +40,10 @@ class OrlojConfig(BaseModel):
     full queues are ready."""
     refresh_every: int = Field(default=512, ge=1)
     """Profiler measurements between two profile refreshes."""
+    refresh_tolerance: float = Field(default=0.0, ge=0, lt=1)
+    """Keep the profile in use when no distribution of the new one (each app's, the mixture,
+    the overhead) is further from its counterpart than this, as the largest gap between their
+    CDFs; 0: rebuild at every refresh (the paper)."""
     rebase_after: float = Field(default=500.0, gt=0, le=700)
     """Move the reference time once (now - t0) / a exceeds this (e^700 is near float max)."""
 

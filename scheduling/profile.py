@@ -2,8 +2,9 @@
 
 :class:`Profiler` accumulates what the servers report, off the scheduler's critical path: solo
 execution times of sampled requests per app (the asynchronous profiler re-runs finished
-requests alone), arrivals per app (the weights of the model's mixture) and measured batch
-latencies per batch size. It keeps a sliding window of each (the paper resets its memory "every
+requests alone), arrivals per app (the weights of the model's mixture), measured batch
+latencies per batch size, and each batch's overhead beside the model's own time where the
+model reports that time. It keeps a sliding window of each (the paper resets its memory "every
 once a while"; a window forgets gradually instead of all at once). :meth:`Profiler.snapshot`
 freezes the windows into a :class:`ModelProfile`, which the scheduler uses until the next one.
 
@@ -16,7 +17,11 @@ freezes the windows into a :class:`ModelProfile`, which the scheduler uses until
 * once ``min_batch_observations`` batches of size ``n`` were measured, the measured latencies of
   that size instead of the estimate (the paper's mixture case only; those batches mix apps);
 * for a static model (``per_batch``), one draw scaled by the law: its solo times vary with the
-  machine, not with the request, so a batch's members do not each draw their own.
+  machine, not with the request, so a batch's members do not each draw their own;
+* the overhead beside the model's time (transfer, the server, the caller) is the law's
+  constant until live batches measured it; then their distribution, added to the model's
+  time as an independent draw: it varies with the machine's load by about as much as an
+  early-exit model's time varies with the input.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class ModelProfile:
     spread of its solo times is the machine's, one draw per batch; a batch of ``n`` then takes
     one draw scaled by the law, not the longest of ``n`` independent draws (which would
     count the machine's tail ``n`` times over)."""
+    overhead: Distribution | None = None
+    """The overhead beside the model's own time per batch (transfer, the server, the caller),
+    as measured on live batches; None: the law's constant ``overhead_s``."""
 
     def __post_init__(self) -> None:
         if not self.apps:
@@ -80,7 +88,31 @@ class ModelProfile:
             longest = max_of([self.solo(app)], [n])
         else:
             longest = max_of([self.solo(app), self.mix], [1, n - 1])
-        return longest.affine(self.law.scale(n), self.law.overhead_s)
+        if self.overhead is None:
+            return longest.affine(self.law.scale(n), self.law.overhead_s)
+        return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
+
+    @cached_property
+    def overhead_points(self) -> tuple[float, ...]:
+        """Equal-mass stand-ins for the overhead, to average on-time chances over.
+
+        The law's constant alone while no live overhead was measured.
+        """
+        if self.overhead is None:
+            return (self.law.overhead_s,)
+        return tuple(self.overhead.representatives(OVERHEAD_POINTS).tolist())
+
+    @cached_property
+    def overhead_mean(self) -> float:
+        """The expected overhead per batch."""
+        return self.law.overhead_s if self.overhead is None else self.overhead.mean()
+
+
+OVERHEAD_POINTS = 5
+"""Stand-ins for the overhead's distribution in on-time chances (each costs a CDF lookup per
+request of a weighed batch)."""
+MIN_OVERHEAD_SAMPLES = 32
+"""Live overheads a snapshot needs before it uses their distribution (else the law's)."""
 
 
 class Profiler:
@@ -96,6 +128,7 @@ class Profiler:
         self._solo: dict[str, deque[float]] = {}
         self._arrivals: deque[str] = deque(maxlen=window)
         self._batches: dict[int, deque[float]] = {}
+        self._overhead: deque[float] = deque(maxlen=window)
         self.observations = 0
         """Solo and batch measurements taken so far (to decide when to refresh)."""
 
@@ -105,6 +138,10 @@ class Profiler:
     def solo(self, app: str, seconds: float) -> None:
         self._solo.setdefault(app, deque(maxlen=self.window)).append(seconds)
         self.observations += 1
+
+    def overhead(self, seconds: float) -> None:
+        """A live batch's overhead beside its model's own time (``BatchDone.overhead_s``)."""
+        self._overhead.append(max(0.0, seconds))
 
     def batch(self, size: int, seconds: float) -> None:
         if self.min_batch_observations:
@@ -125,5 +162,9 @@ class Profiler:
         measured = {n: Distribution.from_samples(list(times), self.bins)
                     for n, times in self._batches.items()
                     if self.min_batch_observations and len(times) >= self.min_batch_observations}
+        overhead = (Distribution.from_samples(list(self._overhead), self.bins)
+                    if len(self._overhead) >= MIN_OVERHEAD_SAMPLES
+                    else fallback.overhead if fallback is not None else None)
         return ModelProfile(apps, weights, self.law, measured,
-                            per_batch=fallback.per_batch if fallback is not None else False)
+                            per_batch=fallback.per_batch if fallback is not None else False,
+                            overhead=overhead)

@@ -63,6 +63,10 @@ class BatchDone:
     solo_s: Mapping[Hashable, float] = field(default_factory=dict)
     """Execution times measured alone, for the requests the profiler sampled (§3.2: finished
     requests are re-run alone off the critical path); may be empty."""
+    overhead_s: float | None = None
+    """What the batch took beyond its model's own time (transfer, the server, the caller):
+    its latency minus the longest execution time the model reported for its rows; None when
+    the model reports none."""
 
 
 class BatchScheduler(Protocol):

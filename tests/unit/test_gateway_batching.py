@@ -31,6 +31,7 @@ from gateway.tensors import header_length_of, http_answer, read_http_reply, read
 from gateway.upstream import UpstreamReply
 from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher
 from scheduling.orloj import Orloj
+from scheduling.profile import MIN_OVERHEAD_SAMPLES
 from scheduling.types import UNREACHABLE, BatchLaw
 from tests.unit.test_gateway_parity import body, event
 from tests.unit.test_gateway_queue import ROUTE
@@ -43,8 +44,10 @@ class FakeModel:
     """A Triton model: ``exec_s(row)`` per row; a batch takes its longest row's time, scaled."""
 
     def __init__(self, exec_s: Callable[[float], float] = lambda x: 0.004, slope: float = 0.2,
-                 report: bool = False) -> None:
+                 report: bool = False, unreported_s: float = 0.0) -> None:
         self.exec_s, self.slope, self.report = exec_s, slope, report
+        self.unreported_s = unreported_s
+        """Time a request takes beyond what the model reports (transfer, the server)."""
         self.batches: list[int] = []
         self.sent_as: list[str] = []
         """The app each Triton request was sent as."""
@@ -62,7 +65,8 @@ class FakeModel:
         self.most_busy = max(self.most_busy, self.busy)
         try:
             times = np.array([self.exec_s(float(v)) for v in rows])
-            await asyncio.sleep(float(times.max()) * (1 + self.slope * (len(rows) - 1)))
+            await asyncio.sleep(float(times.max()) * (1 + self.slope * (len(rows) - 1))
+                                + self.unreported_s)
             if self.hold is not None:
                 await self.hold.wait()
         finally:
@@ -183,6 +187,24 @@ def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
             await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(30)))
         assert max(p.solo[APP]) == pytest.approx(0.006, rel=0.3)  # in-batch times scaled back
         assert isinstance(p.scheduler, NexusLike) and p.scheduler.solo_s > 0.003  # re-planned
+
+    run(scenario)
+
+
+def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() -> None:
+    async def scenario() -> None:
+        model = FakeModel(report=True, exec_s=lambda x: 0.002)
+        p = policy("orloj", slo_ms=500.0, warmup=4)
+        await warm_up(p, model)
+        assert isinstance(p.scheduler, Orloj) and p.scheduler.profile.overhead is None
+        model.unreported_s = 0.004  # the machine gets loaded: the same model, slower answers
+        for _ in range(MIN_OVERHEAD_SAMPLES):  # a batch at least each
+            await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(2)))
+        p.scheduler.refresh(p.clock())
+        overhead = p.scheduler.profile.overhead
+        assert overhead is not None  # a distribution of what the batches measured
+        assert 0.004 <= overhead.quantile(0.5) < 0.004 + 0.004  # (sleeps run over, never short)
+        assert p.scheduler.profile.batch_latency(1).mean() > 0.006
 
     run(scenario)
 

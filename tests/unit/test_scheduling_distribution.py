@@ -93,3 +93,32 @@ def test_bad_inputs_are_refused() -> None:
         Distribution(np.array([2.0, 1.0]), np.array([0.0, 1.0]))
     with pytest.raises(ValueError):
         Distribution.point(1.0).expected_max(0)
+
+
+def test_the_sum_of_independent_draws_matches_monte_carlo(population: np.ndarray) -> None:
+    rng = np.random.default_rng(7)
+    overhead = rng.gamma(4.0, 0.0005, 20000) + 0.001  # a skewed transfer-and-server time
+    model, extra = Distribution.from_samples(population), Distribution.from_samples(overhead)
+    total = model.plus(extra)
+    draws = rng.choice(population, 200000) + rng.choice(overhead, 200000)
+    assert total.mean() == pytest.approx(draws.mean(), rel=0.02)
+    for q in (0.1, 0.25, 0.75, 0.9, 0.99):  # (the median falls in the gap between modes)
+        assert total.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.05)
+    assert total.distance(Distribution.from_samples(draws, 256)) < 0.03
+    # a constant adds as a shift, exactly
+    shifted = model.plus(Distribution.point(0.002))
+    np.testing.assert_allclose(shifted.xs, model.xs + 0.002)
+    assert Distribution.point(0.002).plus(model).mean() == pytest.approx(model.mean() + 0.002)
+
+
+def test_the_distance_is_the_largest_gap_between_the_cdfs() -> None:
+    uniform = Distribution.from_knots([0.0, 1.0], [0.0, 1.0])
+    assert uniform.distance(uniform) == 0.0
+    assert uniform.distance(uniform.affine(1.0, 0.25)) == pytest.approx(0.25)
+    # an atom's jump counts on whichever side of it the gap is largest
+    assert Distribution.point(0.5).distance(uniform) == pytest.approx(0.5)
+    assert Distribution.point(0.2).distance(Distribution.point(0.3)) == pytest.approx(1.0)
+    reps = uniform.representatives(4)
+    np.testing.assert_allclose(reps, [0.125, 0.375, 0.625, 0.875])
+    with pytest.raises(ValueError):
+        uniform.representatives(0)

@@ -270,3 +270,52 @@ def test_bookkeeping_stays_bounded_over_a_long_run() -> None:
     for queue in orloj._queues:
         assert len(queue.deadlines) <= 2 * len(queue.members) + 65
         assert len(queue.milestones) < 3000
+
+
+def test_live_overheads_widen_the_batch_latency_and_lower_the_on_time_chances() -> None:
+    rng = np.random.default_rng(3)
+    quiet = BatchLaw(slope=0.1, overhead_s=0.002)  # what a quiet warm-up measured
+    orloj = Orloj(ModelProfile.single(SOLO, quiet), OrlojConfig(
+        batch_sizes=(1, 2, 4), refresh_every=64, request_aware=True, selection="goodput"))
+    loaded = rng.gamma(3.0, 0.001, 64) + 0.002  # under load: more, and it varies
+    for key, overhead in enumerate(loaded):
+        batch = (request(key, 0.0, 1.0),)
+        orloj.completed(BatchDone(batch, 0.0, 0.03, {key: float(SOLO.sample(rng, 1)[0])},
+                                  overhead_s=float(overhead)))
+    profile = orloj.profile
+    assert profile.overhead is not None
+    assert profile.overhead.mean() == pytest.approx(loaded.mean(), rel=0.1)
+    latency = profile.batch_latency(2)
+    assert latency.mean() == pytest.approx(
+        profile.law.scale(2) * SOLO.expected_max(2) + loaded.mean(), rel=0.05)
+    assert latency.quantile(0.99) > profile.law.scale(2) * SOLO.high + quiet.overhead_s
+    # a short request with just enough slack for the quiet overhead now has fewer chances
+    short = request(1000, 0.0, 0.012 + quiet.overhead_s)
+    before = Orloj(ModelProfile.single(SOLO, quiet), orloj.config)
+    for o in (orloj, before):
+        o._requests[short.key] = short  # as if queued: the chance of a batch of it alone
+    chance_now, _ = orloj._on_time([short.key], 0.0)
+    chance_quiet, _ = before._on_time([short.key], 0.0)
+    assert chance_quiet == pytest.approx(0.5)  # every short one, none of the long ones
+    assert chance_now < chance_quiet - 0.2
+
+
+def test_a_refresh_keeps_the_curves_while_the_distributions_have_not_moved() -> None:
+    rng = np.random.default_rng(4)
+    config = OrlojConfig(batch_sizes=(1, 2), refresh_every=256, refresh_tolerance=0.05)
+    orloj = scheduler(config)
+    steady = SOLO.sample(rng, 4096)
+    key = 0
+    for seconds in steady[:2048]:
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.03, {key: float(seconds)}))
+        key += 1
+    installed = orloj.profile
+    for seconds in steady[2048:]:  # the same distribution: no rebuild
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.03, {key: float(seconds)}))
+        key += 1
+    assert orloj.profile is installed
+    for _ in range(512):  # the model slows down: rebuilt
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.05, {key: 0.05}))
+        key += 1
+    assert orloj.profile is not installed
+    assert orloj.profile.mix.quantile(0.99) == pytest.approx(0.05, rel=0.05)
