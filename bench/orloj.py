@@ -45,8 +45,9 @@ Workloads (``--workloads``, all by default):
 
 Last line: one JSON object. ``finish_rate[workload][scheduler][slo]`` (slo as "1.5x"), the
 median over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over
-them); ``gain_vs_best_baseline_tight_pct``: on the early-exit model's per-model queue
-(``shared``; ``dynamic`` when only that ran: ``gain_workload`` says which), 100 (Orloj /
+them, and ``outcomes_by_class`` has a shared queue's per class of digits);
+``gain_vs_best_baseline_tight_pct``: on the early-exit model's per-model queue (``shared``;
+``dynamic`` when only that ran: ``gain_workload`` says which), 100 (Orloj /
 best baseline - 1) of the mean finish rate over the tight SLOs (<= 2x), the best baseline
 being the one with the highest such mean (``gain_by_slo_pct`` has each SLO's;
 ``gain_by_workload_tight_pct`` the gain of each early-exit workload); ``static_gap_pct``: on
@@ -164,12 +165,16 @@ class Run:
     sent: int = 0
     finished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The outcomes per class of requests (a workload of several classes only)."""
 
     def add(self, other: Run) -> None:
         """Count ``other``'s requests in this run too."""
         self.sent += other.sent
         self.finished += other.finished
         add_counts(self.outcomes, other.outcomes)
+        for label, counts in other.by_class.items():
+            add_counts(self.by_class.setdefault(label, {}), counts)
 
 
 def add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
@@ -229,16 +234,16 @@ Stream = tuple[str, list[Request]]
 
 
 async def poisson_run(client: Client, streams: list[Stream], rate: float, seconds: float,
-                      slo_s: float, seed: int) -> Run:
+                      slo_s: float, seed: int, labels: list[str] | None = None) -> Run:
     """Poisson arrivals for ``seconds``, each from a stream drawn at random; each request's
-    outcome against the SLO."""
+    outcome against the SLO (and per stream's label, with ``labels``)."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     run = Run()
     tasks = []
     timeout_ms = max(1000.0, 10 * slo_s * 1000)
 
-    async def one(due: float, app: str, body: bytes, headers: Any) -> None:
+    async def one(due: float, app: str, body: bytes, headers: Any, label: str | None) -> None:
         status, error = await client.infer(app, body, headers, timeout_ms)
         latency = loop.time() - due
         if status == 200:
@@ -246,6 +251,8 @@ async def poisson_run(client: Client, streams: list[Stream], rate: float, second
         else:
             kind = reason_of(status, error)
         run.outcomes[kind] = run.outcomes.get(kind, 0) + 1
+        if label is not None:
+            add_counts(run.by_class.setdefault(label, {}), {kind: 1})
         run.finished += kind == "finished"
 
     start = loop.time() + 0.05
@@ -257,9 +264,11 @@ async def poisson_run(client: Client, streams: list[Stream], rate: float, second
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        app, requests = streams[rng.randrange(len(streams))]
+        pick = rng.randrange(len(streams))
+        app, requests = streams[pick]
         body, headers = requests[rng.randrange(len(requests))]
-        tasks.append(asyncio.create_task(one(due, app, body, headers)))
+        label = labels[pick] if labels is not None else None
+        tasks.append(asyncio.create_task(one(due, app, body, headers, label)))
         run.sent += 1
     await asyncio.gather(*tasks)
     return run
@@ -341,6 +350,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
     client = Client(gateway_url)
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
+    by_class: dict[str, Any] = {}
     order = list(args.schedulers)
     shuffle = random.Random(seed)
     for workload in workloads:
@@ -356,6 +366,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
                        for scheduler in order}
             for scheduler in order:  # the warm-up (a shared queue's: on all its apps in turn)
                 await warm(client, streams[scheduler], WARMUP_REQUESTS)
+            labels = list(classes[key]) if len(classes[key]) > 1 else None
             runs = {scheduler: Run() for scheduler in order}
             # in slices, the schedulers' turns interleaved: the machine's drifts (a background
             # job, a slow second) fall on all of them rather than on whichever ran then
@@ -364,16 +375,19 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
                 for scheduler in order:
                     runs[scheduler].add(await poisson_run(
                         client, streams[scheduler], rate, args.seconds / args.slices, slo_s,
-                        seed * 1000 + piece))
+                        seed * 1000 + piece, labels))
             for scheduler, run in runs.items():
                 rate_done = run.finished / max(run.sent, 1)
                 finish.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = round(
                     rate_done, 4)
                 outcomes.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = \
                     run.outcomes
-                logging.info("%s %s %gx (%.2f ms): %.3f of %d %s", key, scheduler, slo,
-                             slo_s * 1000, rate_done, run.sent, run.outcomes)
-    return {"finish_rate": finish, "outcomes": outcomes}
+                if run.by_class:
+                    by_class.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = \
+                        run.by_class
+                logging.info("%s %s %gx (%.2f ms): %.3f of %d %s %s", key, scheduler, slo,
+                             slo_s * 1000, rate_done, run.sent, run.outcomes, run.by_class)
+    return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class}
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -383,13 +397,20 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         run["finish_rate"][key][scheduler][slo] for run in runs), 4) for slo in rates}
         for scheduler, rates in per.items()} for key, per in first.items()}
     outcomes: dict[str, Any] = {}
+    by_class: dict[str, Any] = {}
     for run in runs:
         for key, per in run["outcomes"].items():
             for scheduler, by_slo in per.items():
                 for slo, counts in by_slo.items():
                     add_counts(outcomes.setdefault(key, {}).setdefault(scheduler, {})
                                .setdefault(slo, {}), counts)
-    return {"finish_rate": finish, "outcomes": outcomes,
+        for key, per in run.get("outcomes_by_class", {}).items():
+            for scheduler, by_slo in per.items():
+                for slo, labelled in by_slo.items():
+                    for label, counts in labelled.items():
+                        add_counts(by_class.setdefault(key, {}).setdefault(scheduler, {})
+                                   .setdefault(slo, {}).setdefault(label, {}), counts)
+    return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class,
             "finish_rate_by_repeat": [run["finish_rate"] for run in runs]}
 
 
@@ -569,7 +590,8 @@ def main() -> None:
                                for k, v in classes.items()},
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
         "dynamic_model": any(w.model is DYNAMIC for w in workloads),
-        "outcomes": result["outcomes"], "repeats": args.repeats,
+        "outcomes": result["outcomes"], "outcomes_by_class": result["outcomes_by_class"],
+        "repeats": args.repeats,
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))
 

@@ -51,3 +51,16 @@ def test_orloj_shared_workload_gives_each_scheduler_and_slo_one_queue_of_two_app
     assert options == ["--max-batch", str(orloj.MAX_BATCH),
                        "--model-queue", "shared-orloj-1p5-easy=shared-orloj-1p5",
                        "--model-queue", "shared-orloj-1p5-hard=shared-orloj-1p5"]
+
+
+def test_orloj_outcomes_per_class_add_up_over_slices_and_repeats() -> None:
+    orloj = load_script("bench/orloj.py")
+    run = orloj.Run(3, 2, {"finished": 2, "late": 1},
+                    {"easy": {"finished": 2}, "hard": {"late": 1}})
+    run.add(orloj.Run(2, 1, {"finished": 1, "late": 1},
+                      {"easy": {"finished": 1}, "hard": {"late": 1}}))
+    assert run.by_class == {"easy": {"finished": 3}, "hard": {"late": 2}}
+    repeat = _run(0.5, 3, 2) | {"outcomes_by_class": {"shared": {"orloj": {"1x": run.by_class}}}}
+    combined = orloj.combine([repeat, repeat, _run(0.5, 3, 2)])  # (a repeat without classes)
+    assert combined["outcomes_by_class"] == {
+        "shared": {"orloj": {"1x": {"easy": {"finished": 6}, "hard": {"late": 4}}}}}
