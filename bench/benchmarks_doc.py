@@ -563,7 +563,8 @@ most `--max-rate` (400/s; client, gateway and model share the machine's cores), 
 (5) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
 that the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive
 seeds, each finish rate the median over the repeats. A request finishes when its answer is
-back within the SLO of its scheduled send time; drops and late answers do not.
+back within the SLO of its scheduled send time; drops and late answers do not (the outcomes
+are counted per scheduler and SLO, and per class of digits on the shared queue).
 `gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj / best
 baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with the
 best such mean (target >= 50; the paper 51-80 %); the same for the one-app `dynamic` workload

@@ -98,12 +98,17 @@ class SchedulerEvents(Protocol):
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None: ...
 
+    def batch_overhead(self, queue_id: str, seconds: float) -> None: ...
+
 
 class _NoEvents:
     def decided(self, queue_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
         return None
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
+        return None
+
+    def batch_overhead(self, queue_id: str, seconds: float) -> None:
         return None
 
 
@@ -422,6 +427,8 @@ class BatchPolicy:
         self.since_replan += len(solo)
         # beyond the model's own time: transfer, Triton and this gateway, under today's load
         overhead = latency - max(execs.values()) if execs else None
+        if overhead is not None:
+            self.events.batch_overhead(self.queue_id, overhead)
         self.scheduler.completed(BatchDone(batch, started, latency, solo, overhead))
         if self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0

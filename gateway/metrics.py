@@ -95,6 +95,11 @@ class GatewayMetrics:
         self.batch_sizes = Histogram(
             "understudy_gateway_batch_size", "requests per batch a scheduler sent",
             ["app_id", "scheduler"], buckets=BATCH_BUCKETS, registry=r)
+        self.batch_overheads = Histogram(
+            "understudy_gateway_batch_overhead_seconds",
+            "what a scheduled batch took beyond the model's own time (its latency minus the "
+            "longest execution time the model reported; models that report one)",
+            ["app_id"], buckets=LATENCY_BUCKETS, registry=r)
         self.scheduler_drops = Counter(
             "understudy_gateway_scheduler_drops",
             "requests a batch scheduler dropped before sending them, by reason "
@@ -160,6 +165,9 @@ class GatewayMetrics:
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
         self.scheduler_drops.labels(app_id, scheduler, reason).inc()
+
+    def batch_overhead(self, queue_id: str, seconds: float) -> None:
+        self.batch_overheads.labels(queue_id).observe(seconds)
 
     def watch_scheduler(self, queue_id: str, p50_s: Callable[[], float]) -> None:
         """Expose a batch queue's scheduler's median CPU time per decision.

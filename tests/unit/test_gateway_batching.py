@@ -90,12 +90,16 @@ class Events:
     def __init__(self) -> None:
         self.decisions: list[tuple[str, float, int]] = []
         self.drops: list[tuple[str, str]] = []
+        self.overheads: list[float] = []
 
     def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
         self.decisions.append((scheduler, cpu_s, batch_size))
 
     def dropped(self, app_id: str, scheduler: str, reason: str) -> None:
         self.drops.append((scheduler, reason))
+
+    def batch_overhead(self, queue_id: str, seconds: float) -> None:
+        self.overheads.append(seconds)
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -194,7 +198,8 @@ def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
 def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() -> None:
     async def scenario() -> None:
         model = FakeModel(report=True, exec_s=lambda x: 0.002)
-        p = policy("orloj", slo_ms=500.0, warmup=4)
+        events = Events()
+        p = policy("orloj", slo_ms=500.0, warmup=4, events=events)
         await warm_up(p, model)
         assert isinstance(p.scheduler, Orloj) and p.scheduler.profile.overhead is None
         model.unreported_s = 0.004  # the machine gets loaded: the same model, slower answers
@@ -205,6 +210,8 @@ def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() 
         assert overhead is not None  # a distribution of what the batches measured
         assert 0.004 <= overhead.quantile(0.5) < 0.004 + 0.004  # (sleeps run over, never short)
         assert p.scheduler.profile.batch_latency(1).mean() > 0.006
+        assert len(events.overheads) >= MIN_OVERHEAD_SAMPLES  # and the metrics saw each
+        assert min(events.overheads) >= 0.004
 
     run(scenario)
 

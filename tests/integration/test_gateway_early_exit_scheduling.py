@@ -1,0 +1,86 @@
+"""Orloj in a real gateway in front of a real Triton serving the early-exit digits family.
+
+The model reports each row's execution time (``exec_us``); the gateway batches concurrent
+clients' requests with Orloj, answers each client its own prediction, and measures every
+batch's overhead beyond the model's reported time (transfer, Triton, the gateway): /metrics
+count them (``understudy_gateway_batch_overhead_seconds``), and Orloj plans with their
+distribution. The static model's app, which reports no time, measures none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from deploy.scheduling_bed import (
+    EARLY_EXIT_FAMILY,
+    Gateway,
+    ServedModel,
+    start_gateway,
+    start_triton,
+    write_repository,
+    write_routes,
+)
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(900)
+DYNAMIC = ServedModel(EARLY_EXIT_FAMILY, "digits_ee", "dynamic__digits_ee")
+STATIC = ServedModel("digits", "digits_cnn", "static__digits_cnn")
+APPS = {"early-exit": DYNAMIC, "static": STATIC}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    root = tmp_path_factory.mktemp("early-exit-bed")
+    write_repository(root / "store", root / "repository", [DYNAMIC, STATIC])
+    triton: Any = start_triton(root, root / "repository", [DYNAMIC, STATIC])
+    try:
+        write_routes(root / "gateway", triton.config.http_url, triton.config.grpc_url, APPS)
+        process = start_gateway(root / "gateway", dict.fromkeys(APPS, "orloj"),
+                                dict.fromkeys(APPS, 500.0))
+        try:
+            yield process
+        finally:
+            process.stop()
+    finally:
+        triton.stop()
+
+
+def infer(gateway: Gateway, app: str, image: np.ndarray) -> httpx.Response:
+    body = {"inputs": [{"name": "image", "shape": list(image.shape), "datatype": "FP32",
+                        "data": image.ravel().tolist()}]}
+    return httpx.post(f"{gateway.url}/v2/models/{app}/infer", json=body, timeout=30,
+                      headers={"understudy-timeout-ms": "10000"})
+
+
+@pytest.mark.parametrize("app", ["early-exit", "static"])
+def test_orloj_batches_the_clients_and_measures_each_batchs_overhead_beyond_the_model(
+        gateway: Gateway, app: str) -> None:
+    from model_repo.digits import load_split
+
+    _, _, x, y = load_split()
+    for i in range(30):  # the warm-up: one at a time, with probes
+        assert infer(gateway, app, x[i:i + 1]).status_code == 200
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda i: infer(gateway, app, x[i:i + 1]), range(200)))
+    assert all(r.status_code == 200 for r in replies)  # 500 ms of slack: nothing dropped
+    predicted = np.array([int(np.argmax(r.json()["outputs"][0]["data"])) for r in replies])
+    assert np.mean(predicted == y[:200]) > 0.85  # each client got its own rows
+    batches = gateway.sample("understudy_gateway_batch_size_count", app_id=app,
+                             scheduler="orloj")
+    rows = gateway.sample("understudy_gateway_batch_size_sum", app_id=app, scheduler="orloj")
+    assert batches is not None and rows is not None
+    assert rows >= 200 and batches < rows  # some went together
+    measured = gateway.sample("understudy_gateway_batch_overhead_seconds_count", app_id=app)
+    if app == "static":  # no reported time: nothing to measure an overhead beside
+        assert not measured
+        return
+    # every batch Orloj sent: a positive overhead beside the model's own time, and sane
+    assert measured == batches
+    total = gateway.sample("understudy_gateway_batch_overhead_seconds_sum", app_id=app)
+    assert total is not None and 0 < total / measured < 0.1
