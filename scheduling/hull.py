@@ -8,6 +8,10 @@ sizes that are powers of two, each block keeps its static upper hull, an inserti
 blocks (amortised O(log² n)), a query searches each block's hull (O(log² n)), and a deletion
 marks the point dead — a block whose answer is dead is rebuilt from its live points before it
 answers again, so answers are always live points.
+
+While it holds few points (at most ``SMALL``) it keeps no blocks: a query scans them, which
+costs less than the block merges every insertion would (most queues hold a handful of
+requests); past ``SMALL`` it builds its blocks, and drops them again below ``SMALL // 2``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+
+SMALL = 16
+"""Up to this many points, no blocks: a query scans them all."""
 
 Point = tuple[float, float, Hashable, int]
 """(A, β, key, version)."""
@@ -64,6 +71,8 @@ class UpperHull:
         self._live: dict[Hashable, tuple[float, float, int]] = {}
         self._dead = 0
         self._version = 0
+        self._blocked = False
+        """Whether the points are in blocks (else few enough to scan)."""
 
     def __len__(self) -> int:
         return len(self._live)
@@ -85,6 +94,11 @@ class UpperHull:
             self.remove(key)
         self._version += 1
         self._live[key] = (a, beta, self._version)
+        if not self._blocked:
+            if len(self._live) > SMALL:
+                self._blocked = True
+                self._rebuild()
+            return
         carry: list[Point] = [(a, beta, key, self._version)]
         while self._blocks and len(self._blocks[-1].points) <= len(carry):
             carry += self._blocks.pop().points
@@ -94,14 +108,24 @@ class UpperHull:
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key`` (no-op when absent)."""
-        if self._live.pop(key, None) is not None:
-            self._dead += 1
-            if self._dead > max(64, 2 * len(self._live)):
-                self._rebuild()
+        if self._live.pop(key, None) is None or not self._blocked:
+            return
+        if len(self._live) <= SMALL // 2:  # few again: scanning is cheaper
+            self._blocked, self._blocks, self._dead = False, [], 0
+            return
+        self._dead += 1
+        if self._dead > max(64, 2 * len(self._live)):
+            self._rebuild()
 
     def best(self, u: float) -> tuple[Hashable, float] | None:
         """(key, A·u + β) of the live point of highest value at ``u``; None when empty."""
         top: tuple[Hashable, float] | None = None
+        if not self._blocked:
+            for key, (a, beta, _) in self._live.items():
+                value = a * u + beta
+                if top is None or value > top[1]:
+                    top = (key, value)
+            return top
         for block in self._blocks:
             while block.hull:
                 point = block.best(u)

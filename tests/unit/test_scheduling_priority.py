@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from scheduling.distribution import Distribution, mixture
-from scheduling.hull import UpperHull
+from scheduling.hull import SMALL, UpperHull
 from scheduling.priority import DEAD, Curve
 
 A = 0.02  # anticipated delay (s)
@@ -102,3 +102,34 @@ def test_upper_hull_matches_brute_force() -> None:
             assert got[0] in ref
         assert len(hull) == len(ref)
     assert UpperHull().best(1.0) is None
+
+
+def test_upper_hull_stays_right_as_it_grows_past_and_shrinks_below_the_scanned_size() -> None:
+    rng = random.Random(2)
+    hull, ref = UpperHull(), {}
+    key = 0
+    for _ in range(6):  # up past SMALL (blocks built), down to empty (blocks dropped)
+        for phase in ("grow", "shrink"):
+            for _ in range(3 * SMALL):
+                if phase == "grow":
+                    a, b = rng.uniform(-1, 1), rng.uniform(-1, 1)
+                    hull.insert(key, a, b)
+                    ref[key] = (a, b)
+                    key += 1
+                elif ref:
+                    gone = rng.choice(list(ref))
+                    hull.remove(gone)
+                    del ref[gone]
+                if rng.random() < 0.3 and ref:  # a point moves
+                    moved = rng.choice(list(ref))
+                    ref[moved] = (rng.uniform(-1, 1), rng.uniform(-1, 1))
+                    hull.insert(moved, *ref[moved])
+                u = math.exp(rng.uniform(-3, 3))
+                got = hull.best(u)
+                if not ref:
+                    assert got is None
+                    continue
+                want = max(a * u + b for a, b in ref.values())
+                assert got is not None and got[0] in ref
+                assert got[1] == pytest.approx(want, rel=1e-12, abs=1e-12)
+                assert len(hull) == len(ref)
