@@ -425,7 +425,7 @@ class BatchPolicy:
         for key, seconds in solo.items():
             self._window(app_of[key]).append(seconds)
         self.since_replan += len(solo)
-        # beyond the model's own time: transfer, Triton and this gateway, under today's load
+        # beyond the model's own time: transfer, Triton and this gateway, under the load of now
         overhead = latency - max(execs.values()) if execs else None
         if overhead is not None:
             self.events.batch_overhead(self.queue_id, overhead)
