@@ -426,7 +426,8 @@ class BatchPolicy:
             self._window(app_of[key]).append(seconds)
         self.since_replan += len(solo)
         # beyond the model's own time: transfer, Triton and this gateway, under the load of now
-        overhead = latency - max(execs.values()) if execs else None
+        # (a model that reports more than the batch took measured itself on another clock)
+        overhead = max(0.0, latency - max(execs.values())) if execs else None
         if overhead is not None:
             self.events.batch_overhead(self.queue_id, overhead)
         self.scheduler.completed(BatchDone(batch, started, latency, solo, overhead))

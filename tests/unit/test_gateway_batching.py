@@ -48,6 +48,8 @@ class FakeModel:
         self.exec_s, self.slope, self.report = exec_s, slope, report
         self.unreported_s = unreported_s
         """Time a request takes beyond what the model reports (transfer, the server)."""
+        self.overstated_s = 0.0
+        """Added to the reported times only (a model measuring itself on another clock)."""
         self.batches: list[int] = []
         self.sent_as: list[str] = []
         """The app each Triton request was sent as."""
@@ -74,7 +76,7 @@ class FakeModel:
         outputs = {"logits": rows.astype(np.float32).reshape(-1, 1)}
         if self.report:
             # from the batch's start to the row's exit: slowed by the rows beside it
-            scaled = times * (1 + self.slope * (len(rows) - 1))
+            scaled = times * (1 + self.slope * (len(rows) - 1)) + self.overstated_s
             outputs["exec_us"] = (scaled * 1e6).astype(np.float32).reshape(-1, 1)
         data, header = http_answer(query, outputs, route.model_name, "model")
         headers = {"content-type": "application/json"}
@@ -212,6 +214,9 @@ def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() 
         assert p.scheduler.profile.batch_latency(1).mean() > 0.006
         assert len(events.overheads) >= MIN_OVERHEAD_SAMPLES  # and the metrics saw each
         assert min(events.overheads) >= 0.004
+        model.overstated_s = 1.0  # reports more than the batch took: no negative overhead
+        await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(2)))
+        assert events.overheads[-1] == 0.0
 
     run(scenario)
 
