@@ -34,6 +34,12 @@ from functools import cached_property
 from scheduling.distribution import Distribution, max_of, mixture
 from scheduling.types import BatchLaw
 
+OVERHEAD_POINTS = 5
+"""Stand-ins for the overhead's distribution in on-time chances (each costs a CDF lookup per
+request of a weighed batch)."""
+MIN_OVERHEAD_SAMPLES = 32
+"""Live overheads a snapshot needs before it uses their distribution (else the law's)."""
+
 
 @dataclass(frozen=True, eq=False)
 class ModelProfile:
@@ -106,13 +112,6 @@ class ModelProfile:
     def overhead_mean(self) -> float:
         """The expected overhead per batch."""
         return self.law.overhead_s if self.overhead is None else self.overhead.mean()
-
-
-OVERHEAD_POINTS = 5
-"""Stand-ins for the overhead's distribution in on-time chances (each costs a CDF lookup per
-request of a weighed batch)."""
-MIN_OVERHEAD_SAMPLES = 32
-"""Live overheads a snapshot needs before it uses their distribution (else the law's)."""
 
 
 class Profiler:
