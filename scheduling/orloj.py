@@ -26,11 +26,10 @@ import heapq
 import itertools
 import logging
 import math
-from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from scheduling.distribution import Distribution, expected_max_of
+from scheduling.distribution import Distribution
 from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
 from scheduling.priority import DEAD, Curve
@@ -71,9 +70,21 @@ class _SizeQueue:
         return self.deadlines[0][0] if self.deadlines else math.inf
 
 
-_Candidate = tuple[float, int, _SizeQueue, list[Hashable], float]
+_Candidate = tuple[float, int, _SizeQueue, list[Hashable], float, float]
 """A batch weighed by goodput selection: (goodput, size, its queue, its keys, its expected
-latency)."""
+latency, its expected on-time finishes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Urgent:
+    """One of the requests of highest priority, as a decision's candidates are weighed."""
+
+    key: Hashable
+    slack_s: float
+    latency: Distribution
+    """The latency of a batch of it alone."""
+    chance: float
+    """P(it finishes in time) sent alone now."""
 
 
 class Orloj:
@@ -109,7 +120,7 @@ class Orloj:
         if self.delay_s <= 0:  # a model whose requests take no time: any scale will do
             self.delay_s = 1e-3
         self._curves: dict[tuple[str | None, int], Curve] = {}
-        self._compositions: dict[tuple[tuple[str, int], ...], float] = {}
+        self._compositions: dict[tuple[tuple[str, int], ...], Distribution] = {}
         self._mixes: dict[int, Distribution] = {}
 
     def curve(self, app: str | None, n: int) -> Curve:
@@ -289,16 +300,17 @@ class Orloj:
                 for keys in self._candidates(queue, now_s):
                     on_time, expected = self._on_time(keys, now_s)
                     # expected on-time finishes per second of worker time
-                    entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected)
+                    entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected,
+                             on_time)
                     if best is None or entry[:2] > best[:2]:
                         best = entry
                     if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
-                            self._lost(keys, urgent, expected, now_s) <= HARMLESS_LOSS:
+                            self._lost(keys, urgent, expected) <= HARMLESS_LOSS:
                         harmless = entry
             assert best is not None  # ready is not empty
             if harmless is not None and harmless is not best and self._lost(
-                    best[3], urgent, best[4], now_s) > HARMLESS_LOSS and self._waits(
-                    best[3], harmless[4], now_s):
+                    best[3], urgent, best[4]) > HARMLESS_LOSS and self._waits(
+                    best, harmless[4], now_s):
                 # the best batch would cost an urgent request its chance, and it can still
                 # finish as well after one that costs nobody theirs: that one first
                 best = harmless
@@ -336,44 +348,40 @@ class Orloj:
             found += [keys[:queue.size] for keys in by_app.values()]
         return found
 
-    def _urgent(self, now_s: float) -> list[Hashable]:
+    def _urgent(self, now_s: float) -> list[_Urgent]:
         """The requests of highest priority overall (none with one app, or not request-aware).
 
-        The size-1 queue holds every request.
+        The size-1 queue holds every request. Each with its chance of finishing alone now,
+        which every candidate batch is weighed against (``_lost``).
         """
         if not self._several_apps():
             return []
-        return self._top(self._queues[0], now_s, URGENT_COUNT)
+        found = []
+        for key in self._top(self._queues[0], now_s, URGENT_COUNT):
+            request = self._requests[key]
+            latency = self._composition(((request.app, 1),))
+            slack = request.deadline_s - now_s
+            found.append(_Urgent(key, slack, latency, latency.cdf_list((slack,))[0]))
+        return found
 
     def _several_apps(self) -> bool:
         """Whether requests are told apart by app (request-aware) and there are several."""
         return self.config.request_aware and len(self.profile.apps) > 1
 
-    def _lost(self, keys: list[Hashable], others: list[Hashable], took_s: float,
-              now_s: float) -> float:
-        """Expected finishes ``others`` lose if ``keys`` run first, for ``took_s``.
+    def _lost(self, keys: list[Hashable], urgent: list[_Urgent], took_s: float) -> float:
+        """Expected finishes the ``urgent`` requests lose if ``keys`` run first, for ``took_s``.
 
-        Each request of ``others`` not in ``keys`` loses the chance it has now of finishing
-        alone minus the chance it keeps after the wait. Without this check, batches of
-        short requests, which finish more per second, starve long ones past their deadlines.
+        Each urgent request not in ``keys`` loses the chance it has now of finishing alone
+        minus the chance it keeps after the wait. Without this check, batches of short
+        requests, which finish more per second, starve long ones past their deadlines.
         """
         chosen = set(keys)
-        offsets = self.profile.overhead_points
-        lost = 0.0
-        for key in others:
-            if key in chosen:
-                continue
-            request = self._requests[key]
-            slack = request.deadline_s - now_s
-            found = self.profile.solo(request.app).cdf_list(
-                [x for o in offsets for x in (slack - o, slack - o - took_s)])
-            lost += (sum(found[0::2]) - sum(found[1::2])) / len(offsets)
-        return lost
+        return sum(u.chance - u.latency.cdf_list((u.slack_s - took_s,))[0]
+                   for u in urgent if u.key not in chosen)
 
-    def _waits(self, keys: list[Hashable], wait_s: float, now_s: float) -> bool:
-        """Whether the batch ``keys`` sent ``wait_s`` later finishes about as many on time."""
-        return (self._on_time(keys, now_s)[0] - self._on_time(keys, now_s + wait_s)[0]
-                <= HARMLESS_LOSS)
+    def _waits(self, batch: _Candidate, wait_s: float, now_s: float) -> bool:
+        """Whether ``batch`` sent ``wait_s`` later finishes about as many on time."""
+        return batch[5] - self._on_time(batch[3], now_s + wait_s)[0] <= HARMLESS_LOSS
 
     def _top(self, queue: _SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
         """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``.
@@ -400,28 +408,19 @@ class Orloj:
         """(expected on-time finishes, expected latency) of a batch sent at ``now_s``.
 
         Request-aware, the batch's latency is that of its actual members' apps (eq. 7-8 on
-        the known composition: P(on time) = Π F_app((slack - overhead) / scale), averaged
-        over the overhead's stand-ins); otherwise, or for a static model (one draw per batch),
-        the size's mixture estimate.
+        the known composition, the overhead's distribution added); otherwise, or for a static
+        model (one draw per batch), the size's mixture estimate. One CDF lookup per member.
         """
         requests = [self._requests[key] for key in keys]
+        slacks = [r.deadline_s - now_s for r in requests]
         if not self.config.request_aware or self.profile.per_batch:
             latency = self._mix_latency(len(requests))
-            expected = latency.mean()
-            return sum(latency.cdf_list([r.deadline_s - now_s for r in requests])), expected
-        profile = self.profile
-        scale = profile.law.scale(len(requests))
-        offsets = profile.overhead_points
-        counts = Counter(r.app for r in requests)
-        # every (overhead stand-in, request) pair at once: one CDF lookup per app
-        longest = [(r.deadline_s - now_s - o) / scale for o in offsets for r in requests]
-        chance = [1.0] * len(longest)
-        for app, count in counts.items():
-            found = profile.solo(app).cdf_list(longest)
-            chance = [c * f ** count for c, f in zip(chance, found, strict=True)]
-        expected = profile.overhead_mean + scale * self._composition(
-            tuple(sorted(counts.items())))
-        return sum(chance) / len(offsets), expected
+        else:
+            counts: dict[str, int] = {}
+            for r in requests:
+                counts[r.app] = counts.get(r.app, 0) + 1
+            latency = self._composition(tuple(sorted(counts.items())))
+        return sum(latency.cdf_list(slacks)), latency.mean()
 
     def _mix_latency(self, n: int) -> Distribution:
         """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""
@@ -430,16 +429,19 @@ class Orloj:
             latency = self._mixes[n] = self.profile.batch_latency(n)
         return latency
 
-    def _composition(self, counts: tuple[tuple[str, int], ...]) -> float:
-        """E[longest solo time] of a batch with ``counts`` requests per app, cached."""
-        expected = self._compositions.get(counts)
-        if expected is None:
-            expected = expected_max_of([self.profile.solo(a) for a, _ in counts],
-                                       [c for _, c in counts])
+    def _composition(self, counts: tuple[tuple[str, int], ...]) -> Distribution:
+        """The latency of a batch with ``counts`` requests per app, cached per profile.
+
+        A new composition costs milliseconds (its maximum's distribution and the overhead's
+        sum); a queue sees a few dozen (up to the largest batch size, per mix of apps).
+        """
+        latency = self._compositions.get(counts)
+        if latency is None:
+            latency = self.profile.composition_latency(dict(counts))
             if len(self._compositions) >= 4096:
                 self._compositions.clear()
-            self._compositions[counts] = expected
-        return expected
+            self._compositions[counts] = latency
+        return latency
 
     def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
         batch = []

@@ -34,9 +34,6 @@ from functools import cached_property
 from scheduling.distribution import Distribution, max_of, mixture
 from scheduling.types import BatchLaw
 
-OVERHEAD_POINTS = 5
-"""Stand-ins for the overhead's distribution in on-time chances (each costs a CDF lookup per
-request of a weighed batch)."""
 MIN_OVERHEAD_SAMPLES = 32
 """Live overheads a snapshot needs before it uses their distribution (else the law's)."""
 
@@ -98,15 +95,24 @@ class ModelProfile:
             return longest.affine(self.law.scale(n), self.law.overhead_s)
         return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
 
-    @cached_property
-    def overhead_points(self) -> tuple[float, ...]:
-        """Equal-mass stand-ins for the overhead, to average on-time chances over.
+    def composition_latency(self, counts: Mapping[str, int]) -> Distribution:
+        """The latency of a batch whose members are ``counts[app]`` requests of each app.
 
-        The law's constant alone while no live overhead was measured.
+        Eq. 7-8 on a known composition: the longest of the members' own solo times, scaled
+        by the law for the batch's size, plus the overhead (the live distribution, or the
+        law's constant). A static model (``per_batch``): one draw of the mixture.
         """
+        n = sum(counts.values())
+        if n < 1:
+            raise ValueError("a batch has at least one request")
+        if self.per_batch:
+            longest = self.mix
+        else:
+            names = sorted(a for a, c in counts.items() if c > 0)
+            longest = max_of([self.solo(a) for a in names], [counts[a] for a in names])
         if self.overhead is None:
-            return (self.law.overhead_s,)
-        return tuple(self.overhead.representatives(OVERHEAD_POINTS).tolist())
+            return longest.affine(self.law.scale(n), self.law.overhead_s)
+        return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
 
     @cached_property
     def overhead_mean(self) -> float:

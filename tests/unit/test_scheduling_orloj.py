@@ -319,3 +319,32 @@ def test_a_refresh_keeps_the_curves_while_the_distributions_have_not_moved() -> 
         key += 1
     assert orloj.profile is not installed
     assert orloj.profile.mix.quantile(0.99) == pytest.approx(0.05, rel=0.05)
+
+
+def test_a_compositions_latency_matches_monte_carlo_with_the_overhead() -> None:
+    rng = np.random.default_rng(5)
+    short = rng.normal(1e-3, 1e-4, 100_000)
+    long = rng.gamma(9.0, 5e-4, 100_000)
+    overhead = rng.gamma(4.0, 4e-4, 100_000)
+    law = BatchLaw(slope=0.2, overhead_s=0.0)
+    profile = ModelProfile(
+        {"easy": Distribution.from_samples(short[:4000]),
+         "hard": Distribution.from_samples(long[:4000])}, {"easy": 1.0, "hard": 1.0}, law,
+        overhead=Distribution.from_samples(overhead[:4000]))
+    latency = profile.composition_latency({"easy": 3, "hard": 2})
+    draws = (law.scale(5) * np.maximum(rng.choice(short, (50_000, 3)).max(axis=1),
+                                        rng.choice(long, (50_000, 2)).max(axis=1))
+             + rng.choice(overhead, 50_000))
+    assert latency.mean() == pytest.approx(draws.mean(), rel=0.02)
+    for q in (0.1, 0.5, 0.9, 0.99):
+        assert latency.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.05)
+    # the chance a batch of that composition meets a slack: what goodput selection weighs
+    orloj = Orloj(profile, OrlojConfig(batch_sizes=(1, 2, 4, 8), request_aware=True,
+                                       selection="goodput"))
+    slack = float(np.quantile(draws, 0.7))
+    members = [request(k, 0.0, slack, "easy" if k < 3 else "hard") for k in range(5)]
+    for r in members:
+        orloj._requests[r.key] = r  # as if queued
+    on_time, expected = orloj._on_time([r.key for r in members], 0.0)
+    assert on_time == pytest.approx(5 * 0.7, abs=5 * 0.03)
+    assert expected == pytest.approx(draws.mean(), rel=0.02)
