@@ -152,6 +152,19 @@ class Distribution:
         frac = (q - cs[k - 1]) / (cs[k] - cs[k - 1])
         return float(xs[k - 1] + frac * (xs[k] - xs[k - 1]))
 
+    def quantiles(self, qs: FloatArray) -> FloatArray:
+        """:meth:`quantile` at each of ``qs`` (in [0, 1]), in one pass."""
+        xs, cs = self.xs, self.cs
+        qs = np.asarray(qs, dtype=float)
+        k = np.searchsorted(cs, qs - 1e-12, side="left")
+        j = np.clip(k, 1, xs.size - 1)
+        rise = cs[j] - cs[j - 1]
+        steep = rise > _EPS
+        frac = np.where(steep, (qs - cs[j - 1]) / np.where(steep, rise, 1.0), 1.0)
+        inside = xs[j - 1] + frac * (xs[j] - xs[j - 1])
+        found = np.where(k == 0, xs[0], np.where(k >= xs.size, xs[-1], inside))
+        return np.asarray(np.where(qs <= 0.0, xs[0], found))
+
     def mean(self) -> float:
         """E[X] (computed once: schedulers ask it at every decision)."""
         return self._mean
@@ -197,7 +210,7 @@ class Distribution:
         """
         if count < 1:
             raise ValueError("at least one representative")
-        return np.array([self.quantile((k + 0.5) / count) for k in range(count)])
+        return self.quantiles((np.arange(count) + 0.5) / count)
 
     def distance(self, other: Distribution) -> float:
         """The largest gap between the two CDFs (the Kolmogorov-Smirnov distance).
@@ -304,11 +317,13 @@ def _interleave(points: FloatArray, left: FloatArray,
     return xs[keep], cs[keep]
 
 
-def _combine(points: FloatArray, left: FloatArray, right: FloatArray) -> Distribution:
+def _combine(points: FloatArray, left: FloatArray, right: FloatArray,
+             max_knots: int | None = MAX_KNOTS) -> Distribution:
     xs, cs = _interleave(points, left, right)
     if xs.size < 2 or xs[-1] - xs[0] <= 0 and cs[-1] - cs[0] <= _EPS:
         return Distribution.point(float(points[0]))
-    return Distribution.from_knots(xs, cs).coarsen(MAX_KNOTS)
+    found = Distribution.from_knots(xs, cs)
+    return found if max_knots is None else found.coarsen(max_knots)
 
 
 def mixture(dists: Sequence[Distribution], weights: Sequence[float]) -> Distribution:
@@ -342,14 +357,15 @@ def _max_limits(dists: Sequence[Distribution], counts: Sequence[int],
 
 
 def max_of(dists: Sequence[Distribution], counts: Sequence[int],
-           refine: int = 4) -> Distribution:
+           refine: int = 4, max_knots: int | None = MAX_KNOTS) -> Distribution:
     """The distribution of the maximum of ``counts[i]`` independent draws from ``dists[i]``.
 
     F_max(x) = Π F_i(x)^counts[i] (eq. 6 for one distribution, eq. 7-8 for several: the
-    maximum of independent, not identically distributed variables).
+    maximum of independent, not identically distributed variables). Coarsened to
+    ``max_knots`` (None: every refined knot kept, for a result only summed or sampled).
     """
     points, left, right = _max_limits(dists, counts, refine)
-    return _combine(points, left, right)
+    return _combine(points, left, right, max_knots)
 
 
 def expected_max_of(dists: Sequence[Distribution], counts: Sequence[int],

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from scheduling.distribution import Distribution, max_of, mixture
+from scheduling.distribution import MAX_KNOTS, Distribution, max_of, mixture
 from scheduling.types import BatchLaw
 
 MIN_OVERHEAD_SAMPLES = 32
@@ -109,7 +109,9 @@ class ModelProfile:
             longest = self.mix
         else:
             names = sorted(a for a, c in counts.items() if c > 0)
-            longest = max_of([self.solo(a) for a in names], [counts[a] for a in names])
+            # kept fine where the overhead's sum resamples it (coarsening costs more)
+            longest = max_of([self.solo(a) for a in names], [counts[a] for a in names],
+                             max_knots=MAX_KNOTS if self.overhead is None else None)
         if self.overhead is None:
             return longest.affine(self.law.scale(n), self.law.overhead_s)
         return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)

@@ -122,3 +122,14 @@ def test_the_distance_is_the_largest_gap_between_the_cdfs() -> None:
     np.testing.assert_allclose(reps, [0.125, 0.375, 0.625, 0.875])
     with pytest.raises(ValueError):
         uniform.representatives(0)
+
+
+def test_quantiles_in_one_pass_agree_with_each_quantile() -> None:
+    rng = np.random.default_rng(11)
+    shapes = [Distribution.from_samples(rng.lognormal(0.0, 1.0, 500)),
+              Distribution.from_knots([0.01, 0.012, 0.03, 0.034], [0.0, 0.5, 0.5, 1.0]),  # a gap
+              Distribution.from_knots([1.0, 1.0, 2.0, 2.0, 3.0], [0.0, 0.3, 0.6, 0.8, 1.0]),
+              Distribution.point(4e-3)]
+    qs = np.concatenate([[0.0, 1e-15, 0.3, 0.5, 0.6, 0.8, 1.0], rng.random(100)])
+    for shape in shapes:
+        assert shape.quantiles(qs).tolist() == [shape.quantile(q) for q in qs]
