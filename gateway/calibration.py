@@ -59,7 +59,7 @@ ORLOJ_CONFIGS: dict[str, dict[str, Any]] = {
     "orloj": {"request_aware": True, "selection": "goodput", "partial_batches": True},
     "orloj_paper": {},
 }
-"""Orloj's settings by scheduler name: ours (the three departures of ``docs/scheduling.md``)
+"""Orloj's settings by scheduler name: ours (the departures of ``docs/scheduling.md``)
 and the paper's rules."""
 
 
@@ -155,7 +155,7 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
                    max_batch: int) -> BatchScheduler:
     """A scheduler of ``SCHEDULERS`` planned from ``profile`` for the objective ``slo_s``.
 
-    ``orloj``: with our three departures on (``docs/scheduling.md``), as the simulator's "Orloj
+    ``orloj``: with our departures on (``docs/scheduling.md``), as the simulator's "Orloj
     (ours)"; ``orloj_paper``: the paper's rules; the baselines with the settings the simulator
     gives them.
     """

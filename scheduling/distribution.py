@@ -367,16 +367,3 @@ def max_of(dists: Sequence[Distribution], counts: Sequence[int],
     points, left, right = _max_limits(dists, counts, refine)
     return _combine(points, left, right, max_knots)
 
-
-def expected_max_of(dists: Sequence[Distribution], counts: Sequence[int],
-                    refine: int = 4) -> float:
-    """E[max] of ``counts[i]`` independent draws from ``dists[i]``.
-
-    Without building the distribution: the trapezoid rule on the refined knots (jumps exact).
-    """
-    points, left, right = _max_limits(dists, counts, refine)
-    xs, cs = _interleave(points, left, right)
-    if xs.size < 2:
-        return float(xs[0])
-    return float(xs[0] + np.sum((1.0 - (cs[:-1] + cs[1:]) / 2.0) * np.diff(xs)))
-

@@ -45,6 +45,9 @@ URGENT_COUNT = 4
 """How many of the highest priorities overall a batch is checked against (``_lost``)."""
 HARMLESS_LOSS = 0.1
 """Expected finishes below which a batch costs the requests it leaves out nothing."""
+CLEAR_LIMIT = 64
+"""Queues longer than this are not checked for being cleared in time (``_clears``): that
+many requests served alone outlast any objective worth batching for."""
 
 
 @dataclass(slots=True)
@@ -122,6 +125,7 @@ class Orloj:
         self._curves: dict[tuple[str | None, int], Curve] = {}
         self._compositions: dict[tuple[tuple[str, int], ...], Distribution] = {}
         self._mixes: dict[int, Distribution] = {}
+        self._latency_moments: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
 
     def curve(self, app: str | None, n: int) -> Curve:
         """Eq. 2's curve for a batch of ``n`` (per app when request-aware)."""
@@ -296,12 +300,14 @@ class Orloj:
             best: _Candidate | None = None
             harmless: _Candidate | None = None
             urgent = self._urgent(now_s)
+            entries: list[_Candidate] = []
             for queue in ready:
                 for keys in self._candidates(queue, now_s):
                     on_time, expected = self._on_time(keys, now_s)
                     # expected on-time finishes per second of worker time
                     entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected,
                              on_time)
+                    entries.append(entry)
                     if best is None or entry[:2] > best[:2]:
                         best = entry
                     if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
@@ -314,11 +320,75 @@ class Orloj:
                 # the best batch would cost an urgent request its chance, and it can still
                 # finish as well after one that costs nobody theirs: that one first
                 best = harmless
+            if self.config.clear_in_time:
+                best = self._keep_clearable(best, entries, now_s)
             return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
         queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
         keys = self._top(queue, now_s)
         return queue, keys, self._mix_latency(len(keys)).mean()
+
+    def _keep_clearable(self, best: _Candidate, entries: list[_Candidate],
+                        now_s: float) -> _Candidate:
+        """``best``, unless it would make a queue that can be cleared in time unclearable.
+
+        Cleared in time (``_clears``): served in deadline order, in batches, every request
+        finishes by its deadline. When the queue can be cleared from now but not after
+        ``best``, ``best`` would cost a request its deadline for nothing (everyone could be
+        served): the candidate of most goodput after which it still can be goes instead, or
+        else the request of earliest deadline alone. A queue that cannot be cleared even from
+        now is overloaded: goodput decides who finishes. Without this, at loose objectives,
+        short requests' batches (more finishes per second) keep long requests waiting until
+        they cannot finish even alone.
+        """
+        if len(self._requests) > CLEAR_LIMIT:
+            return best
+        order = sorted(self._requests.values(), key=lambda r: r.deadline_s)
+        if self._clears(order, now_s + best[4], set(best[3])) or not self._clears(order, now_s):
+            return best
+        keeping = [e for e in entries if self._clears(order, now_s + e[4], set(e[3]))]
+        if keeping:
+            return max(keeping, key=lambda e: e[:2])
+        first = [order[0].key]
+        on_time, expected = self._on_time(first, now_s)
+        return (on_time / max(expected, 1e-12), 1, self._queues[0], first, expected, on_time)
+
+    def _clears(self, order: list[QueuedRequest], start_s: float,
+                skip: set[Hashable] | None = None) -> bool:
+        """Whether ``order`` (by deadline) less ``skip`` can all finish in time from ``start_s``.
+
+        Served in deadline order, in batches: each batch takes the next requests while the
+        earliest deadline among them is still met within the batch's p99 latency (up to the
+        largest batch size), and the next starts after its expected latency. A request is
+        protected while it still has a margin, not once its chance is down to a coin toss.
+        """
+        largest = self.config.batch_sizes[-1]
+        t = start_s
+        batch: dict[str, int] = {}
+        first = 0.0
+        for request in order:
+            if skip and request.key in skip:
+                continue
+            if batch and sum(batch.values()) < largest:
+                batch[request.app] = batch.get(request.app, 0) + 1
+                if t + self._latency_of(batch)[1] <= first:
+                    continue  # it rides along
+                batch[request.app] -= 1
+            if batch:  # the batch so far goes; this request opens the next one
+                t += self._latency_of(batch)[0]
+            batch, first = {request.app: 1}, request.deadline_s
+            if t + self._latency_of(batch)[1] > first:
+                return False
+        return True
+
+    def _latency_of(self, counts: dict[str, int]) -> tuple[float, float]:
+        """(mean, p99) latency of a batch with ``counts`` requests per app, cached."""
+        key = tuple(sorted((a, c) for a, c in counts.items() if c))
+        found = self._latency_moments.get(key)
+        if found is None:
+            latency = self._composition(key)
+            found = self._latency_moments[key] = (latency.mean(), latency.quantile(0.99))
+        return found
 
     def _ready(self) -> list[_SizeQueue]:
         """The sizes a batch can be formed at.

@@ -34,6 +34,11 @@ class OrlojConfig(BaseModel):
     when the best batch would cost one of the most urgent requests left out its chance of
     finishing, the best batch costing none goes first if the best one's requests can still
     finish after it (short requests do not starve long ones while they can wait)."""
+    clear_in_time: bool = True
+    """With ``goodput``: while the queue could still be cleared in time (served in deadline
+    order, in batches, every request finishing by its deadline), never pick a batch after
+    which it could not (``Orloj._keep_clearable``); goodput alone decides once it is
+    overloaded."""
     partial_batches: bool = False
     """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
     more than the next smaller size (ours: the batch runs at the size it has); False: only

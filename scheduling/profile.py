@@ -118,11 +118,6 @@ class ModelProfile:
             return longest.affine(self.law.scale(n), self.law.overhead_s)
         return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
 
-    @cached_property
-    def overhead_mean(self) -> float:
-        """The expected overhead per batch."""
-        return self.law.overhead_s if self.overhead is None else self.overhead.mean()
-
 
 class Profiler:
     """Sliding windows of what the workers report (feed it from the batches' completions)."""

@@ -348,3 +348,32 @@ def test_a_compositions_latency_matches_monte_carlo_with_the_overhead() -> None:
     on_time, expected = orloj._on_time([r.key for r in members], 0.0)
     assert on_time == pytest.approx(5 * 0.7, abs=5 * 0.03)
     assert expected == pytest.approx(draws.mean(), rel=0.02)
+
+
+@pytest.mark.parametrize("clear_in_time", [True, False])
+def test_long_requests_are_served_in_time_while_everyone_can_be(clear_in_time: bool) -> None:
+    """A loose objective, three long requests, and short ones arriving about as fast as they
+    are served, on a model that batches poorly (slope 0.5): batches of short ones always
+    finish most per second. While the queue can still be cleared in time the long ones are
+    served before their deadlines; goodput alone keeps them waiting until they cannot finish
+    even alone (dropped)."""
+    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
+    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0},
+                           BatchLaw(slope=0.5))
+    orloj = Orloj(profile, OURS.model_copy(update={"clear_in_time": clear_in_time}))
+    longs = {-1, -2, -3}
+    for key in longs:
+        orloj.enqueue(request(key, 0.0, 0.150, "long"), 0.0)
+    now, key, on_time, dropped = 0.0, 1, set(), set()
+    while now < 0.2:
+        for _ in range(4):  # each with 150 ms
+            orloj.enqueue(request(key, now, now + 0.150, "short"), now)
+            key += 1
+        decision = orloj.next_batch(now)
+        took = decision.expected_latency_s or 0.001
+        on_time |= {r.key for r in decision.batch if now + took <= r.deadline_s}
+        dropped |= {d.request.key for d in decision.drops}
+        now += took
+    assert (longs <= on_time) is clear_in_time
+    assert (longs <= dropped) is not clear_in_time
