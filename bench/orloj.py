@@ -34,8 +34,12 @@ Workloads (``--workloads``, all by default):
    the machine with the model), digits drawn at random from the app's, for ``--seconds`` per
    run, after a warm-up that lets the queue's scheduler take over. A request *finishes* when
    its answer comes back within the SLO of its scheduled send time (a client that falls
-   behind counts against the scheduler); a drop (``deadline-unreachable``, ``expired``) or a
-   late answer does not. The finish rate is finished over sent (Orloj §5.2).
+   behind counts against the scheduler); a drop (``deadline-unreachable``, ``expired``), a
+   timeout (``deadline``) or a late answer does not. The finish rate is finished over sent
+   (Orloj §5.2). Each request carries the time left to its SLO when it is sent as its
+   timeout (``understudy-timeout-ms``), as a client with a deadline does, so the gateway's
+   deadline is the client's (``--no-propagate-deadline``: 10 x the SLO, the gateway's
+   objective alone); ``client_send_lag_ms`` is how late the client sent (p50, p99).
 3. **Runs**: every (workload, SLO, scheduler); at each SLO the ``--seconds`` go in
    ``--slices`` (5) slices, and in each slice every scheduler takes its turn, in a shuffled
    order, on the same arrival times and digits, so that a drift of the machine (a background
@@ -101,6 +105,8 @@ MAX_BATCH = 8
 WARMUP_REQUESTS = 60
 MEASURE_REQUESTS = 2000
 TIMEOUT_HEADER = "understudy-timeout-ms"
+MIN_TIMEOUT_MS = 0.001
+"""A request sent after its deadline still goes, with this timeout (the gateway fails it)."""
 
 
 Request = tuple[bytes, tuple[tuple[str, str], ...]]
@@ -167,11 +173,14 @@ class Run:
     outcomes: dict[str, int] = field(default_factory=dict)
     by_class: dict[str, dict[str, int]] = field(default_factory=dict)
     """The outcomes per class of requests (a workload of several classes only)."""
+    send_lag_s: list[float] = field(default_factory=list)
+    """Per request: how late the client started sending it after its scheduled time."""
 
     def add(self, other: Run) -> None:
         """Count ``other``'s requests in this run too."""
         self.sent += other.sent
         self.finished += other.finished
+        self.send_lag_s += other.send_lag_s
         add_counts(self.outcomes, other.outcomes)
         for label, counts in other.by_class.items():
             add_counts(self.by_class.setdefault(label, {}), counts)
@@ -202,7 +211,7 @@ class Client:
         try:
             reply = await self.http.request(
                 self.hostport, "POST", f"/v2/models/{app}/infer",
-                (*headers, (TIMEOUT_HEADER, f"{timeout_ms:.0f}")), body)
+                (*headers, (TIMEOUT_HEADER, f"{timeout_ms:.3f}")), body)
         except UpstreamError as exc:
             return 0, str(exc)
         return reply.status, reply.body.decode("utf-8", "replace")
@@ -234,16 +243,24 @@ Stream = tuple[str, list[Request]]
 
 
 async def poisson_run(client: Client, streams: list[Stream], rate: float, seconds: float,
-                      slo_s: float, seed: int, labels: list[str] | None = None) -> Run:
+                      slo_s: float, seed: int, labels: list[str] | None = None,
+                      propagate: bool = True) -> Run:
     """Poisson arrivals for ``seconds``, each from a stream drawn at random; each request's
-    outcome against the SLO (and per stream's label, with ``labels``)."""
+    outcome against the SLO (and per stream's label, with ``labels``).
+
+    ``propagate``: each request's timeout is the time left to its SLO when it is sent (a
+    client with a deadline); otherwise 10 x the SLO (the gateway's SLO alone bounds it).
+    """
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     run = Run()
     tasks = []
-    timeout_ms = max(1000.0, 10 * slo_s * 1000)
+    loose_ms = max(1000.0, 10 * slo_s * 1000)
 
     async def one(due: float, app: str, body: bytes, headers: Any, label: str | None) -> None:
+        lag = loop.time() - due
+        run.send_lag_s.append(lag)
+        timeout_ms = max(MIN_TIMEOUT_MS, (slo_s - lag) * 1000) if propagate else loose_ms
         status, error = await client.infer(app, body, headers, timeout_ms)
         latency = loop.time() - due
         if status == 200:
@@ -351,6 +368,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
     by_class: dict[str, Any] = {}
+    lags: dict[str, list[float]] = {}
     order = list(args.schedulers)
     shuffle = random.Random(seed)
     for workload in workloads:
@@ -375,8 +393,9 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
                 for scheduler in order:
                     runs[scheduler].add(await poisson_run(
                         client, streams[scheduler], rate, args.seconds / args.slices, slo_s,
-                        seed * 1000 + piece, labels))
+                        seed * 1000 + piece, labels, args.propagate_deadline))
             for scheduler, run in runs.items():
+                lags.setdefault(key, []).extend(run.send_lag_s)
                 rate_done = run.finished / max(run.sent, 1)
                 finish.setdefault(key, {}).setdefault(scheduler, {})[f"{slo:g}x"] = round(
                     rate_done, 4)
@@ -387,7 +406,8 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
                         run.by_class
                 logging.info("%s %s %gx (%.2f ms): %.3f of %d %s %s", key, scheduler, slo,
                              slo_s * 1000, rate_done, run.sent, run.outcomes, run.by_class)
-    return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class}
+    return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class,
+            "send_lag_s": lags}
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -410,8 +430,15 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     for label, counts in labelled.items():
                         add_counts(by_class.setdefault(key, {}).setdefault(scheduler, {})
                                    .setdefault(slo, {}).setdefault(label, {}), counts)
+    lags: dict[str, list[float]] = {}
+    for run in runs:
+        for key, found in run.get("send_lag_s", {}).items():
+            lags.setdefault(key, []).extend(found)
     return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class,
-            "finish_rate_by_repeat": [run["finish_rate"] for run in runs]}
+            "finish_rate_by_repeat": [run["finish_rate"] for run in runs],
+            "send_lag_ms": {key: {"p50": round(float(np.percentile(v, 50)) * 1000, 3),
+                                  "p99": round(float(np.percentile(v, 99)) * 1000, 3)}
+                            for key, v in lags.items() if v}}
 
 
 def baselines_in(finish: dict[str, dict[str, float]]) -> list[str]:
@@ -471,6 +498,10 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
                              "; those of the early-exit model only where the checkout has it)")
     parser.add_argument("--schedulers", default=",".join(SCHEDULERS),
                         help="which to run (comma-separated; also " + ", ".join(VARIANTS) + ")")
+    parser.add_argument("--no-propagate-deadline", dest="propagate_deadline",
+                        action="store_false",
+                        help="send each request with a timeout of 10 x the SLO instead of the "
+                             "time left to its SLO")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
@@ -603,7 +634,8 @@ def main() -> None:
         "load": args.load, "seconds_per_run": args.seconds, "slos": slos,
         "dynamic_model": any(w.model is DYNAMIC for w in workloads),
         "outcomes": result["outcomes"], "outcomes_by_class": result["outcomes_by_class"],
-        "repeats": args.repeats,
+        "repeats": args.repeats, "deadline_propagated": args.propagate_deadline,
+        "client_send_lag_ms": result["send_lag_ms"],
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))
 

@@ -7,7 +7,8 @@ from tests.unit.scripts import load_script
 
 def _run(rate: float, finished: int, late: int) -> dict[str, object]:
     return {"finish_rate": {"dynamic": {"orloj": {"1x": rate}}},
-            "outcomes": {"dynamic": {"orloj": {"1x": {"finished": finished, "late": late}}}}}
+            "outcomes": {"dynamic": {"orloj": {"1x": {"finished": finished, "late": late}}}},
+            "send_lag_s": {"dynamic": [finished / 1000.0]}}
 
 
 def test_orloj_repeats_give_median_finish_rates_and_summed_outcomes() -> None:
@@ -17,6 +18,7 @@ def test_orloj_repeats_give_median_finish_rates_and_summed_outcomes() -> None:
     assert combined["outcomes"] == {"dynamic": {"orloj": {"1x": {"finished": 20, "late": 10}}}}
     assert [r["dynamic"]["orloj"]["1x"] for r in combined["finish_rate_by_repeat"]] == [
         0.5, 0.9, 0.6]
+    assert combined["send_lag_ms"]["dynamic"]["p50"] == 6.0  # over every request sent
 
 
 def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
@@ -35,8 +37,9 @@ def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
 def test_orloj_slices_of_a_run_add_up() -> None:
     orloj = load_script("bench/orloj.py")
     run = orloj.Run(10, 7, {"finished": 7, "late": 3})
-    run.add(orloj.Run(5, 4, {"finished": 4, "deadline-unreachable": 1}))
+    run.add(orloj.Run(5, 4, {"finished": 4, "deadline-unreachable": 1}, send_lag_s=[0.002]))
     assert (run.sent, run.finished) == (15, 11)
+    assert run.send_lag_s == [0.002]
     assert run.outcomes == {"finished": 11, "late": 3, "deadline-unreachable": 1}
 
 
