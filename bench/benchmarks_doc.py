@@ -563,8 +563,12 @@ most `--max-rate` (400/s; client, gateway and model share the machine's cores), 
 (5) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
 that the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive
 seeds, each finish rate the median over the repeats. A request finishes when its answer is
-back within the SLO of its scheduled send time; drops and late answers do not (the outcomes
-are counted per scheduler and SLO, and per class of digits on the shared queue).
+back within the SLO of its scheduled send time; drops, timeouts and late answers do not (the
+outcomes are counted per scheduler and SLO, and per class of digits on the shared queue).
+Each request carries the time left to its SLO when it is sent as its timeout, as a client
+with a deadline does (so a request the gateway cannot answer in time fails at its deadline,
+`deadline`, rather than coming back late); `client_send_lag_ms` is how late the client sent
+its requests after their scheduled times (p50, p99): time outside every scheduler's reach.
 `gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj / best
 baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with the
 best such mean (target >= 50; the paper 51-80 %); the same for the one-app `dynamic` workload
@@ -594,7 +598,10 @@ that found the queue empty, and the median is theirs).""",
          ("exec_p99_ms.static", "static: p99 execution time (ms)"),
          ("rate_rps.shared", "shared: arrival rate (/s)"),
          ("rate_rps.dynamic", "dynamic: arrival rate (/s)"),
-         ("rate_rps.static", "static: arrival rate (/s)"))),
+         ("rate_rps.static", "static: arrival rate (/s)"),
+         ("finish_rate.shared.orloj.5x", "shared, 5x p99: Orloj"),
+         ("finish_rate.shared.nexus.5x", "shared, 5x p99: Nexus-like"),
+         ("client_send_lag_ms.shared.p99", "shared: client send lag, p99 (ms)"))),
 }
 
 HEAD = """\
