@@ -46,8 +46,8 @@ URGENT_COUNT = 4
 HARMLESS_LOSS = 0.1
 """Expected finishes below which a batch costs the requests it leaves out nothing."""
 CLEAR_LIMIT = 64
-"""Queues longer than this are not checked for being cleared in time (``_clears``): that
-many requests served alone outlast any objective worth batching for."""
+"""Queues longer than this are not checked for being cleared in time (``_clears`` walks the
+whole queue, for every candidate it weighs): such a queue is overloaded in all but name."""
 
 
 @dataclass(slots=True)
@@ -387,6 +387,8 @@ class Orloj:
         found = self._latency_moments.get(key)
         if found is None:
             latency = self._composition(key)
+            if len(self._latency_moments) >= 4096:
+                self._latency_moments.clear()
             found = self._latency_moments[key] = (latency.mean(), latency.quantile(0.99))
         return found
 
