@@ -29,6 +29,7 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from scheduling.clearing import clears
 from scheduling.distribution import Distribution
 from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
@@ -355,31 +356,9 @@ class Orloj:
 
     def _clears(self, order: list[QueuedRequest], start_s: float,
                 skip: set[Hashable] | None = None) -> bool:
-        """Whether ``order`` (by deadline) less ``skip`` can all finish in time from ``start_s``.
-
-        Served in deadline order, in batches: each batch takes the next requests while the
-        earliest deadline among them is still met within the batch's p99 latency (up to the
-        largest batch size), and the next starts after its expected latency. A request is
-        protected while it still has a margin, not once its chance is down to a coin toss.
-        """
-        largest = self.config.batch_sizes[-1]
-        t = start_s
-        batch: dict[str, int] = {}
-        first = 0.0
-        for request in order:
-            if skip and request.key in skip:
-                continue
-            if batch and sum(batch.values()) < largest:
-                batch[request.app] = batch.get(request.app, 0) + 1
-                if t + self._latency_of(batch)[1] <= first:
-                    continue  # it rides along
-                batch[request.app] -= 1
-            if batch:  # the batch so far goes; this request opens the next one
-                t += self._latency_of(batch)[0]
-            batch, first = {request.app: 1}, request.deadline_s
-            if t + self._latency_of(batch)[1] > first:
-                return False
-        return True
+        """``scheduling.clearing.clears`` with this profile's batch latencies."""
+        return clears(order, start_s, self._latency_of, self.config.batch_sizes[-1],
+                      skip or ())
 
     def _latency_of(self, counts: dict[str, int]) -> tuple[float, float]:
         """(mean, p99) latency of a batch with ``counts`` requests per app, cached."""
