@@ -304,15 +304,12 @@ class Orloj:
             entries: list[_Candidate] = []
             for queue in ready:
                 for keys in self._candidates(queue, now_s):
-                    on_time, expected = self._on_time(keys, now_s)
-                    # expected on-time finishes per second of worker time
-                    entry = (on_time / max(expected, 1e-12), queue.size, queue, keys, expected,
-                             on_time)
+                    entry = self._candidate(queue, keys, now_s)
                     entries.append(entry)
                     if best is None or entry[:2] > best[:2]:
                         best = entry
                     if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
-                            self._lost(keys, urgent, expected) <= HARMLESS_LOSS:
+                            self._lost(keys, urgent, entry[4]) <= HARMLESS_LOSS:
                         harmless = entry
             assert best is not None  # ready is not empty
             if harmless is not None and harmless is not best and self._lost(
@@ -350,9 +347,15 @@ class Orloj:
         keeping = [e for e in entries if self._clears(order, now_s + e[4], set(e[3]))]
         if keeping:
             return max(keeping, key=lambda e: e[:2])
-        first = [order[0].key]
-        on_time, expected = self._on_time(first, now_s)
-        return (on_time / max(expected, 1e-12), 1, self._queues[0], first, expected, on_time)
+        return self._candidate(self._queues[0], [order[0].key], now_s)
+
+    def _candidate(self, queue: _SizeQueue, keys: list[Hashable], now_s: float) -> _Candidate:
+        """The batch ``keys`` from ``queue``, weighed: goodput first.
+
+        Goodput: expected on-time finishes per second of worker time.
+        """
+        on_time, expected = self._on_time(keys, now_s)
+        return (on_time / max(expected, 1e-12), queue.size, queue, keys, expected, on_time)
 
     def _clears(self, order: list[QueuedRequest], start_s: float,
                 skip: set[Hashable] | None = None) -> bool:

@@ -85,17 +85,12 @@ class ModelProfile:
         """The latency of a batch of ``n``; with ``app``, one member is known to be from it."""
         if app is None and n in self.measured:
             return self.measured[n]
-        # kept fine where the overhead's sum resamples it (coarsening costs more)
-        max_knots = MAX_KNOTS if self.overhead is None else None
         if self.per_batch:
-            longest = self.solo(app)
-        elif app is None or n == 1:
-            longest = max_of([self.solo(app)], [n], max_knots=max_knots)
-        else:
-            longest = max_of([self.solo(app), self.mix], [1, n - 1], max_knots=max_knots)
-        if self.overhead is None:
-            return longest.affine(self.law.scale(n), self.law.overhead_s)
-        return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
+            return self._latency(self.solo(app), n)
+        if app is None or n == 1:
+            return self._latency(max_of([self.solo(app)], [n], max_knots=self._max_knots), n)
+        return self._latency(max_of([self.solo(app), self.mix], [1, n - 1],
+                                    max_knots=self._max_knots), n)
 
     def composition_latency(self, counts: Mapping[str, int]) -> Distribution:
         """The latency of a batch whose members are ``counts[app]`` requests of each app.
@@ -107,13 +102,22 @@ class ModelProfile:
         n = sum(counts.values())
         if n < 1:
             raise ValueError("a batch has at least one request")
-        # as batch_latency: kept fine where the overhead's sum resamples it
         if self.per_batch:
-            longest = self.mix
-        else:
-            names = sorted(a for a, c in counts.items() if c > 0)
-            longest = max_of([self.solo(a) for a in names], [counts[a] for a in names],
-                             max_knots=MAX_KNOTS if self.overhead is None else None)
+            return self._latency(self.mix, n)
+        names = sorted(a for a, c in counts.items() if c > 0)
+        return self._latency(max_of([self.solo(a) for a in names], [counts[a] for a in names],
+                                    max_knots=self._max_knots), n)
+
+    @property
+    def _max_knots(self) -> int | None:
+        """Knots a batch's maximum keeps (None: all).
+
+        All where the overhead's sum resamples it anyway: coarsening first costs more.
+        """
+        return MAX_KNOTS if self.overhead is None else None
+
+    def _latency(self, longest: Distribution, n: int) -> Distribution:
+        """A batch of ``n`` whose longest member takes ``longest`` alone: scaled, overhead added."""
         if self.overhead is None:
             return longest.affine(self.law.scale(n), self.law.overhead_s)
         return longest.affine(self.law.scale(n), 0.0).plus(self.overhead)
