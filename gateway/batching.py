@@ -31,12 +31,14 @@ and exposed in the metrics.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,6 +71,8 @@ from gateway.exchange import Answer, InferRequest
 from gateway.queue import Submit
 from gateway.tensors import NotCodable
 from scheduling.baselines import TritonBatcher
+from scheduling.orloj import Orloj
+from scheduling.planning import Planning
 from scheduling.profile import ModelProfile
 from scheduling.types import (
     EXPIRED,
@@ -100,6 +104,8 @@ class SchedulerEvents(Protocol):
 
     def batch_overhead(self, queue_id: str, seconds: float) -> None: ...
 
+    def profile_refreshed(self, queue_id: str, outcome: str) -> None: ...
+
 
 class _NoEvents:
     def decided(self, queue_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
@@ -109,6 +115,9 @@ class _NoEvents:
         return None
 
     def batch_overhead(self, queue_id: str, seconds: float) -> None:
+        return None
+
+    def profile_refreshed(self, queue_id: str, outcome: str) -> None:
         return None
 
 
@@ -140,7 +149,8 @@ class BatchPolicy:
                  slo_ms: Callable[[str], float | None], *,
                  place: Callable[[str], Hashable] | None = None,
                  events: SchedulerEvents | None = None,
-                 stopping: Callable[[], asyncio.Future[None]] | None = None) -> None:
+                 stopping: Callable[[], asyncio.Future[None]] | None = None,
+                 refresher: Executor | None = None) -> None:
         self.queue_id = queue_id
         self.settings = settings
         self.slo_ms = slo_ms
@@ -148,6 +158,8 @@ class BatchPolicy:
         self.place = place or (lambda app_id: None)
         self.events: SchedulerEvents = events or _NoEvents()
         self.stopping = stopping
+        self.refresher = refresher
+        """Where Orloj's profile refreshes are built (None: the loop's default executor)."""
         self.calibration = Calibration()
         self.scheduler: BatchScheduler = TritonBatcher(1, 0.0)
         """The warm-up's: one request at a time, in arrival order."""
@@ -431,11 +443,39 @@ class BatchPolicy:
         if overhead is not None:
             self.events.batch_overhead(self.queue_id, overhead)
         self.scheduler.completed(BatchDone(batch, started, latency, solo, overhead))
-        if self.since_replan >= REFRESH_EVERY:
+        if isinstance(self.scheduler, Orloj):  # refreshes its own profile, off the loop
+            self._refresh(self.scheduler)
+        elif self.since_replan >= REFRESH_EVERY:
             self.since_replan = 0
             self.profile = self._profile(self.profile.law, self.profile.per_batch)
             self.slo_s = self._queue_slo_s()
             replan(self.scheduler, self.profile, self.slo_s, self.settings.max_batch)
+
+    def _refresh(self, orloj: Orloj) -> None:
+        """Start Orloj's due profile refresh on the refresher's thread, if one is due.
+
+        Building the distributions and curves takes milliseconds of CPU; on the event loop
+        it would hold every queue's requests meanwhile. The result is installed on the loop.
+        """
+        job = orloj.refresh_job()
+        if job is None:
+            return
+        future = asyncio.get_running_loop().run_in_executor(self.refresher, job)
+        future.add_done_callback(functools.partial(self._install, orloj))
+
+    def _install(self, orloj: Orloj, future: asyncio.Future[Planning | None]) -> None:
+        planning: Planning | None = None
+        if future.cancelled():
+            outcome = "failed"
+        elif future.exception() is not None:
+            outcome = "failed"
+            logger.warning("%s: profile refresh failed, the profile in use is kept: %r",
+                           self.queue_id, future.exception())
+        else:
+            planning = future.result()
+            outcome = "unchanged" if planning is None else "installed"
+        orloj.install(planning, self.clock())
+        self.events.profile_refreshed(self.queue_id, outcome)
 
     def _queue_slo_s(self) -> float:
         """The one objective the fixed-profile baselines plan for.

@@ -163,7 +163,8 @@ def make_scheduler(name: str, profile: ModelProfile, slo_s: float,
     law, solo = profile.law, profile.mix
     if name in ORLOJ_CONFIGS:
         config = OrlojConfig(batch_sizes=sizes, refresh_every=REFRESH_EVERY,
-                             refresh_tolerance=REFRESH_TOLERANCE, **ORLOJ_CONFIGS[name])
+                             refresh_tolerance=REFRESH_TOLERANCE, background_refresh=True,
+                             **ORLOJ_CONFIGS[name])
         return Orloj(profile, config, Profiler(window=2048, bins=PROFILE_BINS, law=law))
     if name == "clipper":
         return ClipperLike(slo_s, max_batch=max_batch)

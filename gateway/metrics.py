@@ -100,6 +100,12 @@ class GatewayMetrics:
             "what a scheduled batch took beyond the model's own time (its latency minus the "
             "longest execution time the model reported; models that report one)",
             ["app_id"], buckets=LATENCY_BUCKETS, registry=r)
+        self.profile_refreshes = Counter(
+            "understudy_gateway_profile_refreshes",
+            "Orloj's profile refreshes, built off the event loop, by outcome (installed: the "
+            "distributions moved and the new curves are in use; unchanged: they had not "
+            "moved; failed: the build raised and the profile in use was kept)",
+            ["app_id", "outcome"], registry=r)
         self.scheduler_drops = Counter(
             "understudy_gateway_scheduler_drops",
             "requests a batch scheduler dropped before sending them, by reason "
@@ -168,6 +174,9 @@ class GatewayMetrics:
 
     def batch_overhead(self, queue_id: str, seconds: float) -> None:
         self.batch_overheads.labels(queue_id).observe(seconds)
+
+    def profile_refreshed(self, queue_id: str, outcome: str) -> None:
+        self.profile_refreshes.labels(queue_id, outcome).inc()
 
     def watch_scheduler(self, queue_id: str, p50_s: Callable[[], float]) -> None:
         """Expose a batch queue's scheduler's median CPU time per decision.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.batching import BatchPolicy, BatchSettings
@@ -60,6 +61,8 @@ class Gateway:
             hedge_s={app: ms / 1000.0 for app, ms in config.hedge_ms.items()},
             events=self.metrics)
         self._batch_queues: dict[str, BatchPolicy] = {}
+        self.refresher = ThreadPoolExecutor(1, thread_name_prefix="gateway-profile-refresh")
+        """Builds Orloj's profile refreshes off the event loop, one at a time."""
         self.queues = Queues(self.dispatcher.send, self._policy, self.metrics)
         self.plane = DataPlane(config, self.board, self.dispatcher, self.queues, self.metrics)
         self.follower = EventFollower(config.controller_url, self.board, config.token,
@@ -102,7 +105,7 @@ class Gateway:
             policy = self._batch_queues[queue_id] = BatchPolicy(
                 queue_id, BatchSettings(scheduler, config.max_batch, config.exec_output),
                 self._slo_ms, place=self._place, events=self.metrics,
-                stopping=lambda: self.dispatcher.stopping)
+                stopping=lambda: self.dispatcher.stopping, refresher=self.refresher)
             self.metrics.watch_scheduler(queue_id, policy.decision_cpu_p50_s)
         return policy
 
@@ -188,6 +191,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._persist()
+        self.refresher.shutdown(wait=False, cancel_futures=True)
         await self.upstream.close()
         await self.grpc_upstream.close()
         logger.info("gateway stopped in %.2f s", time.monotonic() - started)

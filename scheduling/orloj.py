@@ -33,6 +33,7 @@ from scheduling.clearing import clears
 from scheduling.distribution import Distribution
 from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
+from scheduling.planning import Composition, Planning, RefreshJob
 from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedRequest
@@ -110,42 +111,59 @@ class Orloj:
         self._seq = itertools.count()
         self._t0 = 0.0
         self._refreshed_at = 0
-        self._install(profile)
+        self._job_out = False
+        """A refresh job is out (``refresh_job``) and has not been installed yet."""
+        self.planning = Planning(profile, self.config)
 
     def __len__(self) -> int:
         return len(self._requests) + len(self._arrived)
 
     # --- profile -------------------------------------------------------------------------
 
-    def _install(self, profile: ModelProfile) -> None:
-        cfg = self.config
-        self.profile = profile
-        self.delay_s = cfg.delay_s or cfg.delay_p99 * profile.mix.quantile(0.99)
-        if self.delay_s <= 0:  # a model whose requests take no time: any scale will do
-            self.delay_s = 1e-3
-        self._curves: dict[tuple[str | None, int], Curve] = {}
-        self._compositions: dict[tuple[tuple[str, int], ...], Distribution] = {}
-        self._mixes: dict[int, Distribution] = {}
-        self._latency_moments: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
+    @property
+    def profile(self) -> ModelProfile:
+        """The profile in use."""
+        return self.planning.profile
+
+    @property
+    def delay_s(self) -> float:
+        """The anticipated delay ``a`` of eq. 2, in use."""
+        return self.planning.delay_s
 
     def curve(self, app: str | None, n: int) -> Curve:
         """Eq. 2's curve for a batch of ``n`` (per app when request-aware)."""
-        key = (app if self.config.request_aware else None, n)
-        curve = self._curves.get(key)
-        if curve is None:
-            cfg = self.config
-            curve = self._curves[key] = Curve.build(
-                self.profile.batch_latency(n, key[0]), self.delay_s, penalty=cfg.penalty,
-                bins=cfg.bins, min_probability=cfg.min_probability)
-        return curve
+        return self.planning.curve(app, n)
 
     def refresh(self, now_s: float) -> None:
-        """Rebuild the curves from the profiler's windows and re-place every request."""
-        profile = self.profiler.snapshot(self.profile)
+        """Rebuild the profile from the profiler's windows now and re-place every request."""
+        self.install(self._refresh_job()(), now_s)
+
+    def refresh_job(self) -> RefreshJob | None:
+        """The refresh that is due, to run anywhere (``background_refresh``), or None.
+
+        None until ``refresh_every`` measurements came in since the last one, and while the
+        last one has not come back (``install``). Its result goes to :meth:`install`.
+        """
+        if self._job_out or \
+                self.profiler.observations - self._refreshed_at < self.config.refresh_every:
+            return None
+        self._job_out = True
+        return self._refresh_job()
+
+    def _refresh_job(self) -> RefreshJob:
         self._refreshed_at = self.profiler.observations
-        if profile is None or self._unmoved(profile):
+        return RefreshJob(self.profiler.windows(), self.profile, self.config,
+                          self.planning.keys())
+
+    def install(self, planning: Planning | None, now_s: float) -> None:
+        """Plan with a refresh's result from now on and re-place every request.
+
+        None (the profile did not move, or the job failed): keep the planning in use.
+        """
+        self._job_out = False
+        if planning is None:
             return
-        self._install(profile)
+        self.planning = planning
         pending = list(self._requests.values())
         self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
         self._requests.clear()
@@ -153,27 +171,7 @@ class Orloj:
         for request in pending:
             self._place(request, self._t0)
         logger.debug("orloj: profile refreshed (a=%.6f s, %d apps, %d pending)", self.delay_s,
-                     len(profile.apps), len(pending))
-
-    def _unmoved(self, profile: ModelProfile) -> bool:
-        """Whether ``profile`` is within ``refresh_tolerance`` of the one in use.
-
-        Every app's distribution, the mixture and the overhead's, by their largest CDF gap:
-        rebuilding the curves and re-placing every request costs milliseconds of the caller's
-        time, which a stationary workload would spend for nothing.
-        """
-        tolerance = self.config.refresh_tolerance
-        old = self.profile
-        if not tolerance or set(profile.apps) != set(old.apps) or \
-                (profile.overhead is None) != (old.overhead is None) or \
-                profile.measured.keys() != old.measured.keys():
-            return False
-        pairs = [(profile.apps[a], old.apps[a]) for a in profile.apps]
-        pairs.append((profile.mix, old.mix))
-        pairs += [(profile.measured[n], old.measured[n]) for n in profile.measured]
-        if profile.overhead is not None and old.overhead is not None:
-            pairs.append((profile.overhead, old.overhead))
-        return all(new.distance(current) <= tolerance for new, current in pairs)
+                     len(planning.profile.apps), len(pending))
 
     # --- the BatchScheduler interface ----------------------------------------------------
 
@@ -207,7 +205,8 @@ class Orloj:
         for key, seconds in done.solo_s.items():
             if key in apps:
                 self.profiler.solo(apps[key], seconds)
-        if self.profiler.observations - self._refreshed_at >= self.config.refresh_every:
+        if not self.config.background_refresh and \
+                self.profiler.observations - self._refreshed_at >= self.config.refresh_every:
             self.refresh(done.started_s + done.latency_s)
 
     # --- queues --------------------------------------------------------------------------
@@ -365,14 +364,7 @@ class Orloj:
 
     def _latency_of(self, counts: dict[str, int]) -> tuple[float, float]:
         """(mean, p99) latency of a batch with ``counts`` requests per app, cached."""
-        key = tuple(sorted((a, c) for a, c in counts.items() if c))
-        found = self._latency_moments.get(key)
-        if found is None:
-            latency = self._composition(key)
-            if len(self._latency_moments) >= 4096:
-                self._latency_moments.clear()
-            found = self._latency_moments[key] = (latency.mean(), latency.quantile(0.99))
-        return found
+        return self.planning.moments(tuple(sorted((a, c) for a, c in counts.items() if c)))
 
     def _ready(self) -> list[_SizeQueue]:
         """The sizes a batch can be formed at.
@@ -477,25 +469,12 @@ class Orloj:
         return sum(latency.cdf_list(slacks)), latency.mean()
 
     def _mix_latency(self, n: int) -> Distribution:
-        """Latency of a batch of ``n`` drawn from the model's mixture (§4.3), cached."""
-        latency = self._mixes.get(n)
-        if latency is None:
-            latency = self._mixes[n] = self.profile.batch_latency(n)
-        return latency
+        """Latency of a batch of ``n`` drawn from the model's mixture (§4.3)."""
+        return self.planning.mix_latency(n)
 
-    def _composition(self, counts: tuple[tuple[str, int], ...]) -> Distribution:
-        """The latency of a batch with ``counts`` requests per app, cached per profile.
-
-        A new composition costs milliseconds (its maximum's distribution and the overhead's
-        sum); a queue sees a few dozen (up to the largest batch size, per mix of apps).
-        """
-        latency = self._compositions.get(counts)
-        if latency is None:
-            latency = self.profile.composition_latency(dict(counts))
-            if len(self._compositions) >= 4096:
-                self._compositions.clear()
-            self._compositions[counts] = latency
-        return latency
+    def _composition(self, counts: Composition) -> Distribution:
+        """The latency of a batch with ``counts`` requests per app (cached per profile)."""
+        return self.planning.composition(counts)
 
     def _take(self, keys: list[Hashable]) -> tuple[QueuedRequest, ...]:
         batch = []

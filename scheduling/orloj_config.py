@@ -49,6 +49,11 @@ class OrlojConfig(BaseModel):
     """Keep the profile in use when no distribution of the new one (each app's, the mixture,
     the overhead) is further from its counterpart than this, as the largest gap between their
     CDFs; 0: rebuild at every refresh (the paper)."""
+    background_refresh: bool = False
+    """Leave due refreshes to the caller (``Orloj.refresh_job``, run anywhere, its result given
+    to ``Orloj.install``) instead of refreshing inside ``completed``: the gateway runs them on a
+    worker thread, so its event loop does not stall while the curves are rebuilt (§3.2). False:
+    ``completed`` refreshes on the spot (the simulator, whose clock does not move meanwhile)."""
     rebase_after: float = Field(default=500.0, gt=0, le=700)
     """Move the reference time once (now - t0) / a exceeds this (e^700 is near float max)."""
 

@@ -158,20 +158,49 @@ class Profiler:
 
     def snapshot(self, fallback: ModelProfile | None = None) -> ModelProfile | None:
         """The windows as a profile (apps without solo measurements keep ``fallback``'s)."""
+        return self.windows().profile(fallback)
+
+    def windows(self) -> ProfilerWindows:
+        """A copy of the windows as they are now, to build a profile from anywhere.
+
+        Copying is cheap; building the distributions is not, and can run on another thread
+        while this profiler keeps taking measurements.
+        """
+        batches = ({n: tuple(times) for n, times in self._batches.items()
+                    if len(times) >= self.min_batch_observations}
+                   if self.min_batch_observations else {})
+        return ProfilerWindows({app: tuple(times) for app, times in self._solo.items()},
+                               tuple(self._arrivals), batches, tuple(self._overhead),
+                               self.bins, self.law)
+
+
+@dataclass(frozen=True, eq=False)
+class ProfilerWindows:
+    """What a :class:`Profiler` held at one moment (seconds), frozen."""
+
+    solo: Mapping[str, tuple[float, ...]]
+    arrivals: tuple[str, ...]
+    batches: Mapping[int, tuple[float, ...]]
+    """Measured batch latencies per size, only sizes with enough measurements."""
+    overhead: tuple[float, ...]
+    bins: int
+    law: BatchLaw
+
+    def profile(self, fallback: ModelProfile | None = None) -> ModelProfile | None:
+        """The windows as a profile (apps without solo measurements keep ``fallback``'s)."""
         apps = dict(fallback.apps) if fallback is not None else {}
-        for app, times in self._solo.items():
+        for app, times in self.solo.items():
             if len(times) >= 2:
                 apps[app] = Distribution.from_samples(list(times), self.bins)
         if not apps:
             return None
-        counts = Counter(self._arrivals)
+        counts = Counter(self.arrivals)
         weights = ({a: float(counts.get(a, 0)) + 1.0 for a in apps} if counts
                    else dict(fallback.weights) if fallback is not None else {})
         measured = {n: Distribution.from_samples(list(times), self.bins)
-                    for n, times in self._batches.items()
-                    if self.min_batch_observations and len(times) >= self.min_batch_observations}
-        overhead = (Distribution.from_samples(list(self._overhead), self.bins)
-                    if len(self._overhead) >= MIN_OVERHEAD_SAMPLES
+                    for n, times in self.batches.items()}
+        overhead = (Distribution.from_samples(list(self.overhead), self.bins)
+                    if len(self.overhead) >= MIN_OVERHEAD_SAMPLES
                     else fallback.overhead if fallback is not None else None)
         return ModelProfile(apps, weights, self.law, measured,
                             per_batch=fallback.per_batch if fallback is not None else False,

@@ -9,6 +9,7 @@ distribution. The static model's app, which reports no time, measures none.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -84,3 +85,17 @@ def test_orloj_batches_the_clients_and_measures_each_batchs_overhead_beyond_the_
     assert measured == batches
     total = gateway.sample("understudy_gateway_batch_overhead_seconds_sum", app_id=app)
     assert total is not None and 0 < total / measured < 0.1
+    # past REFRESH_EVERY solo times, Orloj's profile is rebuilt on the gateway's refresher
+    # thread and installed (or kept, unmoved): counted, and never failed
+    with ThreadPoolExecutor(16) as pool:
+        assert all(r.status_code == 200 for r in pool.map(
+            lambda i: infer(gateway, app, x[i:i + 1]), range(200, 300)))
+    deadline = time.monotonic() + 10
+    refreshes = {}
+    while not any(refreshes.values()) and time.monotonic() < deadline:
+        refreshes = {outcome: gateway.sample("understudy_gateway_profile_refreshes_total",
+                                             app_id=app, outcome=outcome)
+                     for outcome in ("installed", "unchanged", "failed")}
+        time.sleep(0.1)
+    assert (refreshes["installed"] or 0) + (refreshes["unchanged"] or 0) >= 1, refreshes
+    assert not refreshes["failed"]

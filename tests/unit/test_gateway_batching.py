@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ from pydantic import ValidationError
 from gateway.batch_wire import groups, read_member
 from gateway.batching import BatchPolicy, BatchSettings
 from gateway.board import RouteBoard
-from gateway.calibration import SCHEDULERS, Calibration, batch_sizes
+from gateway.calibration import REFRESH_EVERY, SCHEDULERS, Calibration, batch_sizes
 from gateway.config import GatewayConfig
 from gateway.errors import DroppedError, GatewayError
 from gateway.exchange import Answer, Dispatcher, InferRequest
@@ -31,6 +34,7 @@ from gateway.tensors import header_length_of, http_answer, read_http_reply, read
 from gateway.upstream import UpstreamReply
 from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher
 from scheduling.orloj import Orloj
+from scheduling.planning import Planning, RefreshJob
 from scheduling.profile import MIN_OVERHEAD_SAMPLES
 from scheduling.types import UNREACHABLE, BatchLaw
 from tests.unit.test_gateway_parity import body, event
@@ -93,6 +97,7 @@ class Events:
         self.decisions: list[tuple[str, float, int]] = []
         self.drops: list[tuple[str, str]] = []
         self.overheads: list[float] = []
+        self.refreshes: list[str] = []
 
     def decided(self, app_id: str, scheduler: str, cpu_s: float, batch_size: int) -> None:
         self.decisions.append((scheduler, cpu_s, batch_size))
@@ -102,6 +107,9 @@ class Events:
 
     def batch_overhead(self, queue_id: str, seconds: float) -> None:
         self.overheads.append(seconds)
+
+    def profile_refreshed(self, queue_id: str, outcome: str) -> None:
+        self.refreshes.append(outcome)
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -219,6 +227,43 @@ def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() 
         assert events.overheads[-1] == 0.0
 
     run(scenario)
+
+
+def test_orlojs_profile_refreshes_are_built_off_the_event_loop_and_installed_on_it() -> None:
+    threads: list[str] = []
+
+    async def scenario() -> None:
+        model = FakeModel(report=True, exec_s=lambda x: 0.002)
+        events = Events()
+        refresher = ThreadPoolExecutor(1, thread_name_prefix="refresher")
+        p = BatchPolicy(APP, BatchSettings("orloj", 8, "exec_us", 4), lambda app_id: 500.0,
+                        events=events, refresher=refresher)
+        await warm_up(p, model)
+        orloj = p.scheduler
+        assert isinstance(orloj, Orloj) and orloj.config.background_refresh
+        first = orloj.planning
+        build = RefreshJob.__call__
+
+        def on_a_thread(job: RefreshJob) -> Planning | None:
+            threads.append(threading.current_thread().name)
+            return build(job)
+
+        model.exec_s = lambda x: 0.008  # the model slows down: the refresh moves the profile
+        with mock.patch.object(RefreshJob, "__call__", on_a_thread):
+            while orloj.profiler.observations < REFRESH_EVERY:
+                await asyncio.gather(*(p.dispatch(make_request(v), model.send)
+                                       for v in range(16)))
+            await until(lambda: bool(events.refreshes))
+        assert events.refreshes == ["installed"]
+        assert orloj.planning is not first
+        assert orloj.profile.mix.quantile(0.5) == pytest.approx(0.008, rel=0.3)
+        answers = await asyncio.gather(*(p.dispatch(make_request(v), model.send)
+                                         for v in range(8)))  # and it plans with it
+        assert [value_of(a) for a in answers] == pytest.approx(list(range(8)))
+        refresher.shutdown()
+
+    run(scenario)
+    assert threads and all(name.startswith("refresher") for name in threads)
 
 
 def test_requests_that_cannot_stack_go_in_their_own_triton_request() -> None:

@@ -377,3 +377,55 @@ def test_long_requests_are_served_in_time_while_everyone_can_be(clear_in_time: b
         now += took
     assert (longs <= on_time) is clear_in_time
     assert (longs <= dropped) is not clear_in_time
+
+
+def test_a_background_refresh_is_a_frozen_job_installed_when_it_comes_back() -> None:
+    config = OURS.model_copy(update={"refresh_every": 50, "background_refresh": True})
+    orloj = scheduler(config)
+    first = orloj.profile
+    for key in range(2):  # decisions build curves and latencies the refresh builds ahead
+        orloj.enqueue(request(key, 0.0, 1.0), 0.0)
+    orloj.next_batch(0.0)
+    in_use = orloj.planning.keys()
+    assert in_use.curves and in_use.compositions
+    for key in range(10, 60):
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.05, {key: 0.05}))
+    assert orloj.profile is first  # due, but left to the caller
+    job = orloj.refresh_job()
+    assert job is not None
+    assert orloj.refresh_job() is None  # one out at a time
+    for key in range(60, 200):  # measurements after the job was made are not in it
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.2, {key: 0.2}))
+    orloj.enqueue(request(500, 0.0, 1.0), 0.0)  # waiting while the job runs
+    planning = job()
+    assert planning is not None
+    assert planning.profile.mix.quantile(0.99) == pytest.approx(0.05, rel=0.05)
+    built = planning.keys()  # everything in use was built ahead
+    assert set(in_use.curves) <= set(built.curves)
+    assert set(in_use.compositions) <= set(built.compositions)
+    assert orloj.profile is first
+    orloj.install(planning, 0.01)
+    assert orloj.planning is planning
+    decision = orloj.next_batch(0.01)  # the request that waited is still served
+    assert [r.key for r in decision.batch] == [500]
+    job = orloj.refresh_job()  # the slower measurements since are due in turn
+    assert job is not None
+    orloj.install(None, 0.02)  # a failed or unchanged job keeps the planning in use
+    assert orloj.planning is planning
+    assert orloj.refresh_job() is None  # not due again until more measurements
+
+
+def test_an_unmoved_profile_comes_back_as_no_planning() -> None:
+    rng = np.random.default_rng(6)
+    config = OrlojConfig(batch_sizes=(1, 2), refresh_every=256, refresh_tolerance=0.05,
+                         background_refresh=True)
+    orloj = scheduler(config)
+    for key, seconds in enumerate(SOLO.sample(rng, 512)):
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.03, {key: float(seconds)}))
+    job = orloj.refresh_job()
+    assert job is not None and job() is None  # the window matches the profile in use
+    orloj.install(None, 0.0)
+    for key, seconds in enumerate(SOLO.sample(rng, 256), start=1000):
+        orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.03, {key: float(seconds)}))
+    job = orloj.refresh_job()
+    assert job is not None and job() is None
