@@ -56,6 +56,8 @@ from gateway.calibration import (
     REFRESH_EVERY,
     Calibration,
     batch_sizes,
+    describe_apps,
+    describe_overhead,
     make_scheduler,
     profile_of,
     replan,
@@ -415,12 +417,10 @@ class BatchPolicy:
             scheduler.enqueue(request, now)
         self.scheduler = scheduler
         self.warm = True
-        logger.info("%s: %s scheduler on (SLO %.1f ms, solo p50 %.3f / p99 %.3f ms, batch "
-                    "law slope %.3f, overhead %.3f ms, %d requests handed over)", self.queue_id,
-                    self.settings.scheduler, self.slo_s * 1000,
-                    self.profile.mix.quantile(0.5) * 1000,
-                    self.profile.mix.quantile(0.99) * 1000, law.slope,
-                    law.overhead_s * 1000, len(pending))
+        logger.info("%s: %s scheduler on (SLO %.1f ms, solo p50 / p99 ms: %s; batch law "
+                    "slope %.3f, overhead %.3f ms, %d requests handed over)", self.queue_id,
+                    self.settings.scheduler, self.slo_s * 1000, describe_apps(self.profile),
+                    law.slope, law.overhead_s * 1000, len(pending))
 
     def _learn(self, batch: tuple[QueuedRequest, ...], started: float, latency: float,
                execs: dict[Hashable, float]) -> None:
@@ -476,6 +476,10 @@ class BatchPolicy:
             outcome = "unchanged" if planning is None else "installed"
         orloj.install(planning, self.clock())
         self.events.profile_refreshed(self.queue_id, outcome)
+        if planning is not None:
+            logger.info("%s: profile refreshed (solo p50 / p99 ms: %s; overhead p50 %s)",
+                        self.queue_id, describe_apps(planning.profile),
+                        describe_overhead(planning.profile))
 
     def _queue_slo_s(self) -> float:
         """The one objective the fixed-profile baselines plan for.

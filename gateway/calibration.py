@@ -187,3 +187,16 @@ def replan(scheduler: BatchScheduler, profile: ModelProfile, slo_s: float,
     elif isinstance(scheduler, ClockworkLike):
         scheduler.law, scheduler.solo_s = profile.law, profile.mix.quantile(0.99)
         scheduler.window_s = CLOCKWORK_WINDOW_OF_P99 * scheduler.solo_s
+
+
+def describe_apps(profile: ModelProfile) -> str:
+    """Each app's solo p50 / p99 in ms, for the log."""
+    return ", ".join(f"{app} {d.quantile(0.5) * 1000:.3f} / {d.quantile(0.99) * 1000:.3f}"
+                     for app, d in sorted(profile.apps.items()))
+
+
+def describe_overhead(profile: ModelProfile) -> str:
+    """The measured overhead's p50 in ms, or the law's constant, for the log."""
+    if profile.overhead is None:
+        return f"{profile.law.overhead_s * 1000:.3f} ms (the law's)"
+    return f"{profile.overhead.quantile(0.5) * 1000:.3f} ms"

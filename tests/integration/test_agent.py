@@ -37,7 +37,7 @@ class Harness:
             (f.message for f in frames if isinstance(f.message, Hello)), None), 90))
 
 
-def _start(tmp: Path, store: Path, **overrides: object) -> Harness:
+def _start_once(tmp: Path, store: Path, **overrides: object) -> Harness:
     loop = LoopThread()
     peer = AgentPeer(token=TOKEN)
     loop.call(peer.start())
@@ -52,6 +52,21 @@ def _start(tmp: Path, store: Path, **overrides: object) -> Harness:
     harness = Harness(loop, peer, agent, task)
     harness.hello()
     return harness
+
+
+def _start(tmp: Path, store: Path, **overrides: object) -> Harness:
+    """An agent connected to a fresh peer, its Triton started.
+
+    Triton can abort in its own start-up (seen rarely: its gRPC poller's epoll_wait fails);
+    the agent then restarts it, but the tests count restarts and frames from a clean start,
+    so the whole agent starts again instead.
+    """
+    for _ in range(3):
+        harness = _start_once(tmp, store, **overrides)
+        if harness.hello().triton_alive:
+            return harness
+        _stop(harness)
+    raise AssertionError("Triton did not start in three tries")
 
 
 def _stop(h: Harness) -> None:
