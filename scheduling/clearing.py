@@ -42,3 +42,22 @@ def clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf
         if t + latency_of(batch)[1] > first:
             return False
     return True
+
+
+def first_batch(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf,
+                largest: int) -> list[QueuedRequest]:
+    """The first batch :func:`clears` would send from ``order`` (by deadline) at ``start_s``.
+
+    The earliest deadline's request and the next ones while that deadline is still met
+    within the batch's p99 latency, at most ``largest``.
+    """
+    batch = list(order[:1])
+    if not batch:
+        return batch
+    counts = {batch[0].app: 1}
+    for request in order[1:largest]:
+        counts[request.app] = counts.get(request.app, 0) + 1
+        if start_s + latency_of(counts)[1] > batch[0].deadline_s:
+            break
+        batch.append(request)
+    return batch

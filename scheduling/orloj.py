@@ -29,7 +29,7 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from scheduling.clearing import clears
+from scheduling.clearing import clears, first_batch
 from scheduling.distribution import Distribution
 from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
@@ -297,6 +297,11 @@ class Orloj:
                 now_s: float) -> tuple[_SizeQueue, list[Hashable], float]:
         """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
+            cfg = self.config
+            if cfg.clear_in_time and cfg.while_clearable == "earliest-deadline":
+                first = self._clearing_batch(now_s)
+                if first is not None:
+                    return self._queues[0], first, self._latency_of(self._counts(first))[0]
             best: _Candidate | None = None
             harmless: _Candidate | None = None
             urgent = self._urgent(now_s)
@@ -317,7 +322,7 @@ class Orloj:
                 # the best batch would cost an urgent request its chance, and it can still
                 # finish as well after one that costs nobody theirs: that one first
                 best = harmless
-            if self.config.clear_in_time:
+            if cfg.clear_in_time and cfg.while_clearable == "goodput":
                 best = self._keep_clearable(best, entries, now_s)
             return best[2], best[3], best[4]
         earliest = min(q.earliest() for q in ready)
@@ -347,6 +352,29 @@ class Orloj:
         if keeping:
             return max(keeping, key=lambda e: e[:2])
         return self._candidate(self._queues[0], [order[0].key], now_s)
+
+    def _clearing_batch(self, now_s: float) -> list[Hashable] | None:
+        """The clearing schedule's first batch while the queue can be cleared in time.
+
+        None once it cannot (or is too long to check): goodput decides then. While it can,
+        the earliest deadline goes now with what it can carry (``clearing.first_batch``):
+        served as soon as possible, a request keeps for the machine's jitter the slack that
+        a batch picked for goodput would have spent on other requests first.
+        """
+        if len(self._requests) > CLEAR_LIMIT:
+            return None
+        order = sorted(self._requests.values(), key=lambda r: r.deadline_s)
+        if not self._clears(order, now_s):
+            return None
+        batch = first_batch(order, now_s, self._latency_of, self.config.batch_sizes[-1])
+        return [r.key for r in batch]
+
+    def _counts(self, keys: list[Hashable]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for key in keys:
+            app = self._requests[key].app
+            counts[app] = counts.get(app, 0) + 1
+        return counts
 
     def _candidate(self, queue: _SizeQueue, keys: list[Hashable], now_s: float) -> _Candidate:
         """The batch ``keys`` from ``queue``, weighed: goodput first.

@@ -39,6 +39,12 @@ class OrlojConfig(BaseModel):
     order, in batches, every request finishing by its deadline), never pick a batch after
     which it could not (``Orloj._keep_clearable``); goodput alone decides once it is
     overloaded."""
+    while_clearable: Literal["goodput", "earliest-deadline"] = "earliest-deadline"
+    """With ``clear_in_time``, which batch goes while the queue can be cleared in time:
+    ``goodput``, the candidate of most goodput among those that keep it clearable;
+    ``earliest-deadline``, the clearing schedule's own first batch (the earliest deadline and
+    the requests after it in deadline order that it can take along), served as soon as
+    possible rather than as late as the estimates allow."""
     partial_batches: bool = False
     """Also form a batch from size ``n``'s queue when it holds fewer than ``n`` requests but
     more than the next smaller size (ours: the batch runs at the size it has); False: only

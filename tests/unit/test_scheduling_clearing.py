@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduling.clearing import clears
+from scheduling.clearing import clears, first_batch
 from scheduling.types import QueuedRequest
 
 
@@ -34,3 +34,13 @@ def test_a_later_start_and_the_skipped_requests_count() -> None:
     assert clears(order, 0.0, latency_of, largest=8)
     assert not clears(order, 0.010, latency_of, largest=8)  # the first no longer makes it
     assert clears(order, 0.010, latency_of, largest=8, skip={1})  # the batch that took it
+
+
+def test_the_first_batch_takes_what_the_earliest_deadline_can_carry() -> None:
+    # p99 of a batch of n: 1.2 (10 + 2n) ms; the earliest deadline, 17 ms, carries 2 (16.8)
+    order = [request(1, 0.017), request(2, 0.030), request(3, 0.031)]
+    assert [r.key for r in first_batch(order, 0.0, latency_of, largest=8)] == [1, 2]
+    assert [r.key for r in first_batch(order, 0.0, latency_of, largest=1)] == [1]
+    loose = [request(k, 1.0) for k in range(10)]
+    assert len(first_batch(loose, 0.0, latency_of, largest=8)) == 8
+    assert first_batch([], 0.0, latency_of, largest=8) == []

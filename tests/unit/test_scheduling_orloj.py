@@ -190,7 +190,8 @@ def test_request_aware_goodput_weighs_a_batch_of_one_apps_requests(
 
     def first_batch() -> set[str]:
         orloj = Orloj(profile, OrlojConfig(batch_sizes=(1, 2, 4), request_aware=True,
-                                           selection="goodput", partial_batches=True))
+                                           selection="goodput", partial_batches=True,
+                                           while_clearable="goodput"))
         for key, app, deadline in [(1, "long", 0.070), (2, "long", 0.070), (3, "short", 0.080),
                                    (4, "short", 0.080), (5, "short", 0.080),
                                    (6, "short", 0.080)]:
@@ -201,6 +202,30 @@ def test_request_aware_goodput_weighs_a_batch_of_one_apps_requests(
     monkeypatch.setattr(Orloj, "_candidates", lambda self, queue, now_s: [
         self._top(queue, now_s)])  # the top by priority only
     assert first_batch() == {"short", "long"}
+
+
+def test_while_the_queue_can_be_cleared_the_earliest_deadline_goes_first() -> None:
+    """Everyone can finish: the earliest deadline goes at once with what it can carry (the
+    two long requests and, up to the largest batch, short ones); goodput would send four
+    short ones first and leave the long ones their last milliseconds. Overloaded, goodput
+    decides."""
+    short = Distribution.from_knots([0.010, 0.012], [0.0, 1.0])
+    long = Distribution.from_knots([0.030, 0.034], [0.0, 1.0])
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0}, LAW)
+
+    def first_batch(config: OrlojConfig, longs: int) -> list[str]:
+        orloj = Orloj(profile, config)
+        for key in range(longs):
+            orloj.enqueue(request(key, 0.0, 0.080, "long"), 0.0)
+        for key in range(10, 14):
+            orloj.enqueue(request(key, 0.0, 0.100, "short"), 0.0)
+        return sorted(r.app for r in orloj.next_batch(0.0).batch)
+
+    assert first_batch(OURS, 2) == ["long", "long", "short", "short"]
+    assert first_batch(OURS.model_copy(update={"while_clearable": "goodput"}), 2) == \
+        ["short"] * 4
+    # ten long ones cannot all finish by 80 ms: overloaded, the short ones' batch goes
+    assert first_batch(OURS, 10) == ["short"] * 4
 
 
 @pytest.mark.parametrize(("short_deadline", "long_goes"), [(0.080, True), (0.045, False)])
