@@ -13,7 +13,9 @@ least ``n`` requests. The paper's rule (``selection="earliest-deadline"``): amon
 take those whose queue holds the overall earliest deadline, and of them the largest; the batch
 is that queue's ``n`` requests of highest priority. ``selection="goodput"`` (ours) instead takes
 the ready size whose top-``n`` batch has the most expected on-time finishes per second of worker
-time.
+time, once the queue is overloaded; while every request can still be served in time
+(``clear_in_time``, ``scheduling.clearing``) the earliest deadline goes at once with the
+requests it can carry.
 
 Priorities use the anticipated delay ``a`` (§4.1): ``OrlojConfig.delay_s``, or by default
 ``delay_p99`` times the p99 of one request's execution time. Point coordinates are relative to

@@ -6,7 +6,9 @@ requests alone), arrivals per app (the weights of the model's mixture), measured
 latencies per batch size, and each batch's overhead beside the model's own time where the
 model reports that time. It keeps a sliding window of each (the paper resets its memory "every
 once a while"; a window forgets gradually instead of all at once). :meth:`Profiler.snapshot`
-freezes the windows into a :class:`ModelProfile`, which the scheduler uses until the next one.
+freezes the windows into a :class:`ModelProfile`, which the scheduler uses until the next one;
+:meth:`Profiler.windows` copies them (:class:`ProfilerWindows`) so that the profile can be
+built elsewhere, on another thread, while measurements keep coming in.
 
 :class:`ModelProfile` answers "what is the latency distribution of a batch of ``n``":
 
