@@ -35,11 +35,13 @@ Workloads (``--workloads``, all by default):
    run, after a warm-up that lets the queue's scheduler take over. A request *finishes* when
    its answer comes back within the SLO of its scheduled send time (a client that falls
    behind counts against the scheduler); a drop (``deadline-unreachable``, ``expired``), a
-   timeout (``deadline``) or a late answer does not. The finish rate is finished over sent
-   (Orloj §5.2). Each request carries the time left to its SLO when it is sent as its
-   timeout (``understudy-timeout-ms``), as a client with a deadline does, so the gateway's
-   deadline is the client's (``--no-propagate-deadline``: 10 x the SLO, the gateway's
-   objective alone); ``client_send_lag_ms`` is how late the client sent (p50, p99).
+   timeout (``deadline``), any other failure (``error-<status>``, 0 when the request failed
+   on its way; the first of each logged with its text) or a late answer does not. The
+   finish rate is finished over sent (Orloj §5.2). Each request carries the time left to
+   its SLO when it is sent as its timeout (``understudy-timeout-ms``), as a client with a
+   deadline does, so the gateway's deadline is the client's (``--no-propagate-deadline``:
+   10 x the SLO, the gateway's objective alone); ``client_send_lag_ms`` is how late the
+   client sent (p50, p99).
 3. **Runs**: every (workload, SLO, scheduler); at each SLO the ``--seconds`` go in
    ``--slices`` (5) slices, and in each slice every scheduler takes its turn, in a shuffled
    order, on the same arrival times and digits, so that a drift of the machine (a background
@@ -231,11 +233,22 @@ class Client:
         return latencies
 
 
+_ERRORS_SEEN: set[int] = set()
+
+
 def reason_of(status: int, error: str) -> str:
+    """A failed request's outcome: a scheduler's drop reason, ``deadline`` (504), or
+    ``error-<status>`` (0: the client's request failed on the way), the first of each status
+    logged with its text."""
     for reason in ("deadline-unreachable", "action-window-missed", "expired"):
         if f"[{reason}]" in error:
             return reason
-    return "error" if status != 504 else "deadline"
+    if status == 504:
+        return "deadline"
+    if status not in _ERRORS_SEEN:
+        _ERRORS_SEEN.add(status)
+        logging.warning("first error of status %d: %s", status, error[:200])
+    return f"error-{status}"
 
 
 Stream = tuple[str, list[Request]]
