@@ -429,6 +429,13 @@ class _Exchange:
             where = ", ".join(f"{loc.server_id}/{loc.variant}" for loc, _ in self.tasks.values())
             return DeadlineError(f"{app.app_id}: no answer from {where} before the deadline "
                                  f"({self.attempts} attempts)")
+        if not self.attempts and app.serving is not None:
+            # a replica to send to, and the deadline passed before the request could go
+            # (it came in late, or waited for a batch): the client's deadline, not a lack of
+            # replicas
+            return DeadlineError(f"{app.app_id}: the deadline passed before the request "
+                                 f"could be sent to {app.serving.server_id}/"
+                                 f"{app.serving.variant}")
         reason = self.last_reason or (
             f"no serving replica{f' ({app.reason})' if app.reason else ''}")
         return UnavailableError(f"{app.app_id}: not served before the deadline "

@@ -196,9 +196,16 @@ def test_the_deadline_ends_a_request_with_its_reason() -> None:
         await asyncio.sleep(0)
         assert replicas.cancelled == ["s1"]  # nothing left running
 
+    async def too_late() -> None:  # a replica, but the deadline passed before it could go
+        _, replicas, _, dispatcher = setup(event(1, "a", "serving", "s1"))
+        with pytest.raises(DeadlineError, match="passed before the request could be sent"):
+            await dispatcher.send(request(-0.001))
+        assert replicas.calls == []
+
     run(nowhere)
     run(dead)
     run(hung)
+    run(too_late)
 
 
 def test_unknown_and_deleted_apps() -> None:
