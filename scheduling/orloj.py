@@ -345,9 +345,9 @@ class Orloj:
         short requests' batches (more finishes per second) keep long requests waiting until
         they cannot finish even alone.
         """
-        if len(self._requests) > CLEAR_LIMIT:
+        order = self._deadline_order()
+        if order is None:
             return best
-        order = sorted(self._requests.values(), key=lambda r: r.deadline_s)
         if self._clears(order, now_s + best[4], set(best[3])) or not self._clears(order, now_s):
             return best
         keeping = [e for e in entries if self._clears(order, now_s + e[4], set(e[3]))]
@@ -363,15 +363,20 @@ class Orloj:
         served as soon as possible, a request keeps for the machine's jitter the slack that
         a batch picked for goodput would have spent on other requests first.
         """
-        if len(self._requests) > CLEAR_LIMIT:
-            return None
-        order = sorted(self._requests.values(), key=lambda r: r.deadline_s)
-        if not self._clears(order, now_s):
+        order = self._deadline_order()
+        if order is None or not self._clears(order, now_s):
             return None
         batch = first_batch(order, now_s, self._latency_of, self.config.batch_sizes[-1])
         return [r.key for r in batch]
 
+    def _deadline_order(self) -> list[QueuedRequest] | None:
+        """The queued requests by deadline, for the clearing check; None past ``CLEAR_LIMIT``."""
+        if len(self._requests) > CLEAR_LIMIT:
+            return None
+        return sorted(self._requests.values(), key=lambda r: r.deadline_s)
+
     def _counts(self, keys: list[Hashable]) -> dict[str, int]:
+        """Requests per app among ``keys``."""
         counts: dict[str, int] = {}
         for key in keys:
             app = self._requests[key].app
@@ -492,10 +497,7 @@ class Orloj:
         if not self.config.request_aware or self.profile.per_batch:
             latency = self._mix_latency(len(requests))
         else:
-            counts: dict[str, int] = {}
-            for r in requests:
-                counts[r.app] = counts.get(r.app, 0) + 1
-            latency = self._composition(tuple(sorted(counts.items())))
+            latency = self._composition(tuple(sorted(self._counts(keys).items())))
         return sum(latency.cdf_list(slacks)), latency.mean()
 
     def _mix_latency(self, n: int) -> Distribution:
