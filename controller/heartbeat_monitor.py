@@ -253,13 +253,19 @@ class Monitor:
         except OSError:
             data = b""  # reset: as good as closed
         if data:
+            known = stream.slot is not None
             stream.feed(data)
+            if not known and stream.slot is not None:
+                self.table.stream_opened(stream.slot, stream.nonce)
             return
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(stream.sock)
         stream.sock.close()
         if stream.said_bye or stream.slot is None:
             return
+        # Heartbeats the agent sent before it died may still wait in the socket (this loop
+        # can see the close first): they count as what they are, beats before the death.
+        self.receive(time.monotonic())
         declaration = self.table.stream_closed(stream.slot, stream.nonce, time.monotonic())
         if declaration is not None:
             self.streams_lost += 1

@@ -111,6 +111,10 @@ class ServerWatch:
     penalty_at: float = 0.0
     alive_reported_at: float = -math.inf
     beats: int = 0
+    stream_lost: bool = False
+    """The connection's liveness stream closed without a goodbye: its processes died. A
+    heartbeat of this connection that arrives afterwards was sent before (reordered, or read
+    late from the socket) and revives nothing; a new stream hello for it clears this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +235,7 @@ class SuspicionTable:
                 self.cleared += 1
                 self._clear(watch)
             return None
-        if triton_alive and now - watch.alive_reported_at > 1.0:
+        if triton_alive and not watch.stream_lost and now - watch.alive_reported_at > 1.0:
             watch.alive_reported_at = now
             return watch.server_id
         return None
@@ -253,12 +257,21 @@ class SuspicionTable:
         the server's current connection and the server is watched.
         """
         watch = self.by_slot.get(slot)
-        if watch is None or watch.nonce != nonce or not watch.armed:
+        if watch is None or watch.nonce != nonce:
+            return None
+        watch.stream_lost = True
+        if not watch.armed:
             return None
         watch.armed = False
         self._clear(watch)
         return Declaration(watch.server_id, watch.generation, "agent processes died",
                            now - watch.last_arrival)
+
+    def stream_opened(self, slot: int, nonce: int) -> None:
+        """A liveness stream said hello for the connection: its processes live."""
+        watch = self.by_slot.get(slot)
+        if watch is not None and watch.nonce == nonce:
+            watch.stream_lost = False
 
     def triton_result(self, server_id: str, ready: bool) -> None:
         """The readiness probe of a suspect's Triton answered (or failed)."""

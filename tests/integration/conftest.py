@@ -22,3 +22,36 @@ def artifact_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build_store(store, [families["mobilenet_v3"], families["shufflenet_v2"]], scale=TEST_SCALE,
                 variants=["mobilenet_v3_small", "mobilenet_v3_large", "shufflenet_v2_x0_5"])
     yield store
+
+
+LOG_TAIL_LINES = 40
+"""Lines of each testbed process's log a failure report shows (CI keeps no run directories)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[object]:
+    """A failed test that used a testbed reports the tails of its processes' logs."""
+    report = yield
+    if getattr(report, "failed", False):
+        from deploy.testbed import Testbed
+
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, Testbed):
+                for title, text in testbed_log_tails(value):
+                    report.sections.append((title, text))
+    return report
+
+
+def testbed_log_tails(bed: object) -> list[tuple[str, str]]:
+    """(section title, last lines) for each process log of the testbed, controller first."""
+    processes = bed.state.processes  # type: ignore[attr-defined]
+    names = sorted(processes, key=lambda name: (name != "controller", name))
+    tails = []
+    for name in names:
+        path = Path(processes[name].log)
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError as exc:
+            lines = [f"(unreadable: {exc})"]
+        tails.append((f"testbed log {name} ({path})", "\n".join(lines)))
+    return tails

@@ -200,3 +200,55 @@ def test_the_heartbeat_process_dies_with_its_agent() -> None:
                 assert [d[:2] for d in declared.items] == [("s1", "agent processes died")]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_beats_read_after_a_dead_agents_stream_closed_revive_nothing() -> None:
+    """A killed agent's last heartbeats can reach the monitor after its stream's close (delayed
+    on a network, or read late from the socket): they are beats from before the death, not a
+    server alive again (which would cancel its failover as a false alarm while it stays dead)."""
+    import socket
+
+    from understudy.wire.heartbeat import FLAG_TRITON_ALIVE, Kind, encode
+
+    servers = [f"s{i}" for i in range(8)]
+
+    async def scenario() -> None:
+        async with _detector() as (detector, declared):
+            channels = {s: detector.admit(s, None) for s in servers}
+            sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            streams = {}
+            try:
+                for server, channel in channels.items():
+                    detector.watch(server, grace_s=1.0)
+                    stream = socket.create_connection(("127.0.0.1", channel.tcp_port))
+                    stream.sendall(f"hello {channel.slot} {channel.nonce}\n".encode())
+                    streams[server] = stream
+
+                def beat(server: str, seq: int) -> None:
+                    channel = channels[server]
+                    sender.sendto(encode(Kind.BEAT, channel.slot, channel.nonce, seq,
+                                         time.time(), FLAG_TRITON_ALIVE),
+                                  ("127.0.0.1", channel.port))
+
+                for seq in range(50):
+                    for server in servers:
+                        beat(server, seq)
+                    await asyncio.sleep(T)
+                assert declared.items == []
+                for server in servers:  # the processes die...
+                    streams.pop(server).close()
+                await asyncio.sleep(0.2)
+                for server in servers:  # ...and their last beats arrive late (a network's delay)
+                    for seq in range(50, 60):
+                        beat(server, seq)
+                await asyncio.sleep(1.5)
+            finally:
+                sender.close()
+                for stream in streams.values():
+                    stream.close()
+            assert sorted(d[:2] for d in declared.items) == [
+                (s, "agent processes died") for s in servers]
+            assert declared.alive == []
+
+    asyncio.run(scenario())

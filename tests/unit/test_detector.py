@@ -193,6 +193,22 @@ def test_a_closed_liveness_stream_declares_the_current_connection_only() -> None
     assert clock.declared == []  # not declared again by silence
 
 
+def test_a_heartbeat_read_after_the_stream_closed_revives_nothing() -> None:
+    """A beat the agent sent before it was killed can be read after its stream's close: the
+    server is dead all the same (a revival would cancel its failover as a false alarm)."""
+    table, clock = _table("a")
+    clock.run(1.0, beating={"a"})
+    a = table.by_server["a"]
+    assert table.stream_closed(a.slot, a.nonce, clock.now) is not None
+    assert table.beat(a.slot, a.nonce, True, ADDRESS, clock.now + 0.001) is None
+    assert table.beat(a.slot, a.nonce, True, ADDRESS, clock.now + 2.0) is None
+    # The same processes saying hello on a new stream are alive: their beats revive it.
+    table.stream_opened(a.slot, a.nonce + 1)  # not this connection's
+    assert table.beat(a.slot, a.nonce, True, ADDRESS, clock.now + 4.0) is None
+    table.stream_opened(a.slot, a.nonce)
+    assert table.beat(a.slot, a.nonce, True, ADDRESS, clock.now + 6.0) == "a"
+
+
 def test_sweeps_skip_the_full_scan_until_a_server_could_be_suspect_yet_miss_none() -> None:
     servers = [f"s{i}" for i in range(50)]
     table, clock = _table(*servers)
