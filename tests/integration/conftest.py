@@ -26,6 +26,8 @@ def artifact_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 LOG_TAIL_LINES = 40
 """Lines of each testbed process's log a failure report shows (CI keeps no run directories)."""
+CONTROLLER_LOG_TAIL_LINES = 200
+"""The controller's: what it decided since the failure being waited for."""
 
 
 @pytest.hookimpl(wrapper=True)
@@ -50,7 +52,8 @@ def testbed_log_tails(bed: object) -> list[tuple[str, str]]:
     for name in names:
         path = Path(processes[name].log)
         try:
-            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            keep = CONTROLLER_LOG_TAIL_LINES if name == "controller" else LOG_TAIL_LINES
+            lines = path.read_text(errors="replace").splitlines()[-keep:]
         except OSError as exc:
             lines = [f"(unreadable: {exc})"]
         tails.append((f"testbed log {name} ({path})", "\n".join(lines)))
