@@ -87,6 +87,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from deploy.scheduling_bed import (  # noqa: E402
+    Gateway,
     ServedModel,
     early_exit_available,
     start_gateway,
@@ -347,31 +348,43 @@ async def classify(client: Client, workloads: list[Workload], requests: list[Req
 
 
 async def measure(client: Client, workloads: list[Workload],
-                  classes: dict[str, dict[str, list[Request]]], eight: Request
-                  ) -> dict[str, dict[str, float]]:
-    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn) and a
-    request of 8 digits' (the capacity at batch 8)."""
+                  classes: dict[str, dict[str, list[Request]]], eight: Request,
+                  gateway: Gateway) -> dict[str, dict[str, float]]:
+    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn), the
+    part of it outside the gateway (``outside_s``: the client's mean less the gateway's own
+    measure of the same requests) and a request of 8 digits' (the capacity at batch 8)."""
     figures = {}
     for workload in workloads:
         app = f"probe-{workload.key}"
         mixed = interleave(list(classes[workload.key].values()))
         await client.sequential(app, mixed, 50)  # warm-up
+        before = gateway_latency(gateway, app)
         alone = await client.sequential(app, mixed, MEASURE_REQUESTS)
+        after = gateway_latency(gateway, app)
+        inside = (after[0] - before[0]) / max(after[1] - before[1], 1)
         batch = await client.sequential(app, [eight], 60)
         figures[workload.key] = {"p50_s": float(np.percentile(alone, 50)),
                                  "p99_s": float(np.percentile(alone, 99)),
+                                 "outside_s": max(0.0, statistics.fmean(alone) - inside),
                                  "batch8_s": statistics.median(batch)}
     return figures
 
 
-async def prepare(url: str, workloads: list[Workload], requests: list[Request],
+def gateway_latency(gateway: Gateway, app: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the gateway's latency histogram for ``app`` so far."""
+    name = "understudy_gateway_latency_seconds"
+    return (gateway.sample(f"{name}_sum", app_id=app) or 0.0,
+            gateway.sample(f"{name}_count", app_id=app) or 0.0)
+
+
+async def prepare(gateway: Gateway, workloads: list[Workload], requests: list[Request],
                   digits: list[np.ndarray], eight: Request
                   ) -> tuple[dict[str, dict[str, list[Request]]], dict[str, dict[str, float]]]:
     """Each workload's requests per class, then its execution times (on a gateway without
     schedulers)."""
-    client = Client(url)
+    client = Client(gateway.url)
     classes = await classify(client, workloads, requests, digits)
-    return classes, await measure(client, workloads, classes, eight)
+    return classes, await measure(client, workloads, classes, eight, gateway)
 
 
 async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
@@ -515,6 +528,9 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
                         action="store_false",
                         help="send each request with a timeout of 10 x the SLO instead of the "
                              "time left to its SLO")
+    parser.add_argument("--no-deadline-margin", dest="deadline_margin", action="store_false",
+                        help="leave the gateway's --deadline-margin-ms at 0 instead of the "
+                             "measured time the requests spend outside the gateway")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
@@ -537,6 +553,12 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
     return args, workloads, [float(s) for s in args.slos.split(",")]
 
 
+def deadline_margin_ms(figures: dict[str, dict[str, float]]) -> float:
+    """The gateway's ``--deadline-margin-ms``: the median over the workloads of the time their
+    requests spent outside the gateway (the same path for all of them)."""
+    return statistics.median(f["outside_s"] for f in figures.values()) * 1000
+
+
 def every_app(workloads: list[Workload], schedulers: list[str], slos: list[float]
               ) -> list[tuple[Workload, str, float, str]]:
     """(workload, scheduler, SLO multiple, app) of every app a run serves."""
@@ -545,13 +567,13 @@ def every_app(workloads: list[Workload], schedulers: list[str], slos: list[float
 
 
 def gateway_settings(workloads: list[Workload], schedulers: list[str], slos: list[float],
-                     figures: dict[str, dict[str, float]]
+                     figures: dict[str, dict[str, float]], margin_ms: float
                      ) -> tuple[dict[str, str], dict[str, float], list[str]]:
-    """The gateway's schedulers and objectives per app, and its options (the batch size and
-    each shared queue's apps)."""
+    """The gateway's schedulers and objectives per app, and its options (the batch size, the
+    deadline margin and each shared queue's apps)."""
     by_app: dict[str, str] = {}
     slo_ms: dict[str, float] = {}
-    options = ["--max-batch", str(MAX_BATCH)]
+    options = ["--max-batch", str(MAX_BATCH), "--deadline-margin-ms", f"{margin_ms:.3f}"]
     for workload, scheduler, slo, app in every_app(workloads, schedulers, slos):
         by_app[app] = scheduler
         slo_ms[app] = slo * figures[workload.key]["p99_s"] * 1000
@@ -582,11 +604,13 @@ def main() -> None:
             # its own first
             probe = start_gateway(root / "gateway", {}, {})
             try:
-                classes, figures = asyncio.run(prepare(probe.url, workloads, requests, digits,
+                classes, figures = asyncio.run(prepare(probe, workloads, requests, digits,
                                                        eight))
             finally:
                 probe.stop()
-            by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures)
+            margin_ms = deadline_margin_ms(figures) if args.deadline_margin else 0.0
+            by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures,
+                                                       margin_ms)
             gateway = start_gateway(root / "gateway", by_app, slo_ms, *options)
             result = combine([asyncio.run(bench(args, gateway.url, workloads, slos, classes,
                                                 figures, args.seed + repeat))
@@ -648,6 +672,8 @@ def main() -> None:
         "dynamic_model": any(w.model is DYNAMIC for w in workloads),
         "outcomes": result["outcomes"], "outcomes_by_class": result["outcomes_by_class"],
         "repeats": args.repeats, "deadline_propagated": args.propagate_deadline,
+        "deadline_margin_ms": round(margin_ms, 3),
+        "outside_ms": {k: round(f["outside_s"] * 1000, 3) for k, f in figures.items()},
         "client_send_lag_ms": result["send_lag_ms"],
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))

@@ -592,7 +592,8 @@ class Testbed:
         with _unpreempted():  # a site's servers die together, as in a power cut
             for server_id, info in zip(server_ids, groups, strict=True):
                 signalled[server_id] = time.time()
-                signal_group(info, signal.SIGKILL)
+                if not signal_group(info, signal.SIGKILL):
+                    logger.warning("%s: no process group to kill (already gone)", server_id)
         record["at"] = at
         record["signalled"] = signalled
         self.state.failures.append(record)
