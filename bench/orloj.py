@@ -106,6 +106,9 @@ DYNAMIC = ServedModel("digits_ee", "digits_ee", "dynamic__digits_ee")
 TIGHT_MAX = 2.0
 MAX_BATCH = 8
 WARMUP_REQUESTS = 60
+OUTSIDE_SECONDS = 3.0
+"""Seconds of arrivals at the runs' rate through the probe, to measure the time outside the
+gateway."""
 MEASURE_REQUESTS = 2000
 TIMEOUT_HEADER = "understudy-timeout-ms"
 MIN_TIMEOUT_MS = 0.001
@@ -178,12 +181,15 @@ class Run:
     """The outcomes per class of requests (a workload of several classes only)."""
     send_lag_s: list[float] = field(default_factory=list)
     """Per request: how late the client started sending it after its scheduled time."""
+    answered_s: list[float] = field(default_factory=list)
+    """Per answered request: the time from its send to its answer."""
 
     def add(self, other: Run) -> None:
         """Count ``other``'s requests in this run too."""
         self.sent += other.sent
         self.finished += other.finished
         self.send_lag_s += other.send_lag_s
+        self.answered_s += other.answered_s
         add_counts(self.outcomes, other.outcomes)
         for label, counts in other.by_class.items():
             add_counts(self.by_class.setdefault(label, {}), counts)
@@ -275,9 +281,11 @@ async def poisson_run(client: Client, streams: list[Stream], rate: float, second
         lag = loop.time() - due
         run.send_lag_s.append(lag)
         timeout_ms = max(MIN_TIMEOUT_MS, (slo_s - lag) * 1000) if propagate else loose_ms
+        sent = loop.time()
         status, error = await client.infer(app, body, headers, timeout_ms)
         latency = loop.time() - due
         if status == 200:
+            run.answered_s.append(loop.time() - sent)
             kind = "finished" if latency <= slo_s else "late"
         else:
             kind = reason_of(status, error)
@@ -349,24 +357,31 @@ async def classify(client: Client, workloads: list[Workload], requests: list[Req
 
 async def measure(client: Client, workloads: list[Workload],
                   classes: dict[str, dict[str, list[Request]]], eight: Request,
-                  gateway: Gateway) -> dict[str, dict[str, float]]:
-    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn), the
-    part of it outside the gateway (``outside_s``: the client's mean less the gateway's own
-    measure of the same requests) and a request of 8 digits' (the capacity at batch 8)."""
+                  gateway: Gateway, load: float, max_rate: float
+                  ) -> dict[str, dict[str, float]]:
+    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn), a
+    request of 8 digits' (the capacity at batch 8), and the part of a request's latency spent
+    outside the gateway at the runs' arrival rate (``outside_s``: the client's mean less the
+    gateway's own measure of the same requests)."""
     figures = {}
     for workload in workloads:
         app = f"probe-{workload.key}"
         mixed = interleave(list(classes[workload.key].values()))
         await client.sequential(app, mixed, 50)  # warm-up
-        before = gateway_latency(gateway, app)
         alone = await client.sequential(app, mixed, MEASURE_REQUESTS)
-        after = gateway_latency(gateway, app)
-        inside = (after[0] - before[0]) / max(after[1] - before[1], 1)
         batch = await client.sequential(app, [eight], 60)
         figures[workload.key] = {"p50_s": float(np.percentile(alone, 50)),
                                  "p99_s": float(np.percentile(alone, 99)),
-                                 "outside_s": max(0.0, statistics.fmean(alone) - inside),
                                  "batch8_s": statistics.median(batch)}
+        # the time outside the gateway under the runs' load: the client's own loop is busy
+        # then, and its requests wait in it on the way out and back
+        rate = min(load * MAX_BATCH / statistics.median(batch), max_rate)
+        before = gateway_latency(gateway, app)
+        loaded = await poisson_run(client, [(app, mixed)], rate, OUTSIDE_SECONDS, 10.0, 0)
+        after = gateway_latency(gateway, app)
+        inside = (after[0] - before[0]) / max(after[1] - before[1], 1)
+        figures[workload.key]["outside_s"] = max(
+            0.0, statistics.fmean(loaded.answered_s or [inside]) - inside)
     return figures
 
 
@@ -378,13 +393,13 @@ def gateway_latency(gateway: Gateway, app: str) -> tuple[float, float]:
 
 
 async def prepare(gateway: Gateway, workloads: list[Workload], requests: list[Request],
-                  digits: list[np.ndarray], eight: Request
+                  digits: list[np.ndarray], eight: Request, load: float, max_rate: float
                   ) -> tuple[dict[str, dict[str, list[Request]]], dict[str, dict[str, float]]]:
     """Each workload's requests per class, then its execution times (on a gateway without
     schedulers)."""
     client = Client(gateway.url)
     classes = await classify(client, workloads, requests, digits)
-    return classes, await measure(client, workloads, classes, eight, gateway)
+    return classes, await measure(client, workloads, classes, eight, gateway, load, max_rate)
 
 
 async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
@@ -605,7 +620,7 @@ def main() -> None:
             probe = start_gateway(root / "gateway", {}, {})
             try:
                 classes, figures = asyncio.run(prepare(probe, workloads, requests, digits,
-                                                       eight))
+                                                       eight, args.load, args.max_rate))
             finally:
                 probe.stop()
             margin_ms = deadline_margin_ms(figures) if args.deadline_margin else 0.0
