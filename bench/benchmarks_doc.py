@@ -569,10 +569,6 @@ Each request carries the time left to its SLO when it is sent as its timeout, as
 with a deadline does (so a request the gateway cannot answer in time fails at its deadline,
 `deadline`, rather than coming back late); `client_send_lag_ms` is how late the client sent
 its requests after their scheduled times (p50, p99): time outside every scheduler's reach.
-The gateway's `--deadline-margin-ms` (`deadline_margin_ms`) is the time the calibration's
-requests spent outside the gateway (`outside_ms`: the client's mean latency less the
-gateway's own measure of the same requests; the median over the workloads), so that every
-scheduler plans for the answer to be back at the client in time (`--no-deadline-margin`: 0).
 `gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj / best
 baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with the
 best such mean (target >= 50; the paper 51-80 %); the same for the one-app `dynamic` workload
@@ -605,8 +601,7 @@ that found the queue empty, and the median is theirs).""",
          ("rate_rps.static", "static: arrival rate (/s)"),
          ("finish_rate.shared.orloj.5x", "shared, 5x p99: Orloj"),
          ("finish_rate.shared.nexus.5x", "shared, 5x p99: Nexus-like"),
-         ("client_send_lag_ms.shared.p99", "shared: client send lag, p99 (ms)"),
-         ("deadline_margin_ms", "gateway deadline margin (ms)"))),
+         ("client_send_lag_ms.shared.p99", "shared: client send lag, p99 (ms)"))),
 }
 
 HEAD = """\

@@ -87,7 +87,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from deploy.scheduling_bed import (  # noqa: E402
-    Gateway,
     ServedModel,
     early_exit_available,
     start_gateway,
@@ -106,9 +105,6 @@ DYNAMIC = ServedModel("digits_ee", "digits_ee", "dynamic__digits_ee")
 TIGHT_MAX = 2.0
 MAX_BATCH = 8
 WARMUP_REQUESTS = 60
-OUTSIDE_SECONDS = 3.0
-"""Seconds of arrivals at the runs' rate through the probe, to measure the time outside the
-gateway."""
 MEASURE_REQUESTS = 2000
 TIMEOUT_HEADER = "understudy-timeout-ms"
 MIN_TIMEOUT_MS = 0.001
@@ -181,15 +177,12 @@ class Run:
     """The outcomes per class of requests (a workload of several classes only)."""
     send_lag_s: list[float] = field(default_factory=list)
     """Per request: how late the client started sending it after its scheduled time."""
-    answered_s: list[float] = field(default_factory=list)
-    """Per answered request: the time from its send to its answer."""
 
     def add(self, other: Run) -> None:
         """Count ``other``'s requests in this run too."""
         self.sent += other.sent
         self.finished += other.finished
         self.send_lag_s += other.send_lag_s
-        self.answered_s += other.answered_s
         add_counts(self.outcomes, other.outcomes)
         for label, counts in other.by_class.items():
             add_counts(self.by_class.setdefault(label, {}), counts)
@@ -281,11 +274,9 @@ async def poisson_run(client: Client, streams: list[Stream], rate: float, second
         lag = loop.time() - due
         run.send_lag_s.append(lag)
         timeout_ms = max(MIN_TIMEOUT_MS, (slo_s - lag) * 1000) if propagate else loose_ms
-        sent = loop.time()
         status, error = await client.infer(app, body, headers, timeout_ms)
         latency = loop.time() - due
         if status == 200:
-            run.answered_s.append(loop.time() - sent)
             kind = "finished" if latency <= slo_s else "late"
         else:
             kind = reason_of(status, error)
@@ -356,13 +347,10 @@ async def classify(client: Client, workloads: list[Workload], requests: list[Req
 
 
 async def measure(client: Client, workloads: list[Workload],
-                  classes: dict[str, dict[str, list[Request]]], eight: Request,
-                  gateway: Gateway, load: float, max_rate: float
+                  classes: dict[str, dict[str, list[Request]]], eight: Request
                   ) -> dict[str, dict[str, float]]:
-    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn), a
-    request of 8 digits' (the capacity at batch 8), and the part of a request's latency spent
-    outside the gateway at the runs' arrival rate (``outside_s``: the client's mean less the
-    gateway's own measure of the same requests)."""
+    """Per workload: its requests' latency one at a time (p50, p99; the classes in turn) and a
+    request of 8 digits' (the capacity at batch 8)."""
     figures = {}
     for workload in workloads:
         app = f"probe-{workload.key}"
@@ -373,33 +361,17 @@ async def measure(client: Client, workloads: list[Workload],
         figures[workload.key] = {"p50_s": float(np.percentile(alone, 50)),
                                  "p99_s": float(np.percentile(alone, 99)),
                                  "batch8_s": statistics.median(batch)}
-        # the time outside the gateway under the runs' load: the client's own loop is busy
-        # then, and its requests wait in it on the way out and back
-        rate = min(load * MAX_BATCH / statistics.median(batch), max_rate)
-        before = gateway_latency(gateway, app)
-        loaded = await poisson_run(client, [(app, mixed)], rate, OUTSIDE_SECONDS, 10.0, 0)
-        after = gateway_latency(gateway, app)
-        inside = (after[0] - before[0]) / max(after[1] - before[1], 1)
-        figures[workload.key]["outside_s"] = max(
-            0.0, statistics.fmean(loaded.answered_s or [inside]) - inside)
     return figures
 
 
-def gateway_latency(gateway: Gateway, app: str) -> tuple[float, float]:
-    """(sum of seconds, count) of the gateway's latency histogram for ``app`` so far."""
-    name = "understudy_gateway_latency_seconds"
-    return (gateway.sample(f"{name}_sum", app_id=app) or 0.0,
-            gateway.sample(f"{name}_count", app_id=app) or 0.0)
-
-
-async def prepare(gateway: Gateway, workloads: list[Workload], requests: list[Request],
-                  digits: list[np.ndarray], eight: Request, load: float, max_rate: float
+async def prepare(url: str, workloads: list[Workload], requests: list[Request],
+                  digits: list[np.ndarray], eight: Request
                   ) -> tuple[dict[str, dict[str, list[Request]]], dict[str, dict[str, float]]]:
     """Each workload's requests per class, then its execution times (on a gateway without
     schedulers)."""
-    client = Client(gateway.url)
+    client = Client(url)
     classes = await classify(client, workloads, requests, digits)
-    return classes, await measure(client, workloads, classes, eight, gateway, load, max_rate)
+    return classes, await measure(client, workloads, classes, eight)
 
 
 async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
@@ -543,9 +515,6 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
                         action="store_false",
                         help="send each request with a timeout of 10 x the SLO instead of the "
                              "time left to its SLO")
-    parser.add_argument("--no-deadline-margin", dest="deadline_margin", action="store_false",
-                        help="leave the gateway's --deadline-margin-ms at 0 instead of the "
-                             "measured time the requests spend outside the gateway")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy the gateway's log (calibration, schedulers) here at the end, "
                              "and its /metrics (batch sizes, decision CPU) next to it")
@@ -568,12 +537,6 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
     return args, workloads, [float(s) for s in args.slos.split(",")]
 
 
-def deadline_margin_ms(figures: dict[str, dict[str, float]]) -> float:
-    """The gateway's ``--deadline-margin-ms``: the median over the workloads of the time their
-    requests spent outside the gateway (the same path for all of them)."""
-    return statistics.median(f["outside_s"] for f in figures.values()) * 1000
-
-
 def every_app(workloads: list[Workload], schedulers: list[str], slos: list[float]
               ) -> list[tuple[Workload, str, float, str]]:
     """(workload, scheduler, SLO multiple, app) of every app a run serves."""
@@ -582,13 +545,13 @@ def every_app(workloads: list[Workload], schedulers: list[str], slos: list[float
 
 
 def gateway_settings(workloads: list[Workload], schedulers: list[str], slos: list[float],
-                     figures: dict[str, dict[str, float]], margin_ms: float
+                     figures: dict[str, dict[str, float]]
                      ) -> tuple[dict[str, str], dict[str, float], list[str]]:
-    """The gateway's schedulers and objectives per app, and its options (the batch size, the
-    deadline margin and each shared queue's apps)."""
+    """The gateway's schedulers and objectives per app, and its options (the batch size and
+    each shared queue's apps)."""
     by_app: dict[str, str] = {}
     slo_ms: dict[str, float] = {}
-    options = ["--max-batch", str(MAX_BATCH), "--deadline-margin-ms", f"{margin_ms:.3f}"]
+    options = ["--max-batch", str(MAX_BATCH)]
     for workload, scheduler, slo, app in every_app(workloads, schedulers, slos):
         by_app[app] = scheduler
         slo_ms[app] = slo * figures[workload.key]["p99_s"] * 1000
@@ -619,13 +582,11 @@ def main() -> None:
             # its own first
             probe = start_gateway(root / "gateway", {}, {})
             try:
-                classes, figures = asyncio.run(prepare(probe, workloads, requests, digits,
-                                                       eight, args.load, args.max_rate))
+                classes, figures = asyncio.run(prepare(probe.url, workloads, requests, digits,
+                                                       eight))
             finally:
                 probe.stop()
-            margin_ms = deadline_margin_ms(figures) if args.deadline_margin else 0.0
-            by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures,
-                                                       margin_ms)
+            by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures)
             gateway = start_gateway(root / "gateway", by_app, slo_ms, *options)
             result = combine([asyncio.run(bench(args, gateway.url, workloads, slos, classes,
                                                 figures, args.seed + repeat))
@@ -687,8 +648,6 @@ def main() -> None:
         "dynamic_model": any(w.model is DYNAMIC for w in workloads),
         "outcomes": result["outcomes"], "outcomes_by_class": result["outcomes_by_class"],
         "repeats": args.repeats, "deadline_propagated": args.propagate_deadline,
-        "deadline_margin_ms": round(margin_ms, 3),
-        "outside_ms": {k: round(f["outside_s"] * 1000, 3) for k, f in figures.items()},
         "client_send_lag_ms": result["send_lag_ms"],
         "finish_rate_by_repeat": result["finish_rate_by_repeat"],
         "wall_s": round(time.monotonic() - started, 1)}))

@@ -131,10 +131,6 @@ class BatchSettings:
     max_batch: int = 8
     exec_output: str = "exec_us"
     warmup_requests: int = WARMUP_REQUESTS
-    deadline_margin_s: float = 0.0
-    """Taken off every request's deadline once warm: the time its answer still needs after
-    this gateway sent it (the way back to the client, the client's own decoding), so that the
-    scheduler plans for the answer to be back at the client in time."""
 
 
 @dataclass(eq=False)
@@ -229,11 +225,10 @@ class BatchPolicy:
         """The request's deadline on ``self.clock`` (its own is on the loop's clock)."""
         own = now + (request.deadline - loop_now)
         self._timeouts.append(own - now)
-        if not self.warm:  # the warm-up serves everything it can
-            return own
         slo_ms = self.slo_ms(request.app_id)
-        deadline = own if slo_ms is None else min(own, now + slo_ms / 1000.0)
-        return deadline - self.settings.deadline_margin_s
+        if slo_ms is None or not self.warm:  # the warm-up serves everything it can
+            return own
+        return min(own, now + slo_ms / 1000.0)
 
     async def _answer(self, waiting: _Waiting, request: InferRequest) -> Answer:
         waits: list[asyncio.Future[Any]] = [waiting.future]
@@ -489,15 +484,12 @@ class BatchPolicy:
     def _queue_slo_s(self) -> float:
         """The one objective the fixed-profile baselines plan for.
 
-        The tightest of the queue's recent apps' (else the median request timeout), less the
-        deadline margin.
+        The tightest of the queue's recent apps' (else the median request timeout).
         """
         slos = [ms for ms in map(self.slo_ms, sorted(set(self.arrivals))) if ms is not None]
         if slos:
-            slo = min(slos) / 1000.0
-        else:
-            slo = statistics.median(self._timeouts) if self._timeouts else 1.0
-        return max(slo - self.settings.deadline_margin_s, 1e-6)
+            return min(slos) / 1000.0
+        return statistics.median(self._timeouts) if self._timeouts else 1.0
 
     def _window(self, app_id: str) -> deque[float]:
         window = self.solo.get(app_id)

@@ -90,12 +90,6 @@ class GatewayConfig(BaseModel):
     """Per app: a queue name; apps given the same name share one batch queue, one scheduler and
     one batch in flight (the per-model queue: their requests are batched together, so they must
     be served by the same model). Default: each app its own queue."""
-    deadline_margin_ms: float = Field(0.0, ge=0, le=60_000, allow_inf_nan=False)
-    """What batch schedulers take off each request's deadline: the time its answer still needs
-    once this gateway sent it (the network back to the client, the client's decoding). The
-    difference between the latency a client observes and the gateway's
-    ``understudy_gateway_latency_seconds`` for the same requests, at the load they are served
-    under (a busy client is slower to send and to read)."""
     max_batch: int = Field(8, ge=1, le=1024)
     """Rows in one batch a scheduler sends (at most the model's ``max_batch_size``)."""
     exec_output: str = Field("exec_us", pattern=r"^[A-Za-z0-9_.-]{1,64}$")

@@ -103,8 +103,7 @@ class Gateway:
         if policy is None:
             config = self.config
             policy = self._batch_queues[queue_id] = BatchPolicy(
-                queue_id, BatchSettings(scheduler, config.max_batch, config.exec_output,
-                                        deadline_margin_s=config.deadline_margin_ms / 1000.0),
+                queue_id, BatchSettings(scheduler, config.max_batch, config.exec_output),
                 self._slo_ms, place=self._place, events=self.metrics,
                 stopping=lambda: self.dispatcher.stopping, refresher=self.refresher)
             self.metrics.watch_scheduler(queue_id, policy.decision_cpu_p50_s)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.unit.scripts import load_script
 
 
@@ -48,16 +46,12 @@ def test_orloj_slices_of_a_run_add_up() -> None:
 def test_orloj_shared_workload_gives_each_scheduler_and_slo_one_queue_of_two_apps() -> None:
     orloj = load_script("bench/orloj.py")
     shared, static = orloj.WORKLOADS["shared"], orloj.WORKLOADS["static"]
-    figures = {"shared": {"p99_s": 0.010, "outside_s": 0.0004},
-               "static": {"p99_s": 0.002, "outside_s": 0.0002}}
-    margin_ms = orloj.deadline_margin_ms(figures)
-    assert margin_ms == pytest.approx(0.3)  # the median over the workloads
-    by_app, slo_ms, options = orloj.gateway_settings([shared, static], ["orloj"], [1.5], figures,
-                                                     margin_ms)
+    figures = {"shared": {"p99_s": 0.010}, "static": {"p99_s": 0.002}}
+    by_app, slo_ms, options = orloj.gateway_settings([shared, static], ["orloj"], [1.5], figures)
     assert by_app == {"shared-orloj-1p5-easy": "orloj", "shared-orloj-1p5-hard": "orloj",
                       "static-orloj-1p5": "orloj"}
     assert slo_ms["shared-orloj-1p5-hard"] == 15.0 and slo_ms["static-orloj-1p5"] == 3.0
-    assert options == ["--max-batch", str(orloj.MAX_BATCH), "--deadline-margin-ms", "0.300",
+    assert options == ["--max-batch", str(orloj.MAX_BATCH),
                        "--model-queue", "shared-orloj-1p5-easy=shared-orloj-1p5",
                        "--model-queue", "shared-orloj-1p5-hard=shared-orloj-1p5"]
 

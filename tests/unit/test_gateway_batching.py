@@ -314,30 +314,6 @@ def test_a_hopeless_request_is_dropped_at_once_with_its_reason_and_counted(name:
     run(scenario)
 
 
-@pytest.mark.parametrize("name", ["orloj", "nexus"])
-def test_the_deadline_margin_keeps_time_for_the_answer_to_reach_its_client(name: str) -> None:
-    """A request the model can answer within its SLO, but not with the margin left for the way
-    back to the client as well, is dropped at once instead of being answered too late."""
-    async def scenario() -> dict[float, str]:
-        outcomes = {}
-        for margin_ms in (0.0, 15.0):
-            model = FakeModel(exec_s=lambda x: 0.02)
-            settings = BatchSettings(name, 8, "exec_us", 4, deadline_margin_s=margin_ms / 1000)
-            p = BatchPolicy(APP, settings, lambda app_id: 30.0)
-            queue = AppQueue(APP, p, model.send, GatewayMetrics())
-            for i in range(4):  # the warm-up: the margin is not taken off yet
-                await queue.submit(make_request(i))
-            await until(lambda: p.warm)
-            try:
-                await queue.submit(make_request(1.0))
-                outcomes[margin_ms] = "answered"
-            except DroppedError as exc:
-                outcomes[margin_ms] = exc.reason
-        return outcomes
-
-    assert run(scenario) == {0.0: "answered", 15.0: UNREACHABLE}
-
-
 def test_no_request_starves_under_a_steady_stream() -> None:
     """Requests keep coming faster than one at a time could serve; each is answered in time
     or dropped with a reason, none is left waiting past its deadline."""
@@ -398,14 +374,13 @@ def test_the_gateway_config_selects_each_scheduler_per_app_and_validates_it() ->
 
     config = GatewayConfig(controller_url="http://127.0.0.1:1", scheduler={
         f"app{i}": name for i, name in enumerate(SCHEDULERS)} | {"plain": "none"},
-        slo_ms={"app0": 25.0}, deadline_margin_ms=1.5, run_dir="/nonexistent/gw")
+        slo_ms={"app0": 25.0}, run_dir="/nonexistent/gw")
     gateway = Gateway(config)
     kinds = {ClipperLike: "clipper", NexusLike: "nexus", ClockworkLike: "clockwork",
              TritonBatcher: "triton", Orloj: "orloj"}
     for i, name in enumerate(SCHEDULERS):
         built = gateway._policy(f"app{i}")
         assert isinstance(built, BatchPolicy) and built.settings.scheduler == name
-        assert built.settings.deadline_margin_s == pytest.approx(0.0015)
         from gateway.calibration import make_scheduler, profile_of
 
         made = make_scheduler(name, profile_of({"x": [0.01, 0.02]}, BatchLaw(0.1)), 0.1, 8)
@@ -417,8 +392,7 @@ def test_the_gateway_config_selects_each_scheduler_per_app_and_validates_it() ->
     assert gateway._slo_ms("app0") == 25.0 and gateway._slo_ms("app1") is None
     assert not isinstance(gateway._policy("plain"), BatchPolicy)
     for bad in ({"scheduler": {"a": "fifo"}}, {"slo_ms": {"a": 0.0}},
-                {"slo_ms": {"a": float("nan")}}, {"scheduler": {"a__b": "orloj"}},
-                {"deadline_margin_ms": -1.0}, {"deadline_margin_ms": float("inf")}):
+                {"slo_ms": {"a": float("nan")}}, {"scheduler": {"a__b": "orloj"}}):
         with pytest.raises(ValidationError):
             GatewayConfig(controller_url="http://127.0.0.1:1", **bad)
 

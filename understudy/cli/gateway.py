@@ -107,10 +107,6 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="apps given the same QUEUE share one batch queue and scheduler: "
                              "their requests are batched together (they must be served by the "
                              "same model and have the same --scheduler; repeatable)")
-    parser.add_argument("--deadline-margin-ms", type=float, default=None,
-                        help="what batch schedulers take off each request's deadline: the time "
-                             "its answer needs after the gateway sent it, back to the client "
-                             "(default 0)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="rows in one batch a scheduler sends (default 8)")
     parser.add_argument("--exec-output", default=None,
@@ -156,8 +152,7 @@ def run(options: argparse.Namespace) -> int:
             "scheduler": dict(options.scheduler) if options.scheduler else None,
             "slo_ms": dict(options.slo_ms) if options.slo_ms else None,
             "model_queue": dict(options.model_queue) if options.model_queue else None,
-            "max_batch": options.max_batch, "exec_output": options.exec_output,
-            "deadline_margin_ms": options.deadline_margin_ms},
+            "max_batch": options.max_batch, "exec_output": options.exec_output},
             ENV_PREFIX, env_names={"token": "UNDERSTUDY_TOKEN", "ca_file": CA_FILE_ENV})
     except ValidationError as exc:
         logger.error("invalid gateway settings: %s", exc)
