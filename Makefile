@@ -17,14 +17,14 @@ $(VENV) venv: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies scheduling
+	$(BIN)/mypy policies scheduling gateway
 
 # The unit tier runs on two workers (pure code: no timings to disturb); the integration tier
 # runs alone, one test at a time, as its failover timings need the machine's cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies scheduling
+	$(BIN)/mypy policies scheduling gateway
 	$(BIN)/python -m pytest -m unit -n 2
 	$(BIN)/python -m pytest -m integration --durations=15
 

@@ -292,7 +292,8 @@ class _Exchange:
         except asyncio.CancelledError:
             if interrupt.why is None or task.uncancel() > 0:
                 raise  # the client went away, or someone else cancelled the request
-            return self._interrupted(interrupt.why, route)
+            self._interrupted(interrupt.why, route)
+            return None
         except UpstreamError as exc:
             self._failed(route, str(exc))
             return None

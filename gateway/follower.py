@@ -90,7 +90,7 @@ class EventFollower:
         last = self.board.table.last_seq
         since = last if last > 0 else None
         url = self._ws_url(since)
-        tls = {"ssl": self.tls} if url.startswith("wss://") else {}
+        tls: dict[str, Any] = {"ssl": self.tls} if url.startswith("wss://") else {}
         async with connect(url, additional_headers=self.headers, **tls,
                            open_timeout=5, close_timeout=1, ping_interval=5, ping_timeout=5,
                            compression=None, proxy=None, max_size=None) as ws:

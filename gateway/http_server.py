@@ -74,7 +74,7 @@ class HttpError(Exception):
 
 
 def write_parts(transport: asyncio.WriteTransport, head: bytes,
-                body: bytes | bytearray) -> None:
+                body: bytes | bytearray | memoryview) -> None:
     """Write a head and a large body without joining them (a copy of the body).
 
     One vectored write where the transport has one (uvloop's); else two writes (the standard

@@ -476,11 +476,11 @@ class _Protected:
                           self.attempts - 1, False, False, source="approximate")
         if self.mode == "default-response" and self._read_query() is not None:
             assert self.query is not None  # noqa: S101
-            reply = self.p.default_reply(self.query, model_name)
-            if reply is not None:
+            default = self.p.default_reply(self.query, model_name)
+            if default is not None:
                 self.p.events.substituted(app_id, "default", self.cause)
                 where = self.location or Location("", "", model_name, "", "default", 0.0)
-                return Answer(reply, Location(where.http, where.grpc, model_name, "gateway",
+                return Answer(default, Location(where.http, where.grpc, model_name, "gateway",
                                               "default", 0.0), self.attempts,
                               self.attempts - 1, False, False, source="default")
         return None
