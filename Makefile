@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every package mypy checks (bench/ and tests/ aside).
+TYPED := policies scheduling gateway controller agent stateful parity sim understudy deploy model_repo
 
 .PHONY: venv test test-fast lint demo plan-demo bench bench-live clean distclean
 
@@ -17,14 +19,14 @@ $(VENV) venv: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies scheduling gateway
+	$(BIN)/mypy $(TYPED)
 
 # The unit tier runs on two workers (pure code: no timings to disturb); the integration tier
 # runs alone, one test at a time, as its failover timings need the machine's cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy policies scheduling gateway
+	$(BIN)/mypy $(TYPED)
 	$(BIN)/python -m pytest -m unit -n 2
 	$(BIN)/python -m pytest -m integration --durations=15
 

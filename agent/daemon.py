@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import subprocess
 import time
 import uuid
 from collections import deque
@@ -256,7 +257,7 @@ class Agent:
             self._spawn(self._ws.close(1001, "agent stopping"))
 
     def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coroutine)
+        task: asyncio.Task[Any] = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -295,7 +296,7 @@ class Agent:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._on_triton_exit, process, code)
 
-    def _on_triton_exit(self, process: Any, code: int) -> None:
+    def _on_triton_exit(self, process: subprocess.Popen[bytes], code: int) -> None:
         if process is not self.triton.process or self._expected_exit:
             return
         at = time.time()
@@ -335,8 +336,8 @@ class Agent:
         delay = self.config.reconnect_initial_s
         headers = bearer(self.config.token)
         url = self.config.websocket_url()
-        tls = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
-               else {})
+        tls: dict[str, Any] = ({"ssl": client_ssl_context(self.config.ca_file)}
+                               if url.startswith("wss://") else {})
         while not self._stop.is_set():
             try:
                 async with connect(url, additional_headers=headers, compression=None,

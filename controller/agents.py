@@ -262,7 +262,7 @@ class AgentHub:
         task.add_done_callback(self._tasks.discard)
 
     async def send(self, server_id: str, command: LoadCommand | UnloadCommand |
-                   InventoryCommand) -> asyncio.Future[CommandResult]:
+                   InventoryCommand | PrefetchCommand) -> asyncio.Future[CommandResult]:
         """Send a command now; the returned future gets its result.
 
         The agent runs the commands of one model in the order they arrive, so a caller that
@@ -281,7 +281,7 @@ class AgentHub:
         return future
 
     async def command(self, server_id: str, command: LoadCommand | UnloadCommand |
-                      InventoryCommand, timeout_s: float = 300.0,
+                      InventoryCommand | PrefetchCommand, timeout_s: float = 300.0,
                       sent: asyncio.Future[CommandResult] | None = None) -> CommandResult:
         """Send a command (unless ``sent`` is its future) and wait for its result."""
         future = sent if sent is not None else await self.send(server_id, command)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from controller.records import Event
@@ -67,7 +67,7 @@ class EventHub:
         return Subscription(self, app_id, since)
 
     async def _follow(self, subscriber: _Subscriber, since: int | None
-                      ) -> AsyncIterator[Event]:
+                      ) -> AsyncGenerator[Event, None]:
         try:
             last = since or 0
             if since is not None:
@@ -78,13 +78,13 @@ class EventHub:
                     last = max(last, event.seq)
                     yield event
             while not subscriber.closed:
-                event = await subscriber.queue.get()
-                if event is None:
+                live = await subscriber.queue.get()
+                if live is None:
                     return
-                if event.seq <= last:
+                if live.seq <= last:
                     continue
-                last = event.seq
-                yield event
+                last = live.seq
+                yield live
         finally:
             self._subscribers.discard(subscriber)
 

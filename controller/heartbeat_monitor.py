@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(family, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:  # root may exceed net.core.rmem_max: room for a stall's worth of datagrams
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, RECEIVE_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE,  # type: ignore[attr-defined]
+                        RECEIVE_BUFFER)
     except (OSError, AttributeError):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)

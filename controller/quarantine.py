@@ -70,7 +70,7 @@ class Quarantine:
                 also(pipe)
             results = await pipe.execute()
         self._logged(name, found)
-        return results[2 * len(found):]
+        return list(results[2 * len(found):])
 
     async def stream_entries(self, name: str, found: Sequence[Bad]) -> None:
         """Move bad entries of stream ``name`` here (``field`` is the entry id)."""

@@ -55,7 +55,8 @@ class ReadOnlyAppRecord(AppRecord):
     model_config = ConfigDict(frozen=True)
 
     spec: ReadOnlyAppSpec
-    replicas: list[ReadOnlyReplica] = Field(default_factory=list)
+    # a read-only replica is a replica (list is invariant, hence the ignore)
+    replicas: list[ReadOnlyReplica] = Field(default_factory=list)  # type: ignore[assignment]
 
 
 class ReadOnlyServerRecord(ServerRecord):

@@ -192,9 +192,11 @@ class Controller:
                            f"{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
         # Graph replicas first: their recovery needs no agent command, only the signal.
+        def fail_commands(server_id: str, *_: object) -> None:
+            self.agents.fail_pending(server_id, "declared failed")
+
         self.detector.listeners += [
-            lambda server_id, *_: self.graphs.on_server_failed(server_id),
-            lambda server_id, *_: self.agents.fail_pending(server_id, "declared failed"),
+            lambda server_id, *_: self.graphs.on_server_failed(server_id), fail_commands,
             self.lifecycle.on_failure]
         self.graphs.hosts.free_of = self._free_capacity
         await self.graphs.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from controller.records import AppRecord, ServerRecord, ServerState
 from parity.naming import parse_parity_name
@@ -200,7 +201,7 @@ def build_snapshot(families: Mapping[str, Family], servers: Mapping[str, ServerR
     down |= set(failed)
     placements = [p for part in parts if part.application is not None for p in part.placements]
     site_ids = sorted({s.site_id for s in servers.values()})
-    common = {
+    common: dict[str, Any] = {
         "families": families, "sites": tuple(Site(s) for s in site_ids),
         "servers": tuple(Server(s.server_id, s.site_id, Resources(s.capacity), s.server_type)
                          for s in servers.values()),

@@ -138,7 +138,7 @@ class Store:
                         pipe.hgetall(self._key(name))
                     else:
                         pipe.get(self._key(name))
-                return await pipe.execute()  # type: ignore[no-any-return]
+                return await pipe.execute()
 
         try:
             return await read()

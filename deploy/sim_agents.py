@@ -233,7 +233,7 @@ class SimAgent:
         delay = RECONNECT_INITIAL_S
         headers = bearer(self.config.token)
         url = self.config.websocket_url()
-        tls = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
+        tls: dict[str, Any] = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
                else {})
         while not self._stopping:
             await self._online.wait()

@@ -119,7 +119,8 @@ def _outputs_from(header: dict[str, Any], payload: bytearray,
     """An answer's arrays: the model's output (``shape``), then each extra (N x 1, 4 bytes)."""
     shape = header["shape"]
     primary_bytes = int(np.prod(shape)) * 4
-    arrays = [np.frombuffer(payload, dtype=np.float32, count=primary_bytes // 4).reshape(shape)]
+    arrays: list[np.ndarray] = [
+        np.frombuffer(payload, dtype=np.float32, count=primary_bytes // 4).reshape(shape)]
     rows = shape[0]
     for index, (_, data_type) in enumerate(extras[:int(header.get("extras", 0))]):
         arrays.append(np.frombuffer(payload, dtype=NUMPY_TYPES[data_type], count=rows,

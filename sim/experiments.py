@@ -166,7 +166,7 @@ class Unit:
 
 def units(names: Sequence[str], seeds: int, quick: bool) -> list[Unit]:
     """Every unit of ``names`` (in paper order), seeds 0..seeds-1."""
-    out = []
+    out: list[Unit] = []
     for name in names:
         experiment = EXPERIMENTS[name]
         values = experiment.quick_values if quick else experiment.values

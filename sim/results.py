@@ -46,10 +46,10 @@ def rows(results: Sequence[UnitResult]) -> list[Row]:
         defaultdict(list)
     out: list[Row] = []
     for unit in results:
-        for policy in unit.policies:
-            groups[(unit.experiment, unit.value, policy.policy)].append((unit, policy))
-            out.append(_row(unit.experiment, unit.value, policy.policy, unit.seed,
-                            [(unit, policy)]))
+        for result in unit.policies:
+            groups[(unit.experiment, unit.value, result.policy)].append((unit, result))
+            out.append(_row(unit.experiment, unit.value, result.policy, unit.seed,
+                            [(unit, result)]))
     for (experiment, value, policy), members in groups.items():
         out.append(_row(experiment, value, policy, ALL_SEEDS, members))
     return out
@@ -106,7 +106,7 @@ def lookup(results: Sequence[UnitResult], all_rows: Sequence[Row], experiment: s
 
         def scale_lookup(policy: str, value: object, name: str) -> float | None:
             del policy, name
-            found = runtime.get(value)  # type: ignore[arg-type]
+            found = runtime.get(value)  # type: ignore[call-overload]
             return max(found) if found else None
         return scale_lookup
 

@@ -110,7 +110,10 @@ def _run_sim(graph: Any, options: argparse.Namespace) -> dict[str, Any]:
         while kills and len(sim.replies) >= kills[0].after:
             _kill_sim(sim, kills.pop(0))
         target = min(options.requests, len(sim.replies) + 1)
-        if not sim.run(lambda t=target: len(sim.replies) >= t, timeout_s=60.0):
+        def reached(t: int = target) -> bool:
+            return len(sim.replies) >= t
+
+        if not sim.run(reached, timeout_s=60.0):
             break
     sim.run(sim.idle, timeout_s=10.0)
     latencies = [(sim.reply_times[r] - sim.submit_times[r]) * 1e3 for r in sim.replies]

@@ -260,7 +260,8 @@ class _Beater:
             if self.stream is None and self.stream_address is not None and \
                     now >= self.stream_retry_at and not self.hung():
                 self.open_stream()
-            watched: list[object] = [fd] + [s for s in (self.sock, self.stream) if s is not None]
+            watched: list[int | socket.socket] = [fd] + [
+                s for s in (self.sock, self.stream) if s is not None]
             readable, _, _ = select.select(watched, [], [], self.due - now)
             if fd in readable:
                 self.read_commands(fd)
