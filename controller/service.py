@@ -191,10 +191,11 @@ class Controller:
             controller_url=f"{self.settings.scheme}://{self.settings.graph_host}:"
                            f"{self.settings.port}")
         self.agents.on_replica_exited = self.graphs.on_replica_exited
-        # Graph replicas first: their recovery needs no agent command, only the signal.
+
         def fail_commands(server_id: str, *_: object) -> None:
             self.agents.fail_pending(server_id, "declared failed")
 
+        # Graph replicas first: their recovery needs no agent command, only the signal.
         self.detector.listeners += [
             lambda server_id, *_: self.graphs.on_server_failed(server_id), fail_commands,
             self.lifecycle.on_failure]
