@@ -207,6 +207,7 @@ class ServerReturns:
                 logger.warning("inventory of revived %s: %s", server_id, exc)
                 inventory = []
             if await self._take_back(server_id, inventory, revive=True):
+                self.server_joined(server_id)  # prefetches skipped it while it was failed
                 await self.reconcile_server(server_id, inventory)
                 await self._after_join(server_id, True)
         finally:
@@ -254,4 +255,5 @@ class ServerReturns:
             record.state = ServerState.UP
             await self.store.put_server(record)
             self.watch.watch(server_id)
+            self.server_joined(server_id)  # prefetches skipped it while it was failed
             self.executor.spawn(self._after_join(server_id, True), f"return of {server_id}")
