@@ -32,15 +32,19 @@ CONTROLLER_LOG_TAIL_LINES = 200
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[object]:
-    """A failed test that used a testbed reports the tails of its processes' logs."""
+    """A failed test that used a testbed or a gateway reports the tails of their logs."""
     report = yield
     if getattr(report, "failed", False):
+        from deploy.gateway_process import GatewayProcess
         from deploy.testbed import Testbed
 
         for value in getattr(item, "funcargs", {}).values():
             if isinstance(value, Testbed):
                 for title, text in testbed_log_tails(value):
                     report.sections.append((title, text))
+            elif isinstance(value, GatewayProcess):  # a test's own gateway, beside a testbed
+                path = value.run_dir / "gateway.log"
+                report.sections.append((f"gateway log ({path})", log_tail(path, LOG_TAIL_LINES)))
     return report
 
 
@@ -51,10 +55,14 @@ def testbed_log_tails(bed: object) -> list[tuple[str, str]]:
     tails = []
     for name in names:
         path = Path(processes[name].log)
-        try:
-            keep = CONTROLLER_LOG_TAIL_LINES if name == "controller" else LOG_TAIL_LINES
-            lines = path.read_text(errors="replace").splitlines()[-keep:]
-        except OSError as exc:
-            lines = [f"(unreadable: {exc})"]
-        tails.append((f"testbed log {name} ({path})", "\n".join(lines)))
+        keep = CONTROLLER_LOG_TAIL_LINES if name == "controller" else LOG_TAIL_LINES
+        tails.append((f"testbed log {name} ({path})", log_tail(path, keep)))
     return tails
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a log (or why it could not be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"

@@ -206,7 +206,7 @@ class Load:
                 ok = (result.as_numpy("logits").shape == (1, 1000)
                       and result.get_response()["model_name"] == app_id)
             except Exception as exc:  # noqa: BLE001 - any failure is the finding
-                return Outcome("tritonclient", app_id, sent, False, None, repr(exc)[:300])
+                return Outcome("tritonclient", app_id, sent, False, None, described(exc))
             return Outcome("tritonclient", app_id, sent, ok, None)
 
         return send
@@ -226,7 +226,7 @@ class Load:
                 ok = (result.as_numpy("logits").shape == (1, 1000)
                       and result.get_response().model_name == app_id)
             except Exception as exc:  # noqa: BLE001 - any failure is the finding
-                return Outcome("grpc", app_id, sent, False, None, repr(exc)[:300])
+                return Outcome("grpc", app_id, sent, False, None, described(exc))
             return Outcome("grpc", app_id, sent, ok, None)
 
         return send
@@ -240,6 +240,11 @@ class Load:
     def answered_since(self, at: float, kind: str | None = None) -> int:
         return sum(1 for o in list(self.outcomes)
                    if o.sent_at > at and o.ok and kind in (None, o.kind))
+
+
+def described(exc: Exception) -> str:
+    """The exception's type and message (tritonclient's exceptions have an empty repr)."""
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def apps(bed: Testbed) -> dict[str, dict[str, Any]]:
