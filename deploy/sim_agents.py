@@ -233,8 +233,8 @@ class SimAgent:
         delay = RECONNECT_INITIAL_S
         headers = bearer(self.config.token)
         url = self.config.websocket_url()
-        tls: dict[str, Any] = ({"ssl": client_ssl_context(self.config.ca_file)} if url.startswith("wss://")
-               else {})
+        tls: dict[str, Any] = ({"ssl": client_ssl_context(self.config.ca_file)}
+                               if url.startswith("wss://") else {})
         while not self._stopping:
             await self._online.wait()
             if self._stopping:
