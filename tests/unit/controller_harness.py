@@ -31,6 +31,7 @@ from tests.unit.fakes import (
     FakeWatch,
     ManualClock,
     NoManifests,
+    Timeline,
     endpoints_of,
 )
 from understudy.wire.protocol import ModelState
@@ -139,3 +140,15 @@ def seed(store: FakeStore, agents: FakeAgents, apps: Iterable[AppRecord],
         for r in record.replicas:
             if r.state is ModelState.READY:
                 agents.connect(r.server_id, [(record.app_id, r.variant)])
+
+
+def new_cluster(apps: Iterable[AppRecord] = (), *,
+                servers: Iterable[str] = ("s1", "s2", "s3", "s4"), memory_mb: float = 1000.0,
+                auto_load: bool = False, auto_unload: bool = True) -> Controller:
+    """A controller on a fresh store and agents (one timeline), seeded with ``apps``."""
+    clock = ManualClock()
+    timeline = Timeline()
+    store = FakeStore(clock, timeline)
+    agents = FakeAgents(timeline, auto_load=auto_load, auto_unload=auto_unload)
+    seed(store, agents, apps, servers=servers, memory_mb=memory_mb)
+    return build_controller(store, agents, clock)

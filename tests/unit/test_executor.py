@@ -26,14 +26,9 @@ from tests.unit.controller_harness import (
     app_record,
     build_controller,
     replica,
-    seed,
 )
-from tests.unit.fakes import (
-    FakeAgents,
-    FakeStore,
-    ManualClock,
-    Timeline,
-)
+from tests.unit.controller_harness import new_cluster as harness_cluster
+from tests.unit.fakes import FakeStore, ManualClock
 from understudy.wire.protocol import ModelState
 
 TEST_LIMIT_S = 8.0
@@ -48,12 +43,8 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 def new_cluster(apps: list[Any], *, auto_load: bool = False, auto_unload: bool = True,
                 memory_mb: float = 1000.0) -> Controller:
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline, auto_load=auto_load, auto_unload=auto_unload)
-    seed(store, agents, apps, memory_mb=memory_mb)
-    return build_controller(store, agents, clock)
+    return harness_cluster(apps, auto_load=auto_load, auto_unload=auto_unload,
+                           memory_mb=memory_mb)
 
 
 def failover_apps() -> list[Any]:

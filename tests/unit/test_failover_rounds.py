@@ -19,12 +19,10 @@ from tests.unit.controller_harness import (
     SMALL,
     Controller,
     app_record,
-    build_controller,
     families,
     replica,
-    seed,
 )
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
+from tests.unit.controller_harness import new_cluster as harness_cluster
 from understudy.wire.protocol import ModelState
 
 TEST_LIMIT_S = 10.0
@@ -35,12 +33,7 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def new_cluster(apps: list[Any], *, auto_load: bool = True) -> Controller:
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline, auto_load=auto_load)
-    seed(store, agents, apps)
-    return build_controller(store, agents, clock)
+    return harness_cluster(apps, auto_load=auto_load)
 
 
 # --- the switch decision ---------------------------------------------------------------------

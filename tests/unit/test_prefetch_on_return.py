@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controller.records import ServerState
-from tests.unit.controller_harness import SMALL, app_record, build_controller, seed
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline, endpoints_of
+from tests.unit.controller_harness import SMALL, app_record, new_cluster
+from tests.unit.fakes import FakeAgents, endpoints_of
 from understudy.wire.protocol import TritonUp
 
 
@@ -24,12 +24,8 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 def test_a_server_back_from_a_triton_restart_is_asked_for_the_interims_it_missed() -> None:
     async def body() -> None:
-        clock = ManualClock()
-        timeline = Timeline()
-        store = FakeStore(clock, timeline)
-        agents = FakeAgents(timeline)
-        seed(store, agents, [])
-        ctl = build_controller(store, agents, clock)
+        ctl = new_cluster()
+        store, agents, clock = ctl.store, ctl.agents, ctl.clock
         failed = (await store.servers())["s1"]
         failed.state = ServerState.FAILED
         await store.put_server(failed)

@@ -10,8 +10,7 @@ import pytest
 
 from controller.errors import InvalidBatchError
 from controller.records import AppSpec, AppStatus
-from tests.unit.controller_harness import LARGE, Controller, build_controller, seed
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
+from tests.unit.controller_harness import LARGE, Controller, new_cluster
 from understudy.wire.protocol import ModelState
 
 TEST_LIMIT_S = 10.0
@@ -22,12 +21,7 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def cluster(memory_mb: float = 1000.0, auto_load: bool = False) -> Controller:
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline, auto_load=auto_load)
-    seed(store, agents, [], memory_mb=memory_mb)
-    return build_controller(store, agents, clock)
+    return new_cluster(memory_mb=memory_mb, auto_load=auto_load)
 
 
 def specs(count: int, **extra: Any) -> list[AppSpec]:

@@ -18,8 +18,7 @@ import controller.artifacts as artifacts_module
 from controller.artifacts import ArtifactCatalog
 from controller.errors import InvalidBatchError, InvalidRequestError
 from controller.records import AppSpec
-from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, build_controller, seed
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
+from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, new_cluster
 from understudy.wire.artifacts import Manifest
 
 
@@ -28,12 +27,7 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def cluster(held: Set[str] | None) -> Controller:
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline)
-    seed(store, agents, [])
-    ctl = build_controller(store, agents, clock)
+    ctl = new_cluster()
 
     async def held_variants() -> Set[str] | None:
         return held

@@ -29,11 +29,9 @@ from tests.unit.controller_harness import (
     SMALL,
     Controller,
     app_record,
-    build_controller,
+    new_cluster,
     replica,
-    seed,
 )
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
 from understudy.wire.protocol import ModelState
 
 TEST_LIMIT_S = 8.0
@@ -48,13 +46,8 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 def cluster(servers: tuple[str, ...] = ("s1", "s2", "s3", "s4"),
             auto_unload: bool = True) -> Controller:
     """One app, p, served by its home primary (s1, LARGE); 1000 MB a server."""
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline, auto_unload=auto_unload)
-    seed(store, agents, [app_record("p", [replica("s1", LARGE)], serving=("s1", LARGE))],
-         servers=servers)
-    return build_controller(store, agents, clock)
+    return new_cluster([app_record("p", [replica("s1", LARGE)], serving=("s1", LARGE))],
+                       servers=servers, auto_unload=auto_unload)
 
 
 def replicas(ctl: Controller) -> list[tuple[str, str, Role, ModelState]]:

@@ -13,11 +13,9 @@ from tests.unit.controller_harness import (
     LARGE,
     Controller,
     app_record,
-    build_controller,
+    new_cluster,
     replica,
-    seed,
 )
-from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
 
 TEST_LIMIT_S = 10.0
 
@@ -28,15 +26,10 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 def cluster() -> Controller:
     """Two critical apps without a warm backup yet."""
-    clock = ManualClock()
-    timeline = Timeline()
-    store = FakeStore(clock, timeline)
-    agents = FakeAgents(timeline, auto_load=True)
-    seed(store, agents, [
+    return new_cluster([
         app_record("c1", [replica("s1", LARGE)], serving=("s1", LARGE), critical=True),
         app_record("c2", [replica("s3", LARGE)], serving=("s3", LARGE), critical=True),
-    ])
-    return build_controller(store, agents, clock)
+    ], auto_load=True)
 
 
 def gate_the_solve(ctl: Controller) -> tuple[threading.Event, threading.Event, list[int]]:
