@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +47,7 @@ from policies.config import ProgressiveConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import Application, ClusterSnapshot, Family, Server, Variant
 from policies.progressive_reasons import Reasons
+from policies.progressive_state import Entry, PlanApp, PlanCluster, Vec
 from policies.replica_rules import scoped, within_choice
 from policies.resources import COMPUTE, MEMORY_MB
 
@@ -61,8 +61,6 @@ _PRUNE_SLACK = 1e-6
 DEFAULT_CONFIG = ProgressiveConfig()
 """The default settings (a frozen model, so one shared instance is safe)."""
 
-Vec = tuple[float, ...]
-Entry = tuple[float, int]  # (-free memory after reserve, server index): worst-fit sorts first
 
 
 def match_variant(family: Family, primary: Variant, delta: float) -> Variant:
@@ -79,71 +77,6 @@ def _match_index(memory: Sequence[float], top: int, delta: float) -> int:
         if memory[index] <= limit:
             return index
     return 0
-
-
-@dataclass(slots=True)
-class _App:
-    """One affected app's numbers for this call, and where it ends up."""
-
-    app: Application
-    dem: list[Vec]          # demand per variant (size order) at the app's max rate
-    mem: list[float]
-    acc: list[float]
-    top: int                # index of the primary variant (δ is relative to it)
-    ok: list[list[bool]]    # per latency class, per variant: allowed and meets the SLO
-    interim: list[int]      # per latency class: smallest variant that is ok, or -1
-    restricted: bool        # has an exclusion list
-    excluded: frozenset[str]  # servers it may not use (its sites are left out of its pools)
-    match: int = 0
-    pos: int = 0
-    server: int = -1
-    variant: int = -1
-    interim_index: int = -1
-    base: Vec = ()
-    trans: Vec = ()
-
-
-@dataclass(slots=True)
-class _Cluster:
-    """Mutable working copy of the live servers' free capacity (local to one call)."""
-
-    servers: list[Server]
-    ids: list[str]
-    free: list[Vec]
-    klass: list[int]
-    used: list[list[float]]         # per server: Σ steady demand of the plan's apps
-    reserve: list[list[float]]      # per server: max transient demand (see module docstring)
-    residents: list[list[_App]]
-    entry: list[Entry]              # per server: its current entry in its sorted lists
-    orders: list[list[Entry]]       # one sorted list per latency class
-    site_orders: list[dict[str, list[Entry]]]  # per latency class and site: same entries
-
-    def head(self, k: int) -> float:
-        """Free memory of server ``k`` once its targets and its reserve are counted."""
-        return self.free[k][0] - self.used[k][0] - self.reserve[k][0]
-
-    def touch(self, k: int) -> None:
-        """Server ``k`` changed: move its entry to its new place in its sorted lists."""
-        old, new, c = self.entry[k], (-self.head(k), k), self.klass[k]
-        for order in (self.orders[c], self.site_orders[c][self.servers[k].site_id]):
-            del order[bisect_left(order, old)]
-            insort(order, new)
-        self.entry[k] = new
-
-    def resort(self) -> None:
-        """Move every server whose free memory changed unnoticed (upgrades) to its place."""
-        for k, entry in enumerate(self.entry):
-            if entry != (-self.head(k), k):
-                self.touch(k)
-
-    def pools(self, c: int, app: Application) -> list[list[Entry]]:
-        """Lists to search in class ``c``: one per allowed site if the app lists sites."""
-        # Else an app allowed in one site of ten walks the other nine once its site is full.
-        allowed, excluded = app.allowed_backup_sites, app.excluded_sites
-        if allowed is None and not excluded:
-            return [self.orders[c]]
-        return [order for site, order in self.site_orders[c].items()
-                if site not in excluded and (allowed is None or site in allowed)]
 
 
 def plan_progressive(snapshot: ClusterSnapshot, app_ids: Sequence[str],
@@ -251,7 +184,7 @@ class _Catalog:
                 {v.name: j for j, v in enumerate(variants)}, variants.index(best))
         return table
 
-    def app(self, app: Application) -> _App:
+    def app(self, app: Application) -> PlanApp:
         table, compute, slo = self.table(app.family), self.names.index(COMPUTE), app.latency_slo_ms
         top = table.best if app.primary_variant is None else table.index[app.primary_variant]
         key = (app.family, slo, top, app.allow_larger_backups)
@@ -269,7 +202,7 @@ class _Catalog:
         ok, interim = self.slos[key]
         restricted = bool(app.excluded_servers or app.excluded_sites
                           or app.allowed_backup_sites is not None)
-        return _App(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
+        return PlanApp(app=app, dem=dem, mem=[d[0] for d in dem], acc=table.acc, top=top, ok=ok,
                     interim=interim, restricted=restricted, excluded=app.excluded_servers)
 
     def allowed(self, family: str, top: int, larger: bool) -> list[bool]:
@@ -278,7 +211,7 @@ class _Catalog:
         return [larger or within_choice(variants[top], v) for v in variants]
 
 
-def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
+def _demand_ratio(cluster: PlanCluster, infos: Sequence[PlanApp]) -> float:
     """δ = min over resources with demand of C^r / D^r (the binding resource)."""
     demand = [sum(column) for column in zip(*(info.dem[info.top] for info in infos), strict=True)]
     capacity = [sum(column) for column in zip(*cluster.free, strict=True)] or [0.0] * len(demand)
@@ -287,8 +220,8 @@ def _demand_ratio(cluster: _Cluster, infos: Sequence[_App]) -> float:
 
 
 def _new_cluster(snapshot: ClusterSnapshot, servers: list[Server], names: Sequence[str],
-                 klass: list[int], n_classes: int) -> _Cluster:
-    cluster = _Cluster(servers, [s.server_id for s in servers],
+                 klass: list[int], n_classes: int) -> PlanCluster:
+    cluster = PlanCluster(servers, [s.server_id for s in servers],
                        [tuple(snapshot.free[s.server_id][r] for r in names) for s in servers],
                        klass, used=[[0.0] * len(names) for _ in servers],
                        reserve=[[0.0] * len(names) for _ in servers],
@@ -308,7 +241,7 @@ def _new_cluster(snapshot: ClusterSnapshot, servers: list[Server], names: Sequen
 # --- placement --------------------------------------------------------------------------------
 
 
-def _load(info: _App, interim: int, target: int) -> tuple[Vec, Vec]:
+def _load(info: PlanApp, interim: int, target: int) -> tuple[Vec, Vec]:
     """(steady demand, transient reserve) of ``target`` recovered through ``interim``."""
     tgt = info.dem[target]
     if interim == target:
@@ -317,13 +250,13 @@ def _load(info: _App, interim: int, target: int) -> tuple[Vec, Vec]:
     return tuple(map(max, tgt, itm)), tuple(map(min, tgt, itm))
 
 
-def _best_in(cluster: _Cluster, order: list[Entry], info: _App, base: Vec,
+def _best_in(cluster: PlanCluster, order: list[Entry], info: PlanApp, base: Vec,
              trans: Vec) -> Entry | None:
     """The worst-fit server in ``order`` that takes (base, trans), if any."""
     # The hot loop of the module. The fit test (``used + base + max(reserve, trans) <= free``
     # per resource) is inlined, memory last since the walk order already screens it, and
     # ``max`` spelled out with its exact semantics. An exclusion list needs only its servers
-    # checked: its sites never reach this list (``_Cluster.pools``).
+    # checked: its sites never reach this list (``PlanCluster.pools``).
     free, used, reserve, ids, excluded = (cluster.free, cluster.used, cluster.reserve,
                                           cluster.ids, info.excluded)
     need = base[0] - _PRUNE_SLACK
@@ -346,7 +279,7 @@ def _best_in(cluster: _Cluster, order: list[Entry], info: _App, base: Vec,
     return None
 
 
-def _place(cluster: _Cluster, info: _App) -> bool:
+def _place(cluster: PlanCluster, info: PlanApp) -> bool:
     """Matched variant down to the smallest, then the larger ones up: the first fit wins.
 
     ``ok`` leaves out the variants the app may not use (``replica_rules``).
@@ -367,7 +300,7 @@ def _place(cluster: _Cluster, info: _App) -> bool:
     return False
 
 
-def _commit(cluster: _Cluster, k: int, info: _App, j: int) -> None:
+def _commit(cluster: PlanCluster, k: int, info: PlanApp, j: int) -> None:
     interim = info.interim[cluster.klass[k]]
     base, trans = _load(info, interim, j)
     used, reserve = cluster.used[k], cluster.reserve[k]
@@ -383,7 +316,7 @@ def _commit(cluster: _Cluster, k: int, info: _App, j: int) -> None:
 # --- upgrade_model ----------------------------------------------------------------------------
 
 
-def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> bool:
+def _upgrade_pass(cluster: PlanCluster, placed: Sequence[PlanApp]) -> bool:
     """Greedy by accuracy gain per extra MB, repeated until nothing improves.
 
     A failed candidate can only succeed later if another app on its server came to need *less*
@@ -392,7 +325,7 @@ def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> bool:
     Returns whether any server came to need less of a resource (apps given up may fit now).
     """
     by_pos = {info.pos: info for info in placed}
-    todo: Sequence[_App] = placed
+    todo: Sequence[PlanApp] = placed
     freed = False
     while todo:
         candidates = []
@@ -415,7 +348,7 @@ def _upgrade_pass(cluster: _Cluster, placed: Sequence[_App]) -> bool:
     return freed
 
 
-def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> None:
+def _try_upgrade(cluster: PlanCluster, info: PlanApp, v: int, shrunk: set[int]) -> None:
     """Raise ``info`` to variant ``v`` on its server if it fits; note a server that shrank."""
     k = info.server
     used, free = cluster.used[k], cluster.free[k]
@@ -442,8 +375,8 @@ def _try_upgrade(cluster: _Cluster, info: _App, v: int, shrunk: set[int]) -> Non
 # --- output -----------------------------------------------------------------------------------
 
 
-def _result(snapshot: ClusterSnapshot, cluster: _Cluster, infos: Sequence[_App],
-            lost: Sequence[_App], delta: float, names: Sequence[str]) -> ProgressivePlan:
+def _result(snapshot: ClusterSnapshot, cluster: PlanCluster, infos: Sequence[PlanApp],
+            lost: Sequence[PlanApp], delta: float, names: Sequence[str]) -> ProgressivePlan:
     recoveries = []
     for info in infos:
         if info.server >= 0:

@@ -9,14 +9,11 @@ never names one class's variant beside another's free memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from policies.model import Application, ClusterSnapshot
+from policies.progressive_state import PlanApp, PlanCluster
 from policies.replica_rules import pinned_site
 from policies.resources import MEMORY_MB
-
-if TYPE_CHECKING:
-    from policies.progressive import _App, _Cluster
 
 _EPSILON = 1e-9
 """The planner's capacity slack (``progressive.EPSILON``)."""
@@ -28,7 +25,7 @@ class Reasons:
     What is left per latency class is computed once per exclusion list (O(S)), not per app.
     """
 
-    def __init__(self, snapshot: ClusterSnapshot, cluster: _Cluster,
+    def __init__(self, snapshot: ClusterSnapshot, cluster: PlanCluster,
                  names: Sequence[str]) -> None:
         self.snapshot, self.cluster, self.names = snapshot, cluster, names
         self.members: list[list[int]] = [[] for _ in cluster.orders]
@@ -36,7 +33,7 @@ class Reasons:
             self.members[c].append(k)
         self.lefts: dict[object, list[list[float] | None]] = {}
 
-    def __call__(self, info: _App) -> str:
+    def __call__(self, info: PlanApp) -> str:
         app = info.app
         lefts = self._lefts(info)
         usable = [c for c, left in enumerate(lefts) if left is not None]
@@ -57,7 +54,7 @@ class Reasons:
         return (f"no live server it may use has room for {what} (plus the transient reserve): "
                 + "; ".join(self._short(info, j, groups[j]) for j in sorted(groups)))
 
-    def _lefts(self, info: _App) -> list[list[float] | None]:
+    def _lefts(self, info: PlanApp) -> list[list[float] | None]:
         """Per latency class: the most left per resource on a server the app may use there."""
         app, cluster = info.app, self.cluster
         key = ((app.excluded_servers, app.excluded_sites, app.allowed_backup_sites)
@@ -86,7 +83,7 @@ class Reasons:
                     f"live, or its exclusion list rules them out)")
         return "its exclusion list rules out every live server"
 
-    def _short(self, info: _App, variant: int, left: Sequence[float]) -> str:
+    def _short(self, info: PlanApp, variant: int, left: Sequence[float]) -> str:
         """What ``variant`` needs that no server left: memory, else the other resources."""
         name = repr(self.snapshot.families[info.app.family].variants[variant].name)
         need = info.dem[variant]
