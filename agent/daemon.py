@@ -39,7 +39,8 @@ from agent.repository import (
     ModelRepository,
     UnknownVariantError,
 )
-from agent.triton import TritonConfig, TritonError, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import TritonConfig, TritonError
 from understudy.wire.bounds import MAX_DURATION_S, Capacities, HeartbeatIntervalMs, Id
 from understudy.wire.credentials import CA_FILE_ENV, TOKEN_ENV, bearer, client_ssl_context
 from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess

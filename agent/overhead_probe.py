@@ -27,7 +27,8 @@ from agent.profiler import (
     sample_batch,
     tensor_names,
 )
-from agent.triton import TritonError, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import TritonError
 from model_repo.artifacts import StoreEntry
 from understudy.wire.artifacts import Manifest, TensorSpec
 

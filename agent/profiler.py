@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.gpu import choose_device
-from agent.triton import TritonConfig, TritonError, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import TritonConfig, TritonError
 from model_repo.artifacts import MODEL_SOURCE, Manifest, StoreEntry, list_store, render_model_config
 from model_repo.imported import unpack_triton_directory
 from model_repo.profiles import LoadTimeFit, Measurement

@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agent.triton import TritonConfig, TritonServer  # noqa: E402
+from agent.triton import TritonServer  # noqa: E402
+from agent.triton_config import TritonConfig  # noqa: E402
 from understudy.client import Location  # noqa: E402
 from understudy.wire.ports import free_ports  # noqa: E402
 

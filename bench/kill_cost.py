@@ -29,7 +29,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from agent.profiler import link_model  # noqa: E402
-from agent.triton import TritonConfig, TritonServer  # noqa: E402
+from agent.triton import TritonServer  # noqa: E402
+from agent.triton_config import TritonConfig  # noqa: E402
 from model_repo.artifacts import find_variant  # noqa: E402
 from model_repo.runtime import runtime_stats  # noqa: E402
 from understudy.wire.ports import free_ports  # noqa: E402

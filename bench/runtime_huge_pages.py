@@ -83,7 +83,8 @@ def fork_and_exit(children: int, repeats: int) -> dict[str, float]:
 def load_after_kill(repeats: int) -> dict[str, float]:
     """In this process: quiet loads on B, and loads on B right after A is SIGKILLed."""
     from agent.profiler import link_model
-    from agent.triton import TritonConfig, TritonServer
+    from agent.triton import TritonServer
+    from agent.triton_config import TritonConfig
     from model_repo.artifacts import find_variant
     from model_repo.runtime import runtime_stats
     from understudy.wire.ports import free_ports

@@ -87,7 +87,8 @@ def write_repository(store: Path, repository: Path, models: Sequence[ServedModel
 
 def start_triton(root: Path, repository: Path, models: Sequence[ServedModel]) -> object:
     """A started Triton with the models loaded (``agent.triton.TritonServer``)."""
-    from agent.triton import TritonConfig, TritonServer
+    from agent.triton import TritonServer
+    from agent.triton_config import TritonConfig
 
     http_port, grpc_port, metrics_port = free_ports(3)
     triton = TritonServer(TritonConfig(

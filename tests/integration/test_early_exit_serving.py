@@ -17,7 +17,8 @@ import pytest
 
 from agent.early_exit_probe import probe, profile_variants, summary
 from agent.profiler import link_model
-from agent.triton import TritonConfig, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import TritonConfig
 from model_repo.artifacts import find_variant
 from model_repo.early_exit import EXEC_TIME_OUTPUT, EXIT_OUTPUT
 from understudy.wire.ports import free_ports

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.triton import ModelLoadError, TritonConfig, TritonError, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import ModelLoadError, TritonConfig, TritonError
 from model_repo.artifacts import render_config
 from model_repo.native_backend import (
     CACHE_ENV,

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.triton import TritonConfig, TritonServer
+from agent.triton import TritonServer
+from agent.triton_config import TritonConfig
 from deploy.testbed import wait_until
 from understudy.sdk import (
     AsyncClient,

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.triton import TritonConfig, TritonServer
+from agent.triton import TritonServer
 from agent.triton_access import (
     GRPC_MODEL_CONTROL_HEADER,
     MODEL_CONTROL_HEADER,
     model_control_headers,
 )
+from agent.triton_config import TritonConfig
 from tests.integration.test_agent import Harness, _infer, _start, _stop
 from understudy.wire.ports import free_ports
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.daemon import QUICK_EXIT_S, STABLE_RUN_S, Agent, AgentConfig
-from agent.triton import TritonConfig
+from agent.triton_config import TritonConfig
 from understudy.wire.protocol import TritonDown
 
 

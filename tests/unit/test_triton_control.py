@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from agent.triton import ModelLoadError, TritonConfig, TritonServer, TritonUnavailableError
+from agent.triton import TritonServer
 from agent.triton_access import GRPC_MODEL_CONTROL_HEADER
+from agent.triton_config import ModelLoadError, TritonConfig, TritonUnavailableError
 
 
 class FakeGrpc:

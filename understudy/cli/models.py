@@ -109,7 +109,7 @@ def _measure_options(parser: argparse.ArgumentParser, repeats: int, work_dir: Pa
 
 def run(options: argparse.Namespace) -> int:
     """Dispatch ``models`` actions; returns an exit status."""
-    from agent.triton import TritonError
+    from agent.triton_config import TritonError
     from model_repo.artifacts import ArtifactError
     from model_repo.profiles import ProfileError
 
