@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 
 UNLOAD_S = 0.02
 LOAD_SLOTS, ROUTINE_LOAD_SLOTS = 3, 2
-"""The real agent's defaults (``agent.daemon.AgentConfig``)."""
+"""The real agent's defaults (``agent.config.AgentConfig``)."""
 TRY_AGAIN_LATER = 1013
 BUSY_BACKOFF_S = 1.0
 RECONNECT_INITIAL_S, RECONNECT_MAX_S = 0.05, 2.0

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.daemon import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.daemon import Agent
 from tests.integration.agent_peer import NONCE, AgentPeer, LoopThread
 from understudy.wire.protocol import CommandResult, Hello, TritonDown, TritonUp
 

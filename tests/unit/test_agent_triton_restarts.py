@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.daemon import QUICK_EXIT_S, STABLE_RUN_S, Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.daemon import QUICK_EXIT_S, STABLE_RUN_S, Agent
 from agent.triton_config import TritonConfig
 from understudy.wire.protocol import TritonDown
 

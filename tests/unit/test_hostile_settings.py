@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agent.daemon import AgentConfig
+from agent.config import AgentConfig
 from understudy.cli.agent import parse_capacity
 from understudy.cli.controller import server_options
 from understudy.cli.main import main

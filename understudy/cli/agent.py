@@ -125,7 +125,8 @@ def _discovered_capacity(device: str | None) -> dict[str, float] | None:
 
 def run(options: argparse.Namespace) -> int:
     """Run the agent until SIGINT/SIGTERM."""
-    from agent.daemon import Agent, AgentConfig
+    from agent.config import AgentConfig
+    from agent.daemon import Agent
     from understudy.wire.credentials import CA_FILE_ENV, CredentialFileError, load_token
     from understudy.wire.settings import resolve
 
