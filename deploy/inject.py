@@ -23,15 +23,8 @@ import time
 from typing import Any
 
 from deploy.declarations import AGENT, KILL, SITE, STOP, TRITON, Injection
-from deploy.testbed import (
-    ProcessInfo,
-    Testbed,
-    TestbedError,
-    signal_group,
-    signal_process,
-    start_ticks,
-    wait_until,
-)
+from deploy.processes import ProcessInfo, signal_group, signal_process, start_ticks
+from deploy.testbed import Testbed, TestbedError, wait_until
 
 logger = logging.getLogger(__name__)
 

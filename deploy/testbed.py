@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,13 @@ from agent.repository import CACHE_DIR
 from agent.triton_access import model_control_headers
 from controller.credentials import CredentialStore
 from controller.redis_server import redis_config, with_password
+from deploy.processes import (
+    ProcessInfo,
+    alive,
+    signal_group,
+    start_ticks,
+    unpreempted,
+)
 from deploy.topology import Topology, capacity_arg
 from deploy.workload import (
     DEFAULT_RATE_RPS,
@@ -76,20 +82,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 class TestbedError(RuntimeError):
     """A testbed step failed (a process did not start, the cluster did not converge)."""
-
-
-@dataclass
-class ProcessInfo:
-    """One testbed process."""
-
-    name: str
-    pid: int
-    log: str
-    args: list[str]
-    started: int | None = None
-    """When the process started, in clock ticks since boot (``/proc/PID/stat``); a pid whose
-    process started at another time is a reused one, never signalled. None in a record from
-    before this field (the pid alone is trusted)."""
 
 
 @dataclass
@@ -157,7 +149,7 @@ def _clear_previous_run(run_dir: Path) -> None:
     if (run_dir / STATE_FILE).exists():
         previous = TestbedState.load(run_dir)
         running = [name for name, info in previous.processes.items()
-                   if _alive(info.pid, info.started)]
+                   if alive(info.pid, info.started)]
         if running:
             raise TestbedError(f"a testbed still runs in {run_dir} ({', '.join(running)}); "
                                "run `understudy testbed down` first")
@@ -228,95 +220,8 @@ def _spawn(state: TestbedState, name: str, args: list[str], nice: int = 0) -> Pr
     return info
 
 
-@contextlib.contextmanager
-def _unpreempted() -> Iterator[None]:
-    """Run the block in the real-time class where permitted, so that nothing preempts it.
-
-    Killing a site's servers one after the other from a normal process on a loaded box could
-    be preempted between two kills for tens of milliseconds: a site that does not fail at
-    once, and a detection time that counts the injector's wait.
-    """
-    try:
-        before = os.sched_getscheduler(0), os.sched_getparam(0)
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(2))
-    except (AttributeError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, *before)
-
-
 def _understudy(*args: str) -> list[str]:
     return [sys.executable, "-m", "understudy.cli.main", "--log-level", "INFO", *args]
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot; None when there is none."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    try:
-        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3, the state
-    except (IndexError, ValueError):
-        return None
-
-
-def reused(pid: int, started: int | None) -> bool:
-    """Whether ``pid`` now names another process than the one that started at ``started``."""
-    if started is None:
-        return False
-    now = start_ticks(pid)
-    return now is not None and now != started
-
-
-def _alive(pid: int, started: int | None = None) -> bool:
-    """Whether the process is running (not a zombie) and is the one started at ``started``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    if reused(pid, started):
-        return False
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.split(") ", 1)[1].startswith("Z"):
-            return False
-    return True
-
-
-def signal_group(info: ProcessInfo, sig: int) -> bool:
-    """Signal the process group ``info`` leads; False when it is gone or its pid was reused.
-
-    A group outlives its leader while members remain, and the kernel does not hand out a pid
-    that still names a group, so a leader that is gone (no ``/proc`` entry) still names our
-    group: only a live process of that pid that started at another time is someone else's.
-    """
-    if reused(info.pid, info.started):
-        logger.warning("%s: pid %d is another process now; not signalled", info.name, info.pid)
-        return False
-    try:
-        os.killpg(info.pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def signal_process(pid: int, started: int | None, sig: int, what: str = "") -> bool:
-    """Signal one process; False when it is gone or ``pid`` names another process now."""
-    if started is not None and start_ticks(pid) != started:
-        logger.warning("%s: pid %d is gone or another process now; not signalled",
-                       what or "process", pid)
-        return False
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_until(what: str, check: Any, timeout_s: float, interval_s: float = 0.1) -> Any:
@@ -589,7 +494,7 @@ class Testbed:
         record.update(self.serving_before(server_ids))
         at = time.time()
         signalled: dict[str, float] = {}
-        with _unpreempted():  # a site's servers die together, as in a power cut
+        with unpreempted():  # a site's servers die together, as in a power cut
             for server_id, info in zip(server_ids, groups, strict=True):
                 signalled[server_id] = time.time()
                 if not signal_group(info, signal.SIGKILL):
@@ -622,7 +527,7 @@ class Testbed:
         """Signal one recorded process group (controller, redis, clients ...)."""
         info = self.state.processes[name]
         signal_group(info, sig)
-        wait_until(f"{name} to exit", lambda: not _alive(info.pid, info.started), 30, 0.05)
+        wait_until(f"{name} to exit", lambda: not alive(info.pid, info.started), 30, 0.05)
 
     def down(self) -> None:
         """Stop everything (clients first, Redis last) and keep the logs.
@@ -641,13 +546,13 @@ class Testbed:
     @staticmethod
     def _stop_together(infos: list[ProcessInfo], grace_s: float = 15.0) -> None:
         """SIGTERM the process groups at once, wait for all; SIGKILL those left after grace_s."""
-        running = [info for info in infos if _alive(info.pid, info.started)]
+        running = [info for info in infos if alive(info.pid, info.started)]
         for info in running:
             signal_group(info, signal.SIGTERM)
         try:
             wait_until("processes to stop",
-                       lambda: not any(_alive(i.pid, i.started) for i in running), grace_s, 0.05)
+                       lambda: not any(alive(i.pid, i.started) for i in running), grace_s, 0.05)
         except TestbedError:
             for info in running:
-                if _alive(info.pid, info.started):
+                if alive(info.pid, info.started):
                     signal_group(info, signal.SIGKILL)

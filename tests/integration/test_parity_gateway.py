@@ -30,8 +30,9 @@ from deploy.parity_bed import (
     start_gateway,
     wait_protected,
 )
+from deploy.processes import signal_group
 from deploy.samples import LabelledSamples
-from deploy.testbed import Testbed, signal_group, wait_until
+from deploy.testbed import Testbed, wait_until
 from deploy.topology import make_topology
 from parity.training import TrainingSettings
 
