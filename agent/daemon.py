@@ -37,7 +37,7 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonServer
-from agent.triton_config import TritonConfig, TritonError
+from agent.triton_config import TritonConfig, TritonError, TritonStartError
 from understudy.wire.credentials import CA_FILE_ENV, TOKEN_ENV, bearer, client_ssl_context
 from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess
 from understudy.wire.ports import free_ports
@@ -125,6 +125,8 @@ class Agent:
                                           nice=config.triton_nice,
                                           credentials=_replica_credentials(config))
         self.restarts = 0
+        self._restarting = False
+        """A restart loop runs (``_restart_triton``): one at a time."""
         self._triton_started_at = time.monotonic()
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
@@ -164,7 +166,7 @@ class Agent:
         self.heartbeats.start()  # from this (the main) thread: it dies with the thread
         self.heartbeats.triton(self._triton_alive)
         self._spawn(self._tick_heartbeats())
-        await self._start_triton()
+        await self._bring_up_triton()
         try:
             await self._connection_loop()
         finally:
@@ -189,9 +191,18 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def _bring_up_triton(self) -> None:
+        """The first start; when it fails, the restart policy's retries in the background."""
+        if not await self._start_triton():
+            # e.g. its runtime's torch import outlasted the start timeout on a busy machine
+            self._spawn(self._restart_triton())
+
     async def _start_triton(self) -> bool:
+        """Start Triton; False (logged) when it did not come up or died as it did."""
         try:
             await asyncio.to_thread(self.triton.start)
+            if not self.triton.alive():  # an exit reported before this was ready is ignored
+                raise TritonStartError("tritonserver exited right after it was ready")
         except TritonError as exc:
             logger.error("Triton did not start: %s", exc)
             self._triton_alive = False
@@ -224,8 +235,8 @@ class Agent:
             self._loop.call_soon_threadsafe(self._on_triton_exit, process, code)
 
     def _on_triton_exit(self, process: subprocess.Popen[bytes], code: int) -> None:
-        if process is not self.triton.process or self._expected_exit:
-            return
+        if process is not self.triton.process or self._expected_exit or not self._triton_alive:
+            return  # not ready yet: the start that launched it fails, and retries
         at = time.time()
         self._triton_alive = False
         ran_s = time.monotonic() - self._triton_started_at
@@ -237,8 +248,7 @@ class Agent:
             self._fresh_ports()
         lost = sorted(self.models)
         self.models.clear()
-        restarting = (self.config.triton_restart is RestartPolicy.ALWAYS
-                      and self.restarts < self.config.max_restarts and not self._stop.is_set())
+        restarting = self._may_restart()
         logger.error("Triton (pid %s) exited with code %s; lost %d models; %s", process.pid,
                      code, len(lost), "restarting" if restarting else "not restarting")
         self._spawn(self._send(TritonDown(at=at, exit_code=code, restarting=restarting,
@@ -246,13 +256,38 @@ class Agent:
         if restarting:
             self._spawn(self._restart_triton())
 
+    def _may_restart(self) -> bool:
+        """Whether the restart policy allows one more start of Triton now."""
+        return (self.config.triton_restart is RestartPolicy.ALWAYS
+                and self.restarts < self.config.max_restarts and not self._stop.is_set())
+
     async def _restart_triton(self) -> None:
-        self.restarts += 1
-        await asyncio.sleep(self.config.restart_backoff_s * self.restarts)
-        await asyncio.to_thread(self.triton.kill)  # the runtime too, for a clean slate
-        if await self._start_triton():
-            await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
-                                      restarts=self.restarts), keep=True)
+        """Start Triton again, backing off, until it runs or the policy allows no more tries.
+
+        A start that fails is tried again like a crash: otherwise one slow start (at boot,
+        or after a crash) would leave the server without Triton for good.
+        """
+        if self._restarting:
+            return
+        self._restarting = True
+        try:
+            await self._restart_until_running()
+        finally:
+            self._restarting = False
+
+    async def _restart_until_running(self) -> None:
+        while self._may_restart():
+            self.restarts += 1
+            await asyncio.sleep(self.config.restart_backoff_s * self.restarts)
+            if self._stop.is_set():
+                return
+            await asyncio.to_thread(self.triton.kill)  # the runtime too, for a clean slate
+            if await self._start_triton():
+                await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
+                                          restarts=self.restarts), keep=True)
+                return
+        logger.error("Triton is not running and will not be started again (%d restarts, "
+                     "policy %s)", self.restarts, self.config.triton_restart.value)
 
     # --- connection ----------------------------------------------------------------------------
 

@@ -213,8 +213,15 @@ class TritonServer:
             log.close()
         deadline = time.monotonic() + self.config.start_timeout_s
         while not self.runtime_socket.exists():
-            if self.runtime.poll() is not None or time.monotonic() > deadline:
-                raise TritonStartError(f"torch runtime did not start: {self._tail('runtime')}")
+            if self.runtime.poll() is not None:
+                raise TritonStartError(f"torch runtime exited with code "
+                                       f"{self.runtime.returncode}: {self._tail('runtime')}")
+            if time.monotonic() > deadline:
+                self.runtime.kill()  # not left half-started: the next start begins afresh
+                self.runtime.wait()
+                raise TritonStartError(f"torch runtime not listening after "
+                                       f"{self.config.start_timeout_s:g} s: "
+                                       f"{self._tail('runtime') or '(nothing logged)'}")
             time.sleep(0.01)
 
     def _wait_ready(self) -> None:

@@ -1,4 +1,5 @@
-"""When the agent restarts its Triton: a quick death gets new ports, a long life a new count.
+"""When the agent restarts its Triton: a quick death gets new ports, a long life a new count,
+a start that fails is tried again within the policy's limit.
 
 The agent's reaction to its Triton's exit (``Agent._on_triton_exit``) on a stand-in Triton;
 ``tests/integration/test_agent.py`` kills a real one.
@@ -13,8 +14,8 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.daemon import QUICK_EXIT_S, STABLE_RUN_S, Agent
-from agent.triton_config import TritonConfig
-from understudy.wire.protocol import TritonDown
+from agent.triton_config import TritonConfig, TritonStartError
+from understudy.wire.protocol import TritonDown, TritonUp
 
 
 class StandInProcess:
@@ -22,27 +23,41 @@ class StandInProcess:
 
 
 class StandInTriton:
-    """The TritonServer surface the agent uses when Triton exits; starts nothing."""
+    """The TritonServer surface the agent uses to start Triton and when it exits."""
+
+    fail_starts = 0
+    """Starts that raise before one succeeds (class-wide: set it per test)."""
+    dies_at_start = False
+    """A start that returns with the process already gone."""
 
     def __init__(self, config: TritonConfig) -> None:
         self.config = config
         self.on_exit: Any = None
         self.model_backend = "python"
         self.process = StandInProcess()
+        self.starts = 0
 
     def kill(self) -> None:
         return None
 
     def start(self) -> None:
-        return None
+        self.starts += 1
+        if self.starts <= self.fail_starts:
+            raise TritonStartError("torch runtime not listening after 60 s: (nothing logged)")
+
+    def alive(self) -> bool:
+        return not self.dies_at_start
 
 
-def agent(tmp_path: Path, **overrides: Any) -> tuple[Agent, list[Any]]:
+def agent(tmp_path: Path, fail_starts: int = 0, dies_at_start: bool = False,
+          **overrides: Any) -> tuple[Agent, list[Any]]:
     config = AgentConfig(server_id="s1", site_id="site-a", controller_url="http://127.0.0.1:9",
                          capacity={"memory_mb": 1000.0, "compute": 100.0},
                          artifacts=str(tmp_path / "store"), run_dir=tmp_path,
                          restart_backoff_s=0.0, **overrides)
-    found = Agent(config, triton_factory=StandInTriton)  # type: ignore[arg-type]
+    triton_type = type("Triton", (StandInTriton,), {"fail_starts": fail_starts,
+                                                    "dies_at_start": dies_at_start})
+    found = Agent(config, triton_factory=triton_type)
     sent: list[Any] = []
 
     async def record(message: Any, keep: bool = False) -> None:
@@ -94,4 +109,45 @@ def test_a_triton_dead_right_after_its_start_restarts_on_new_ports(tmp_path: Pat
         exit_after(pinned, QUICK_EXIT_S / 10)
         assert pinned.triton.config.http_port == 18000
         await asyncio.sleep(0.05)
+    asyncio.run(body())
+
+
+def test_a_start_that_fails_at_boot_is_tried_again_until_triton_runs(tmp_path: Path) -> None:
+    """A first start that fails (a runtime slow to import torch on a busy machine) is retried
+    under the restart policy; the controller hears TritonUp when one succeeds."""
+    async def body() -> None:
+        found, sent = agent(tmp_path, fail_starts=2, max_restarts=5)
+        await found._bring_up_triton()
+        for _ in range(100):
+            if any(isinstance(m, TritonUp) for m in sent):
+                break
+            await asyncio.sleep(0.01)
+        assert found.triton.starts == 3
+        assert found._triton_alive
+        up = next(m for m in sent if isinstance(m, TritonUp))
+        assert up.restarts == 2
+    asyncio.run(body())
+
+
+def test_starts_that_keep_failing_stop_at_the_limit(tmp_path: Path) -> None:
+    async def body() -> None:
+        found, sent = agent(tmp_path, fail_starts=100, max_restarts=3)
+        await found._bring_up_triton()
+        await asyncio.sleep(0.2)
+        assert found.triton.starts == 1 + 3  # the first start, then the policy's three
+        assert not found._triton_alive
+        assert not any(isinstance(m, TritonUp) for m in sent)
+        assert not found._restarting
+    asyncio.run(body())
+
+
+def test_a_triton_gone_when_its_start_returns_is_a_failed_start(tmp_path: Path) -> None:
+    """Its exit reached the agent before the start did (and was left to the start): the
+    start fails, so the retries go on instead of marking a dead Triton alive."""
+    async def body() -> None:
+        found, sent = agent(tmp_path, dies_at_start=True, max_restarts=1)
+        found._on_triton_exit(found.triton.process, -9)  # not ready yet: ignored
+        assert not sent
+        assert not await found._start_triton()
+        assert not found._triton_alive
     asyncio.run(body())
