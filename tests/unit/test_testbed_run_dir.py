@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from deploy import testbed as tb
+from deploy.processes import ProcessInfo
 
 
 def _previous(run_dir: Path, pid: int) -> None:
     state = tb.TestbedState(run_dir=str(run_dir), controller_url="http://127.0.0.1:1", redis_port=1,
                          artifacts=str(run_dir / "artifacts"),
-                         processes={"redis": tb.ProcessInfo("redis", pid, "log", ["redis-server"])})
+                         processes={"redis": ProcessInfo("redis", pid, "log", ["redis-server"])})
     run_dir.mkdir(parents=True, exist_ok=True)
     state.save()
     (run_dir / "appendonlydir").mkdir()

@@ -255,11 +255,11 @@ def _report(options: argparse.Namespace) -> int:
 
 
 def _status(options: argparse.Namespace) -> int:
-    from deploy.testbed import _alive
+    from deploy.processes import alive
 
     testbed = _load(options)
     for name, info in testbed.state.processes.items():
-        state = "up" if _alive(info.pid, info.started) else "down"
+        state = "up" if alive(info.pid, info.started) else "down"
         sys.stdout.write(f"{name:12} pid {info.pid:7} {state:5} {info.log}\n")
     return 0
 
