@@ -47,12 +47,9 @@ from policies.config import ProgressiveConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import Application, ClusterSnapshot, Family, Server, Variant
 from policies.progressive_reasons import Reasons
-from policies.progressive_state import Entry, PlanApp, PlanCluster, Vec
+from policies.progressive_state import EPSILON, Entry, PlanApp, PlanCluster, Vec
 from policies.replica_rules import scoped, within_choice
 from policies.resources import COMPUTE, MEMORY_MB
-
-EPSILON = 1e-9
-"""Slack of every capacity comparison, as in ``Resources.fits_within``."""
 
 # A search stops early on free memory alone; a looser slack than EPSILON makes sure
 # rounding in "free - used - reserve" can never prune a server that the exact test accepts.

@@ -11,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.model import Application, ClusterSnapshot
-from policies.progressive_state import PlanApp, PlanCluster
+from policies.progressive_state import EPSILON, PlanApp, PlanCluster
 from policies.replica_rules import pinned_site
 from policies.resources import MEMORY_MB
-
-_EPSILON = 1e-9
-"""The planner's capacity slack (``progressive.EPSILON``)."""
 
 
 class Reasons:
@@ -87,11 +84,11 @@ class Reasons:
         """What ``variant`` needs that no server left: memory, else the other resources."""
         name = repr(self.snapshot.families[info.app.family].variants[variant].name)
         need = info.dem[variant]
-        if need[0] > left[0] + _EPSILON:
+        if need[0] > left[0] + EPSILON:
             return f"{name} needs {need[0]:g} MB GPU memory where at most {left[0]:g} MB is left"
         parts = [f"{resource} {need[r]:g} where at most {left[r]:g} is left"
                  for r, resource in enumerate(self.names)
-                 if resource != MEMORY_MB and need[r] > left[r] + _EPSILON]
+                 if resource != MEMORY_MB and need[r] > left[r] + EPSILON]
         if parts:
             return f"{name} needs " + ", ".join(parts)
         # Each resource is left somewhere, but never all of them on one server.

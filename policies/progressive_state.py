@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from policies.model import Application, Server
 
+EPSILON = 1e-9
+"""Slack of every capacity comparison, as in ``Resources.fits_within``."""
+
 Vec = tuple[float, ...]
 Entry = tuple[float, int]  # (-free memory after reserve, server index): worst-fit sorts first
 
