@@ -286,8 +286,9 @@ class Agent:
                 await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
                                           restarts=self.restarts), keep=True)
                 return
-        logger.error("Triton is not running and will not be started again (%d restarts, "
-                     "policy %s)", self.restarts, self.config.triton_restart.value)
+        if not self._stop.is_set():  # the agent stopping ends the loop too: no error then
+            logger.error("Triton is not running and will not be started again (%d restarts, "
+                         "policy %s)", self.restarts, self.config.triton_restart.value)
 
     # --- connection ----------------------------------------------------------------------------
 
