@@ -9,7 +9,6 @@ wait on conditions (``Timeline.until``) and on ``Executor.idle()``, under a hard
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -26,19 +25,14 @@ from tests.unit.controller_harness import (
     app_record,
     build_controller,
     replica,
+    run,
 )
 from tests.unit.controller_harness import new_cluster as harness_cluster
 from tests.unit.fakes import FakeStore, ManualClock
 from understudy.wire.protocol import ModelState
 
-TEST_LIMIT_S = 8.0
-
 Command = tuple[str, str, str, str, bool]
 """(op, server, app, variant, urgent) of an agent command."""
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def new_cluster(apps: list[Any], *, auto_load: bool = False, auto_unload: bool = True,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import controller.failover as failover_module
@@ -21,15 +20,10 @@ from tests.unit.controller_harness import (
     app_record,
     families,
     replica,
+    run,
 )
 from tests.unit.controller_harness import new_cluster as harness_cluster
 from understudy.wire.protocol import ModelState
-
-TEST_LIMIT_S = 10.0
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def new_cluster(apps: list[Any], *, auto_load: bool = True) -> Controller:

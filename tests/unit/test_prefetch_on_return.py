@@ -9,17 +9,13 @@ had to download the weights first.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from controller.records import ServerState
-from tests.unit.controller_harness import SMALL, app_record, new_cluster
+from tests.unit.controller_harness import SMALL, app_record, new_cluster, run
 from tests.unit.fakes import FakeAgents, endpoints_of
 from understudy.wire.protocol import TritonUp
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), 10.0))
 
 
 def test_a_server_back_from_a_triton_restart_is_asked_for_the_interims_it_missed() -> None:

@@ -7,8 +7,6 @@ wired on fakes (``tests/unit/controller_harness.py``), ticked by hand.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controller.decide.reconcile import (
@@ -29,16 +27,11 @@ from tests.unit.controller_harness import (
     app_record,
     build_controller,
     replica,
+    run,
     seed,
 )
 from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
 from understudy.wire.protocol import InventoryItem, ModelState, model_name
-
-TEST_LIMIT_S = 8.0
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def item(app_id: str, variant: str, state: ModelState = ModelState.READY) -> InventoryItem:

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from controller.errors import InvalidBatchError
 from controller.records import AppSpec, AppStatus
-from tests.unit.controller_harness import LARGE, Controller, new_cluster
+from tests.unit.controller_harness import LARGE, Controller, new_cluster, run
 from understudy.wire.protocol import ModelState
-
-TEST_LIMIT_S = 10.0
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def cluster(memory_mb: float = 1000.0, auto_load: bool = False) -> Controller:

@@ -7,10 +7,8 @@ and the catalog's listing of a store on disk.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Set
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,12 +16,8 @@ import controller.artifacts as artifacts_module
 from controller.artifacts import ArtifactCatalog
 from controller.errors import InvalidBatchError, InvalidRequestError
 from controller.records import AppSpec
-from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, new_cluster
+from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, new_cluster, run
 from understudy.wire.artifacts import Manifest
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), 10.0))
 
 
 def cluster(held: Set[str] | None) -> Controller:

@@ -19,8 +19,6 @@ every model an agent holds accounted for by a record and every ready replica hel
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from controller.records import AppStatus, ServerState
 from policies.model import Role
@@ -31,16 +29,12 @@ from tests.unit.controller_harness import (
     app_record,
     new_cluster,
     replica,
+    run,
 )
 from understudy.wire.protocol import ModelState
 
-TEST_LIMIT_S = 8.0
 SERVES = ("serving", "upgraded", "failback")
 """Event kinds that make a replica the app's primary."""
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def cluster(servers: tuple[str, ...] = ("s1", "s2", "s3", "s4"),

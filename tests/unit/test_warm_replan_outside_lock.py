@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controller.records import ServerState
 from policies.model import Role
 from tests.unit.controller_harness import (
     LARGE,
+    TEST_LIMIT_S,
     Controller,
     app_record,
     new_cluster,
     replica,
+    run,
 )
-
-TEST_LIMIT_S = 10.0
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), TEST_LIMIT_S))
 
 
 def cluster() -> Controller:
