@@ -62,8 +62,13 @@ def train_family(family: str, runs: Path = REPO / "runs") -> Path:
     return runs / family / MANIFEST_NAME
 
 
-def write_repository(store: Path, repository: Path, models: Sequence[ServedModel]) -> None:
-    """Write the models' Triton directories (Python backend, no dynamic batcher)."""
+def write_repository(store: Path, repository: Path, models: Sequence[ServedModel],
+                     trained: Mapping[str, Path] | None = None) -> None:
+    """Write the models' Triton directories (Python backend, no dynamic batcher).
+
+    ``trained`` gives the manifest of a family trained elsewhere (tests train shorter); the
+    others are trained here (cached in ``runs/``).
+    """
     from agent.profiler import link_model
     from model_repo.artifacts import StoreEntry
     from model_repo.family_manifest import load_family_manifest
@@ -71,7 +76,8 @@ def write_repository(store: Path, repository: Path, models: Sequence[ServedModel
 
     manifests = {}
     for family in sorted({m.family for m in models}):
-        for manifest in write_family(store, load_family_manifest(train_family(family))):
+        manifest_path = (trained or {}).get(family) or train_family(family)
+        for manifest in write_family(store, load_family_manifest(manifest_path)):
             manifests[(family, manifest.variant)] = manifest
     repository.mkdir(parents=True, exist_ok=True)
     for model in models:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,22 @@ def artifact_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build_store(store, [families["mobilenet_v3"], families["shufflenet_v2"]], scale=TEST_SCALE,
                 variants=["mobilenet_v3_small", "mobilenet_v3_large", "shufflenet_v2_x0_5"])
     yield store
+
+
+@pytest.fixture(scope="session")
+def short_early_exit_family(tmp_path_factory: pytest.TempPathFactory
+                            ) -> tuple[Path, dict[str, Any]]:
+    """The early-exit digits family trained one epoch: (its manifest, its training record).
+
+    Tests that need the family's exits and their times, not its best accuracy, share it (the
+    full training is ``understudy models train-early-exit``).
+    """
+    pytest.importorskip("torch")
+    from model_repo.digits_ee import MANIFEST_NAME, train_early_exit
+
+    trained = tmp_path_factory.mktemp("digits_ee")
+    record = train_early_exit(trained, epochs=1)
+    return trained / MANIFEST_NAME, record
 
 
 LOG_TAIL_LINES = 40

@@ -30,17 +30,16 @@ REQUESTS = 300
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
-    from model_repo.digits_ee import MANIFEST_NAME, train_early_exit
+def family(short_early_exit_family: tuple[Path, dict],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
     from model_repo.family_manifest import load_family_manifest
     from model_repo.imported import write_family
 
-    trained = tmp_path_factory.mktemp("digits_ee")
     # One epoch: these tests need the family's exits and their times, and compare the served
-    # answers with this same training's own (the full training is `models train-early-exit`).
-    record = train_early_exit(trained, epochs=1)
+    # answers with this same training's own.
+    manifest, record = short_early_exit_family
     store = tmp_path_factory.mktemp("store")
-    write_family(store, load_family_manifest(trained / MANIFEST_NAME))
+    write_family(store, load_family_manifest(manifest))
     yield store, record
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,9 +40,13 @@ with 500 ms saw the early-exit app's profile at a 75 ms p99 and a request droppe
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(short_early_exit_family: tuple[Path, dict[str, Any]],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    # The family trained one epoch: its exits and their times are what these tests need.
     root = tmp_path_factory.mktemp("early-exit-bed")
-    write_repository(root / "store", root / "repository", [DYNAMIC, STATIC])
+    manifest, _ = short_early_exit_family
+    write_repository(root / "store", root / "repository", [DYNAMIC, STATIC],
+                     trained={EARLY_EXIT_FAMILY: manifest})
     triton: Any = start_triton(root, root / "repository", [DYNAMIC, STATIC])
     try:
         write_routes(root / "gateway", triton.config.http_url, triton.config.grpc_url, APPS)
@@ -64,7 +69,8 @@ def infer(gateway: Gateway, app: str, image: np.ndarray) -> httpx.Response:
 
 @pytest.mark.parametrize("app", ["early-exit", "static"])
 def test_orloj_batches_the_clients_and_measures_each_batchs_overhead_beyond_the_model(
-        gateway: Gateway, app: str) -> None:
+        gateway: Gateway, app: str, short_early_exit_family: tuple[Path, dict[str, Any]]
+        ) -> None:
     from model_repo.digits import load_split
 
     _, _, x, y = load_split()
@@ -74,7 +80,11 @@ def test_orloj_batches_the_clients_and_measures_each_batchs_overhead_beyond_the_
         replies = list(pool.map(lambda i: infer(gateway, app, x[i:i + 1]), range(200)))
     assert all(r.status_code == 200 for r in replies)  # seconds of slack: nothing dropped
     predicted = np.array([int(np.argmax(r.json()["outputs"][0]["data"])) for r in replies])
-    assert np.mean(predicted == y[:200]) > 0.85  # each client got its own rows
+    # each client got its own rows: about the model's held-out accuracy (rows handed to the
+    # wrong clients would score about one in ten; the early-exit family is trained one epoch)
+    floor = (short_early_exit_family[1]["variants"][DYNAMIC.variant]["top1"] - 0.15
+             if app == "early-exit" else 0.85)
+    assert np.mean(predicted == y[:200]) > floor
     batches = gateway.sample("understudy_gateway_batch_size_count", app_id=app,
                              scheduler="orloj")
     rows = gateway.sample("understudy_gateway_batch_size_sum", app_id=app, scheduler="orloj")
