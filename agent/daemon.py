@@ -7,8 +7,8 @@ neither this loop nor a busy CPU delays it; commands run as independent tasks so
 never delays another command. Results that could
 not be delivered because the connection dropped are queued and sent after the next ``hello``.
 
-Triton is watched by a thread blocked in ``waitpid``: its death is reported to the controller
-the moment it happens (``triton_down``), then Triton is restarted or not, as configured. When the
+Triton is kept by ``agent.triton_keeper``: its death is reported to the controller the moment
+it happens (``triton_down``), then Triton is restarted or not, as configured. When the
 controller is unreachable the agent keeps Triton serving and reconnects with capped exponential
 back-off plus jitter (FailLite §4; DESIGN.md "Failure detection").
 """
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from agent.config import AgentConfig, RestartPolicy
+from agent.config import AgentConfig
 from agent.gpu import choose_device
 from agent.load_slots import LoadSlots
 from agent.replicas import ReplicaSupervisor
@@ -37,7 +37,8 @@ from agent.repository import (
     UnknownVariantError,
 )
 from agent.triton import TritonServer
-from agent.triton_config import TritonConfig, TritonError, TritonStartError
+from agent.triton_config import TritonConfig, TritonError
+from agent.triton_keeper import TritonKeeper
 from understudy.wire.credentials import CA_FILE_ENV, TOKEN_ENV, bearer, client_ssl_context
 from understudy.wire.heartbeat_process import TICK_S, HeartbeatProcess
 from understudy.wire.ports import free_ports
@@ -73,10 +74,6 @@ MEMORY_MEASURE_DELAY_S = 0.5
 TRY_AGAIN_LATER = 1013
 """Close code of a controller too busy to admit this hello now."""
 BUSY_BACKOFF_S = 1.0
-STABLE_RUN_S = 60.0
-"""A Triton that ran this long before it exited starts the restart count again."""
-QUICK_EXIT_S = 10.0
-"""A Triton that exited this soon after it was ready restarts on fresh ports."""
 
 OUTBOX_LIMIT = 1000
 """Undelivered results kept across a disconnection (oldest dropped first, with a warning)."""
@@ -111,7 +108,6 @@ class Agent:
             advertise_host=config.advertise_host, device=device,
             device_name=gpu.name if gpu is not None else None)
         self.triton = triton_factory(triton_config)
-        self.triton.on_exit = self._on_exit_threadsafe
         self.repository = ModelRepository(config.artifacts, triton_config.model_repository,
                                           config.run_dir / CACHE_DIR, token=config.token,
                                           ca_file=config.ca_file,
@@ -124,10 +120,6 @@ class Agent:
                                           on_exit=self._on_replica_exit,
                                           nice=config.triton_nice,
                                           credentials=_replica_credentials(config))
-        self.restarts = 0
-        self._restarting = False
-        """A restart loop runs (``_restart_triton``): one at a time."""
-        self._triton_started_at = time.monotonic()
         self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000.0
         self._locks: dict[str, asyncio.Lock] = {}
         threads = config.model_load_threads
@@ -138,20 +130,11 @@ class Agent:
         self._outbox: deque[str] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._triton_alive = False
-        self._expected_exit = False
+        self.keeper = TritonKeeper(self.triton, config, spawn=self._spawn,
+                                   stopping=self._stop.is_set, on_alive=self._on_alive,
+                                   on_down=self._on_triton_down, on_up=self._on_triton_up)
 
     # --- life cycle ------------------------------------------------------------------------
-
-    @property
-    def _triton_alive(self) -> bool:
-        return self._triton_up
-
-    @_triton_alive.setter
-    def _triton_alive(self, alive: bool) -> None:
-        self._triton_up = alive
-        self.heartbeats.triton(alive)  # the heartbeats carry it
 
     @property
     def endpoints(self) -> Endpoints:
@@ -162,21 +145,20 @@ class Agent:
 
     async def run(self) -> None:
         """Start Triton, then stay connected to the controller until :meth:`stop`."""
-        self._loop = asyncio.get_running_loop()
         self.heartbeats.start()  # from this (the main) thread: it dies with the thread
-        self.heartbeats.triton(self._triton_alive)
+        self.heartbeats.triton(self.keeper.alive)
         self._spawn(self._tick_heartbeats())
-        await self._bring_up_triton()
+        await self.keeper.bring_up()
         try:
             await self._connection_loop()
         finally:
             self.heartbeats.close()
             for task in list(self._tasks):
                 task.cancel()
-            self._expected_exit = True
+            self.keeper.expected_exit = True
             await self.replicas.close()
             self.repository.close()
-            await asyncio.to_thread(self.triton.stop)
+            await self.keeper.stop()
             logger.info("agent %s stopped", self.config.server_id)
 
     def stop(self) -> None:
@@ -191,104 +173,22 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _bring_up_triton(self) -> None:
-        """The first start; when it fails, the restart policy's retries in the background."""
-        if not await self._start_triton():
-            # e.g. its runtime's torch import outlasted the start timeout on a busy machine
-            self._spawn(self._restart_triton())
+    def _on_alive(self, alive: bool) -> None:
+        self.heartbeats.triton(alive)  # the heartbeats carry it
 
-    async def _start_triton(self) -> bool:
-        """Start Triton; False (logged) when it did not come up or died as it did."""
-        try:
-            await asyncio.to_thread(self.triton.start)
-            if not self.triton.alive():  # an exit reported before this was ready is ignored
-                raise TritonStartError("tritonserver exited right after it was ready")
-        except TritonError as exc:
-            logger.error("Triton did not start: %s", exc)
-            self._triton_alive = False
-            self._fresh_ports()
-            return False
-        self._triton_alive = True
-        self._expected_exit = False
-        self._triton_started_at = time.monotonic()
-        return True
-
-    def _fresh_ports(self) -> None:
-        """New ports for the next start where they were chosen automatically.
-
-        A port found free at start-up can be taken meanwhile (any outgoing connection may get
-        it as its ephemeral port); Triton then exits at once with "already in use", and
-        restarting on the same ports would fail the same way every time. The new endpoints
-        reach the controller in ``triton_up`` (or the next hello).
-        """
-        c = self.config
-        fresh = free_ports(3)
-        update = {name: port for name, port, fixed in (
-            ("http_port", fresh[0], c.http_port), ("grpc_port", fresh[1], c.grpc_port),
-            ("metrics_port", fresh[2], c.metrics_port)) if not fixed}
-        if update:
-            self.triton.config = self.triton.config.model_copy(update=update)
-
-    def _on_exit_threadsafe(self, process: Any, code: int) -> None:
-        """Triton's watcher thread calls this the moment Triton exits."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._on_triton_exit, process, code)
-
-    def _on_triton_exit(self, process: subprocess.Popen[bytes], code: int) -> None:
-        if process is not self.triton.process or self._expected_exit or not self._triton_alive:
-            return  # not ready yet: the start that launched it fails, and retries
-        at = time.time()
-        self._triton_alive = False
-        ran_s = time.monotonic() - self._triton_started_at
-        if ran_s >= STABLE_RUN_S:
-            self.restarts = 0  # a crash loop is what the limit stops, not crashes days apart
-        elif ran_s < QUICK_EXIT_S:
-            # Dead right after it became ready: likely a port another process took between
-            # our pick and Triton's bind of its last listener; the same ports would clash again.
-            self._fresh_ports()
+    def _on_triton_down(self, process: subprocess.Popen[bytes], code: int,
+                        restarting: bool) -> None:
+        """Triton exited: its models are gone; the controller hears it at once."""
         lost = sorted(self.models)
         self.models.clear()
-        restarting = self._may_restart()
         logger.error("Triton (pid %s) exited with code %s; lost %d models; %s", process.pid,
                      code, len(lost), "restarting" if restarting else "not restarting")
-        self._spawn(self._send(TritonDown(at=at, exit_code=code, restarting=restarting,
-                                          lost_models=lost), keep=True))
-        if restarting:
-            self._spawn(self._restart_triton())
+        self._spawn(self._send(TritonDown(at=time.time(), exit_code=code,
+                                          restarting=restarting, lost_models=lost), keep=True))
 
-    def _may_restart(self) -> bool:
-        """Whether the restart policy allows one more start of Triton now."""
-        return (self.config.triton_restart is RestartPolicy.ALWAYS
-                and self.restarts < self.config.max_restarts and not self._stop.is_set())
-
-    async def _restart_triton(self) -> None:
-        """Start Triton again, backing off, until it runs or the policy allows no more tries.
-
-        A start that fails is tried again like a crash: otherwise one slow start (at boot,
-        or after a crash) would leave the server without Triton for good.
-        """
-        if self._restarting:
-            return
-        self._restarting = True
-        try:
-            await self._restart_until_running()
-        finally:
-            self._restarting = False
-
-    async def _restart_until_running(self) -> None:
-        while self._may_restart():
-            self.restarts += 1
-            await asyncio.sleep(self.config.restart_backoff_s * self.restarts)
-            if self._stop.is_set():
-                return
-            await asyncio.to_thread(self.triton.kill)  # the runtime too, for a clean slate
-            if await self._start_triton():
-                await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
-                                          restarts=self.restarts), keep=True)
-                return
-        if not self._stop.is_set():  # the agent stopping ends the loop too: no error then
-            logger.error("Triton is not running and will not be started again (%d restarts, "
-                         "policy %s)", self.restarts, self.config.triton_restart.value)
+    async def _on_triton_up(self, restarts: int) -> None:
+        await self._send(TritonUp(at=time.time(), endpoints=self.endpoints,
+                                  restarts=restarts), keep=True)
 
     # --- connection ----------------------------------------------------------------------------
 
@@ -350,7 +250,7 @@ class Agent:
     def _hello(self) -> Hello:
         return Hello(server_id=self.config.server_id, site_id=self.config.site_id,
                      capacity=self.config.capacity, server_type=self.config.server_type,
-                     endpoints=self.endpoints, triton_alive=self._triton_alive,
+                     endpoints=self.endpoints, triton_alive=self.keeper.alive,
                      inventory=list(self.models.values()),
                      heartbeat_interval_ms=self.heartbeat_interval_s * 1000.0,
                      boot_id=self.boot_id, agent_pid=_pid(), replicas=self.replicas.running())
@@ -429,7 +329,7 @@ class Agent:
     async def _load(self, command: LoadCommand, started: float) -> CommandResult:
         name = command.model_name
         reply = _Reply(command, "load", started)
-        if not self._triton_alive:
+        if not self.keeper.alive:
             return reply.fail(_error("triton_down", "Triton is not running", retryable=True))
         async with self._lock(name):
             queued = time.perf_counter()
@@ -497,7 +397,7 @@ class Agent:
         reply = _Reply(command, "unload", started)
         async with self._lock(name):
             queued = time.perf_counter()
-            loaded = self._triton_alive and await asyncio.to_thread(
+            loaded = self.keeper.alive and await asyncio.to_thread(
                 self.triton.is_model_ready, name)
             if not loaded:
                 self.models.pop(name, None)
@@ -518,7 +418,7 @@ class Agent:
 
     async def inventory(self) -> list[InventoryItem]:
         """Reconcile our model table with Triton's index and return it (with memory)."""
-        if not self._triton_alive:
+        if not self.keeper.alive:
             return []
         try:
             ready = await asyncio.to_thread(self.triton.ready_models)

@@ -1,8 +1,8 @@
 """When the agent restarts its Triton: a quick death gets new ports, a long life a new count,
 a start that fails is tried again within the policy's limit.
 
-The agent's reaction to its Triton's exit (``Agent._on_triton_exit``) on a stand-in Triton;
-``tests/integration/test_agent.py`` kills a real one.
+The agent's Triton keeper (``agent.triton_keeper``) and what the agent reports, on a stand-in
+Triton; ``tests/integration/test_agent.py`` kills a real one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig
-from agent.daemon import QUICK_EXIT_S, STABLE_RUN_S, Agent
+from agent.daemon import Agent
 from agent.triton_config import TritonConfig, TritonStartError
+from agent.triton_keeper import QUICK_EXIT_S, STABLE_RUN_S
 from understudy.wire.protocol import TritonDown, TritonUp
 
 
@@ -68,27 +69,27 @@ def agent(tmp_path: Path, fail_starts: int = 0, dies_at_start: bool = False,
 
 
 def exit_after(found: Agent, ran_s: float) -> None:
-    found._triton_alive = True
-    found._triton_started_at = time.monotonic() - ran_s
-    found._on_triton_exit(found.triton.process, -9)
+    found.keeper.alive = True
+    found.keeper.started_at = time.monotonic() - ran_s
+    found.keeper.exited(found.triton.process, -9)
 
 
 def test_a_triton_that_ran_long_is_restarted_whatever_the_earlier_count(tmp_path: Path) -> None:
     async def body() -> None:
         found, sent = agent(tmp_path, max_restarts=2)
-        found.restarts = 2  # the limit, reached by crashes long ago
+        found.keeper.restarts = 2  # the limit, reached by crashes long ago
         exit_after(found, STABLE_RUN_S + 1)
         await asyncio.sleep(0.05)
         down = next(m for m in sent if isinstance(m, TritonDown))
         assert down.restarting
-        assert found.restarts == 1  # counted again from zero
+        assert found.keeper.restarts == 1  # counted again from zero
     asyncio.run(body())
 
 
 def test_a_crash_loop_still_stops_at_the_limit(tmp_path: Path) -> None:
     async def body() -> None:
         found, sent = agent(tmp_path, max_restarts=2)
-        found.restarts = 2
+        found.keeper.restarts = 2
         exit_after(found, STABLE_RUN_S / 2)
         await asyncio.sleep(0.05)
         down = next(m for m in sent if isinstance(m, TritonDown))
@@ -117,13 +118,13 @@ def test_a_start_that_fails_at_boot_is_tried_again_until_triton_runs(tmp_path: P
     under the restart policy; the controller hears TritonUp when one succeeds."""
     async def body() -> None:
         found, sent = agent(tmp_path, fail_starts=2, max_restarts=5)
-        await found._bring_up_triton()
+        await found.keeper.bring_up()
         for _ in range(100):
             if any(isinstance(m, TritonUp) for m in sent):
                 break
             await asyncio.sleep(0.01)
         assert found.triton.starts == 3
-        assert found._triton_alive
+        assert found.keeper.alive
         up = next(m for m in sent if isinstance(m, TritonUp))
         assert up.restarts == 2
     asyncio.run(body())
@@ -132,12 +133,12 @@ def test_a_start_that_fails_at_boot_is_tried_again_until_triton_runs(tmp_path: P
 def test_starts_that_keep_failing_stop_at_the_limit(tmp_path: Path) -> None:
     async def body() -> None:
         found, sent = agent(tmp_path, fail_starts=100, max_restarts=3)
-        await found._bring_up_triton()
+        await found.keeper.bring_up()
         await asyncio.sleep(0.2)
         assert found.triton.starts == 1 + 3  # the first start, then the policy's three
-        assert not found._triton_alive
+        assert not found.keeper.alive
         assert not any(isinstance(m, TritonUp) for m in sent)
-        assert not found._restarting
+        assert not found.keeper.restarting
     asyncio.run(body())
 
 
@@ -146,8 +147,8 @@ def test_a_triton_gone_when_its_start_returns_is_a_failed_start(tmp_path: Path) 
     start fails, so the retries go on instead of marking a dead Triton alive."""
     async def body() -> None:
         found, sent = agent(tmp_path, dies_at_start=True, max_restarts=1)
-        found._on_triton_exit(found.triton.process, -9)  # not ready yet: ignored
+        found.keeper.exited(found.triton.process, -9)  # not ready yet: ignored
         assert not sent
-        assert not await found._start_triton()
-        assert not found._triton_alive
+        assert not await found.keeper.start()
+        assert not found.keeper.alive
     asyncio.run(body())
