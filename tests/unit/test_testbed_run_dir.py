@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import testbed as tb
+from deploy import testbed_state as tb
 from deploy.processes import ProcessInfo
 
 
@@ -37,7 +37,7 @@ def _dead_pid() -> int:
 
 def test_a_stopped_testbeds_state_is_removed_and_artifacts_kept(tmp_path: Path) -> None:
     _previous(tmp_path, _dead_pid())
-    tb._clear_previous_run(tmp_path)
+    tb.clear_previous_run(tmp_path)
     assert not (tmp_path / "appendonlydir").exists()
     assert not (tmp_path / "credentials").exists()  # a new testbed makes new credentials
     assert not (tmp_path / "agents" / "s1" / "repository").exists()
@@ -50,10 +50,10 @@ def test_a_stopped_testbeds_state_is_removed_and_artifacts_kept(tmp_path: Path) 
 def test_a_running_testbed_is_not_touched(tmp_path: Path) -> None:
     _previous(tmp_path, os.getpid())
     with pytest.raises(tb.TestbedError, match="still runs"):
-        tb._clear_previous_run(tmp_path)
+        tb.clear_previous_run(tmp_path)
     assert (tmp_path / "appendonlydir").exists()
 
 
 def test_an_empty_or_missing_directory_is_fine(tmp_path: Path) -> None:
-    tb._clear_previous_run(tmp_path / "new")
-    tb._clear_previous_run(tmp_path)
+    tb.clear_previous_run(tmp_path / "new")
+    tb.clear_previous_run(tmp_path)

@@ -131,7 +131,7 @@ def _sim_agents_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: argparse.Namespace) -> int:
     """Dispatch a testbed action."""
-    from deploy.testbed import TestbedError
+    from deploy.testbed_state import TestbedError
 
     try:
         return int(_ACTIONS[options.testbed_command](options) or 0)
@@ -170,7 +170,8 @@ def _print_apps(testbed: Any) -> None:
 
 
 def _load(options: argparse.Namespace) -> Any:
-    from deploy.testbed import Testbed, TestbedState
+    from deploy.testbed import Testbed
+    from deploy.testbed_state import TestbedState
 
     return Testbed(TestbedState.load(options.run_dir))
 
