@@ -41,6 +41,9 @@ class StandInTriton:
     def kill(self) -> None:
         return None
 
+    def stop(self) -> None:
+        self.stopped = True
+
     def start(self) -> None:
         self.starts += 1
         if self.starts <= self.fail_starts:
@@ -151,4 +154,19 @@ def test_a_triton_gone_when_its_start_returns_is_a_failed_start(tmp_path: Path) 
         assert not sent
         assert not await found.keeper.start()
         assert not found.keeper.alive
+    asyncio.run(body())
+
+
+def test_the_exit_of_a_triton_the_agent_stops_is_no_crash(tmp_path: Path) -> None:
+    """Stopping the agent stops Triton: its exit is neither reported nor restarted."""
+    async def body() -> None:
+        found, sent = agent(tmp_path, max_restarts=5)
+        await found.keeper.bring_up()
+        assert found.keeper.alive
+        await found.keeper.stop()
+        assert found.triton.stopped
+        found.keeper.exited(found.triton.process, 0)
+        await asyncio.sleep(0.05)
+        assert not any(isinstance(m, TritonDown) for m in sent)
+        assert found.triton.starts == 1 and not found.keeper.restarting
     asyncio.run(body())
