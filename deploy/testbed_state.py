@@ -19,6 +19,9 @@ from deploy.processes import ProcessInfo, alive
 from deploy.topology import Topology
 
 STATE_FILE = "testbed.json"
+CREDENTIALS_DIR = "credentials"
+TLS_DIR = "tls"
+CA_CERT = "ca.pem"
 
 
 class TestbedError(RuntimeError):
@@ -76,9 +79,6 @@ class TestbedState:
         return cls(**data)
 
 
-CREDENTIALS_DIR = "credentials"
-TLS_DIR = "tls"
-CA_CERT = "ca.pem"
 PREVIOUS_RUN_ENTRIES = ("appendonlydir", "dump.rdb", "ctl", "agents", "logs", "requests",
                         CREDENTIALS_DIR, TLS_DIR, "gateway", STATE_FILE)
 """What a testbed leaves in its run directory that a new one must not inherit (Redis would
