@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +35,6 @@ from tests.unit.fakes import (
     endpoints_of,
 )
 from understudy.wire.protocol import ModelState
-
-TEST_LIMIT_S = 10.0
-"""How long one test's scenario may run before it fails rather than hangs."""
 
 FAMILY = "f"
 SMALL, MEDIUM, LARGE = "f_small", "f_medium", "f_large"
@@ -156,8 +152,3 @@ def new_cluster(apps: Iterable[AppRecord] = (), *,
     agents = FakeAgents(timeline, auto_load=auto_load, auto_unload=auto_unload)
     seed(store, agents, apps, servers=servers, memory_mb=memory_mb)
     return build_controller(store, agents, clock)
-
-
-def run(body: Callable[[], Awaitable[Any]], limit_s: float = TEST_LIMIT_S) -> Any:
-    """Run one test's scenario on a fresh event loop, failing it after ``limit_s``."""
-    return asyncio.run(asyncio.wait_for(body(), limit_s))

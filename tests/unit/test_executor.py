@@ -25,10 +25,10 @@ from tests.unit.controller_harness import (
     app_record,
     build_controller,
     replica,
-    run,
 )
 from tests.unit.controller_harness import new_cluster as harness_cluster
 from tests.unit.fakes import FakeStore, ManualClock
+from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
 Command = tuple[str, str, str, str, bool]

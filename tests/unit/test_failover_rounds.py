@@ -20,9 +20,9 @@ from tests.unit.controller_harness import (
     app_record,
     families,
     replica,
-    run,
 )
 from tests.unit.controller_harness import new_cluster as harness_cluster
+from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
 

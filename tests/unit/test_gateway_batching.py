@@ -11,9 +11,8 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -37,11 +36,14 @@ from scheduling.orloj import Orloj
 from scheduling.planning import Planning, RefreshJob
 from scheduling.profile import MIN_OVERHEAD_SAMPLES
 from scheduling.types import UNREACHABLE, BatchLaw
+from tests.unit.scenario import run
 from tests.unit.test_gateway_parity import body, event
 from tests.unit.test_gateway_queue import ROUTE
 from understudy.client import Location
 
 APP = "a"
+SCENARIO_LIMIT_S = 20.0
+"""A scenario's limit here: several warm a policy up through its probes first."""
 
 
 class FakeModel:
@@ -112,10 +114,6 @@ class Events:
         self.refreshes.append(outcome)
 
 
-def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario(), 20))
-
-
 def make_request(value: float, timeout_s: float = 5.0, app_id: str = APP) -> InferRequest:
     x = np.full((1, 1, 2, 2), value / 4, dtype=np.float32)
     data, headers = body(x, binary=value > 50)
@@ -163,7 +161,7 @@ def test_every_scheduler_batches_and_answers_each_request_with_its_own_rows(name
         assert model.most_busy == 1  # one batch at a time on the app's worker
         assert max(model.batches) <= 8
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_the_warm_up_measures_solo_times_and_the_batch_law_from_probes() -> None:
@@ -184,7 +182,7 @@ def test_the_warm_up_measures_solo_times_and_the_batch_law_from_probes() -> None
         await warm_up(static, FakeModel(exec_s=lambda x: 0.003))
         assert static.calibration.static() and static.profile.per_batch  # type: ignore
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
@@ -202,7 +200,7 @@ def test_reported_execution_times_feed_the_profile_after_the_warm_up() -> None:
         assert max(p.solo[APP]) == pytest.approx(0.006, rel=0.3)  # in-batch times scaled back
         assert isinstance(p.scheduler, NexusLike) and p.scheduler.solo_s > 0.003  # re-planned
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() -> None:
@@ -226,7 +224,7 @@ def test_each_batchs_overhead_beyond_the_reported_time_reaches_orlojs_profile() 
         await asyncio.gather(*(p.dispatch(make_request(v), model.send) for v in range(2)))
         assert events.overheads[-1] == 0.0
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_orlojs_profile_refreshes_are_built_off_the_event_loop_and_installed_on_it() -> None:
@@ -262,7 +260,7 @@ def test_orlojs_profile_refreshes_are_built_off_the_event_loop_and_installed_on_
         assert [value_of(a) for a in answers] == pytest.approx(list(range(8)))
         refresher.shutdown()
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
     assert threads and all(name.startswith("refresher") for name in threads)
 
 
@@ -279,7 +277,7 @@ def test_requests_that_cannot_stack_go_in_their_own_triton_request() -> None:
         many = [read_member(i, make_request(float(i))) for i in range(10)]
         assert [len(g) for g in groups(many, max_rows=4)] == [4, 4, 2]
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 # --- drops -----------------------------------------------------------------------------------
@@ -311,7 +309,7 @@ def test_a_hopeless_request_is_dropped_at_once_with_its_reason_and_counted(name:
         assert f'understudy_gateway_errors_total{{app_id="a",reason="{UNREACHABLE}"}} 1.0' \
             in text
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_no_request_starves_under_a_steady_stream() -> None:
@@ -345,7 +343,7 @@ def test_no_request_starves_under_a_steady_stream() -> None:
         assert max(answered) < 0.2  # nobody waited until the client's own timeout
         assert max(model.batches) > 1 and not len(p.scheduler) and not p.waiting
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_a_client_that_goes_away_leaves_no_trace_in_the_batches() -> None:
@@ -364,7 +362,7 @@ def test_a_client_that_goes_away_leaves_no_trace_in_the_batches() -> None:
         assert value_of(await first) == 1.0 and value_of(await kept) == 3.0
         assert model.batches[-1] == 1 and not p.waiting
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 # --- selection and failover ------------------------------------------------------------------
@@ -434,7 +432,7 @@ def test_a_batch_in_flight_follows_a_failover_to_the_new_replica() -> None:
         assert all(a.route.server_id == "s2" for a in answers)
         assert answers[0].resends >= 1 and servers[-1] == "s2"
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_the_calibration_reads_overhead_and_slope() -> None:

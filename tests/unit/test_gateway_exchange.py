@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from gateway.errors import (
 from gateway.exchange import Answer, Dispatcher, InferRequest, failure_of
 from gateway.routes import RoutingTable
 from gateway.upstream import UpstreamError, UpstreamReply
+from tests.unit.scenario import run
 from tests.unit.test_gateway_routes import event
 from understudy.client import Location
 
@@ -70,10 +70,6 @@ class Recorder:
 
     def hedged(self, app_id: str) -> None:
         self.hedges.append(app_id)
-
-
-def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 def setup(*events: dict[str, Any], hedge_s: float | None = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from gateway.tensors import (
 from gateway.upstream import UpstreamError, UpstreamReply
 from parity.coding import EncoderKind
 from parity.naming import parse_parity_name
+from tests.unit.scenario import run
 from tests.unit.test_gateway_routes import ENDPOINTS
 from tests.unit.test_gateway_routes import event as routes_event
 from understudy.client import Location
@@ -156,10 +156,6 @@ def parm(k: int = 2, servers: tuple[str, ...] = ("s1", "s2"), parity: str = "s3"
         docs.append(event(seq, APP, "instance_ready", server, "v", role="instance"))
     docs.append(event(10, APP, "parity_ready", parity, f"v_parity_k{k}", role="parity"))
     return docs
-
-
-def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 def request(x: np.ndarray, binary: bool = False, timeout_s: float = 5.0) -> InferRequest:

@@ -18,7 +18,14 @@ from gateway.calibration import MIN_APP_SAMPLES, profile_of
 from gateway.config import GatewayConfig
 from scheduling.orloj import Orloj
 from scheduling.types import BatchLaw
-from tests.unit.test_gateway_batching import FakeModel, make_request, run, until, value_of
+from tests.unit.scenario import run
+from tests.unit.test_gateway_batching import (
+    SCENARIO_LIMIT_S,
+    FakeModel,
+    make_request,
+    until,
+    value_of,
+)
 
 SHORT, LONG = "short", "long"
 
@@ -62,7 +69,7 @@ def test_apps_of_one_queue_are_batched_together_each_with_its_own_execution_time
         assert model.most_busy == 1  # one batch at a time for the whole queue
         assert set(p.solo) == {SHORT, LONG} and max(p.solo[SHORT]) < 0.004
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_a_batch_of_apps_served_in_different_places_goes_in_one_request_per_place() -> None:
@@ -84,7 +91,7 @@ def test_a_batch_of_apps_served_in_different_places_goes_in_one_request_per_plac
         # one batch of four, sent as two Triton requests: each app's to where it is served
         assert sorted(zip(model.sent_as, model.batches, strict=True)) == [(LONG, 2), (SHORT, 2)]
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_the_baselines_plan_for_the_tightest_objective_of_the_queue() -> None:
@@ -94,7 +101,7 @@ def test_the_baselines_plan_for_the_tightest_objective_of_the_queue() -> None:
         await warm_up_both(p, model)
         assert p.slo_s == pytest.approx(0.040)
 
-    run(scenario)
+    run(scenario, SCENARIO_LIMIT_S)
 
 
 def test_a_queue_profile_gives_an_app_with_too_few_times_the_mixture() -> None:

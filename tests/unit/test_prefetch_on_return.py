@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.records import ServerState
-from tests.unit.controller_harness import SMALL, app_record, new_cluster, run
+from tests.unit.controller_harness import SMALL, app_record, new_cluster
 from tests.unit.fakes import FakeAgents, endpoints_of
+from tests.unit.scenario import run
 from understudy.wire.protocol import TritonUp
 
 

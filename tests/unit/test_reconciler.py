@@ -27,10 +27,10 @@ from tests.unit.controller_harness import (
     app_record,
     build_controller,
     replica,
-    run,
     seed,
 )
 from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
+from tests.unit.scenario import run
 from understudy.wire.protocol import InventoryItem, ModelState, model_name
 
 

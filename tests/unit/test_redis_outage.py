@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,14 +29,10 @@ from controller.redis_health import (
     RedisUnavailableError,
     request_scope,
 )
+from tests.unit.scenario import run
 
 TOKEN = "outage"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-LIMIT_S = 10.0
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(body(), LIMIT_S))
 
 
 class Probe:

@@ -8,7 +8,8 @@ import pytest
 
 from controller.errors import InvalidBatchError
 from controller.records import AppSpec, AppStatus
-from tests.unit.controller_harness import LARGE, Controller, new_cluster, run
+from tests.unit.controller_harness import LARGE, Controller, new_cluster
+from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
 

@@ -16,7 +16,8 @@ import controller.artifacts as artifacts_module
 from controller.artifacts import ArtifactCatalog
 from controller.errors import InvalidBatchError, InvalidRequestError
 from controller.records import AppSpec
-from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, new_cluster, run
+from tests.unit.controller_harness import LARGE, MEDIUM, SMALL, Controller, new_cluster
+from tests.unit.scenario import run
 from understudy.wire.artifacts import Manifest
 
 

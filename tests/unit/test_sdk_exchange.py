@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.unit.scenario import run
 from tests.unit.sdk_fakes import FakeReplicas, FakeRoutes, loc
 from understudy.sdk import (
     AppDeletedError,
@@ -25,10 +25,6 @@ from understudy.sdk import (
 )
 
 X = {"x": np.arange(4, dtype=np.int64).reshape(2, 2)}
-
-
-def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 def setup(**known: Any) -> tuple[FakeRoutes, FakeReplicas, AsyncClient, list[RequestRecord]]:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.scenario import run
 from tests.unit.test_sdk_routes import event, view
 from understudy.sdk.board import RouteBoard
 from understudy.sdk.errors import UnavailableError, UnknownAppError
@@ -37,10 +38,6 @@ def serving_on(server: str) -> Callable[[str], httpx.Response]:
             return httpx.Response(404, json={"detail": "no app"})
         return httpx.Response(200, json=view(server, app))
     return answer
-
-
-def run(scenario: Callable[[], Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 def test_an_app_is_read_once_and_an_unknown_one_is_an_error() -> None:

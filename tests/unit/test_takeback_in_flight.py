@@ -29,8 +29,8 @@ from tests.unit.controller_harness import (
     app_record,
     new_cluster,
     replica,
-    run,
 )
+from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
 SERVES = ("serving", "upgraded", "failback")

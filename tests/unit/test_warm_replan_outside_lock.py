@@ -10,13 +10,12 @@ from controller.records import ServerState
 from policies.model import Role
 from tests.unit.controller_harness import (
     LARGE,
-    TEST_LIMIT_S,
     Controller,
     app_record,
     new_cluster,
     replica,
-    run,
 )
+from tests.unit.scenario import TEST_LIMIT_S, run
 
 
 def cluster() -> Controller:
