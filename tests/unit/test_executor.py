@@ -31,6 +31,9 @@ from tests.unit.fakes import FakeStore, ManualClock
 from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
+SCENARIO_LIMIT_S = 8.0
+"""How long one scenario here may run before it fails rather than hangs."""
+
 Command = tuple[str, str, str, str, bool]
 """(op, server, app, variant, urgent) of an agent command."""
 
@@ -150,7 +153,7 @@ def test_failover_announces_warm_switches_first_then_interims_then_upgrades() ->
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     assert events(ctl) == [
         ("warm_switch", "crit", "s2", SMALL),
         ("interim_serving", "p1", "s3", SMALL),
@@ -209,7 +212,7 @@ def test_a_false_alarm_mid_recovery_switches_back_without_loads_and_retires_the_
         await ctl.executor.idle()
         return ctl, revived_at, after_revive
 
-    ctl, revived_at, after_revive = run(body)
+    ctl, revived_at, after_revive = run(body, SCENARIO_LIMIT_S)
     assert after_revive == [
         ("warm_switch", "crit", "s2", SMALL),
         ("interim_serving", "p1", "s3", SMALL),
@@ -239,7 +242,7 @@ def test_a_retired_target_whose_stage_had_not_started_is_never_loaded() -> None:
         await ctl.executor.idle()
         return ctl, revived_at
 
-    ctl, revived_at = run(body)
+    ctl, revived_at = run(body, SCENARIO_LIMIT_S)
     loads = [c for c in commands(ctl, "load", start=revived_at) if c[2] in ("p1", "p2")]
     assert loads == []
 
@@ -288,8 +291,8 @@ def test_a_restarted_controller_resumes_the_failover_from_its_intent() -> None:
         assert states and set(states) == {ServerState.FAILED}
         return first, second
 
-    reference = run(uninterrupted)
-    first, second = run(interrupted)
+    reference = run(uninterrupted, SCENARIO_LIMIT_S)
+    first, second = run(interrupted, SCENARIO_LIMIT_S)
     assert placement(second) == placement(reference)
     assert second.store.server("s1").state is ServerState.FAILED
     assert second.store.intents_now() == []
@@ -328,7 +331,7 @@ def test_drain_moves_every_app_without_a_moment_with_nothing_serving() -> None:
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     assert gaps == []
     assert ctl.store.writes > 5  # the check ran on every step of the drain
     assert ctl.store.server("s1").state is ServerState.DRAINED
@@ -376,7 +379,7 @@ def test_a_failed_server_returning_empty_gets_its_apps_back() -> None:
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     assert sorted(ctl.sink.kinds()) == [("failback", "crit"), ("failback", "p1"),
                                         ("failback", "p2")]
     assert sorted(commands(ctl, "load")) == [("load", "s1", "crit", LARGE, False),
@@ -421,7 +424,7 @@ def test_fail_back_evicts_only_the_backups_it_needs_and_loads_after_their_unload
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     assert commands(ctl) == [("unload", "s1", "q1", MEDIUM, False),
                              ("load", "s1", "p1", LARGE, False),
                              ("unload", "s3", "p1", LARGE, False)]
@@ -446,7 +449,7 @@ def test_no_fail_back_when_evicting_every_backup_would_not_make_room() -> None:
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     assert commands(ctl) == [] and events(ctl) == []
     assert ctl.store.app("q1").replica("s1", SMALL).state is ModelState.READY
 
@@ -474,7 +477,7 @@ def test_one_failing_load_does_not_stop_the_others() -> None:
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     # p1 lost its interim, not its recovery: its target still loads and serves.
     assert events(ctl) == [("interim_serving", "p2", "s3", SMALL),
                            ("serving", "p1", "s2", LARGE),
@@ -501,7 +504,7 @@ def test_a_load_whose_agent_is_unreachable_stays_loading_until_the_agent_returns
         await ctl.executor.idle()
         return ctl
 
-    ctl = run(body)
+    ctl = run(body, SCENARIO_LIMIT_S)
     # Re-issued on the agent's hello, urgent: nothing else serves the app.
     assert commands(ctl, "load") == [("load", "s3", "solo", LARGE, True)]
     assert events(ctl) == [("serving", "solo", "s3", LARGE)]
@@ -522,4 +525,4 @@ def test_every_app_lock_covers_apps_recorded_after_the_first_read_and_not_delete
         async with locks.every_app():
             assert locks.app("b").locked() and not locks.app("a").locked()
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)

@@ -33,6 +33,9 @@ from tests.unit.fakes import FakeAgents, FakeStore, ManualClock, Timeline
 from tests.unit.scenario import run
 from understudy.wire.protocol import InventoryItem, ModelState, model_name
 
+SCENARIO_LIMIT_S = 8.0
+"""How long one scenario here may run before it fails rather than hangs."""
+
 
 def item(app_id: str, variant: str, state: ModelState = ModelState.READY) -> InventoryItem:
     return InventoryItem(model_name=model_name(app_id, variant), app_id=app_id,
@@ -147,7 +150,7 @@ def test_a_stray_is_unloaded_once_two_checks_saw_it() -> None:
         # Converged: nothing more to repair, and p was never touched.
         assert await ticks(ctl, reconciler, 2) == []
         assert ctl.agents.held("s1") == {("p", LARGE)}
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_a_model_the_server_lost_is_loaded_again_and_serves() -> None:
@@ -163,7 +166,7 @@ def test_a_model_the_server_lost_is_loaded_again_and_serves() -> None:
         record = ctl.store.app("p")
         assert record.replica("s1", LARGE).state is ModelState.READY
         assert record.serving == ("s1", LARGE)
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_a_load_left_recorded_loading_with_nothing_sending_it_is_sent_again() -> None:
@@ -177,7 +180,7 @@ def test_a_load_left_recorded_loading_with_nothing_sending_it_is_sent_again() ->
         assert repaired == [Finding(Discrepancy.STALE_LOAD, "s3", "p", SMALL)]
         assert ctl.agents.held("s3") == {("p", SMALL)}
         assert ctl.store.app("p").replica("s3", SMALL).state is ModelState.READY
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_a_load_under_way_is_left_alone() -> None:
@@ -197,7 +200,7 @@ def test_a_load_under_way_is_left_alone() -> None:
         await ctl.agents.complete_load("s3", "p", SMALL)
         await ctl.executor.idle()
         assert await ticks(ctl, reconciler, 2) == []
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_a_server_being_revived_is_not_checked() -> None:
@@ -209,7 +212,7 @@ def test_a_server_being_revived_is_not_checked() -> None:
         assert await ticks(ctl, reconciler, 3) == []
         ctl.returns._reviving.discard("s2")
         assert len(await ticks(ctl, reconciler, 2)) == 1
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def degraded(home: str = "s1", **spec: Any) -> Any:
@@ -239,7 +242,7 @@ def test_a_degraded_app_whose_home_is_down_gets_the_best_target_that_fits() -> N
         assert repairs_counted(reconciler, "upgrade") == 1
         # Nothing more to do, and the next look costs no snapshot (records unchanged).
         assert not await reconciler.improve_degraded()
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_an_upgrade_honours_the_pin_and_the_room() -> None:
@@ -256,7 +259,7 @@ def test_an_upgrade_honours_the_pin_and_the_room() -> None:
         record = ctl.store.app("p")
         assert record.serving == ("s2", MEDIUM)
         assert {r.server_id for r in record.replicas} == {"s2"}
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_no_upgrade_while_the_home_is_up_or_something_is_in_flight() -> None:
@@ -269,7 +272,7 @@ def test_no_upgrade_while_the_home_is_up_or_something_is_in_flight() -> None:
         release()
         assert await reconciler.improve_degraded()
         await ctl.executor.idle()
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_a_failed_server_still_serving_an_app_has_its_failover_resumed() -> None:
@@ -290,7 +293,7 @@ def test_a_failed_server_still_serving_an_app_has_its_failover_resumed() -> None
         await ctl.lifecycle.watchdog_pass(failback=False)
         await ctl.executor.idle()
         assert len(ctl.agents.commands("load")) == loads
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_looking_for_upgrades_keeps_the_snapshot_cache_of_the_shared_records() -> None:
@@ -307,4 +310,4 @@ def test_looking_for_upgrades_keeps_the_snapshot_cache_of_the_shared_records() -
         # failover rebuild every app's part.
         view = await ctl.store.view()
         assert snapshots._cache.parts["q"].record is view.apps["q"]
-    run(body)
+    run(body, SCENARIO_LIMIT_S)

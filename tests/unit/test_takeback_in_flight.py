@@ -33,6 +33,9 @@ from tests.unit.controller_harness import (
 from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
+SCENARIO_LIMIT_S = 8.0
+"""How long one scenario here may run before it fails rather than hangs."""
+
 SERVES = ("serving", "upgraded", "failback")
 """Event kinds that make a replica the app's primary."""
 
@@ -120,7 +123,7 @@ def test_home_heard_while_the_interim_still_loads_takes_the_app_back_home() -> N
         assert_settled_on(ctl, "s1", LARGE, revived_at)
         assert ctl.agents.find("load", "s2", "p", LARGE) is None  # never sent
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_home_heard_while_the_interim_serves_and_the_target_loads() -> None:
@@ -136,7 +139,7 @@ def test_home_heard_while_the_interim_serves_and_the_target_loads() -> None:
         await settle(ctl, failover)
         assert_settled_on(ctl, "s1", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_home_heard_after_the_target_loaded_and_before_the_interim_was_unloaded() -> None:
@@ -153,7 +156,7 @@ def test_home_heard_after_the_target_loaded_and_before_the_interim_was_unloaded(
         await settle(ctl, failover)
         assert_settled_on(ctl, "s1", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 # --- the server of a recovery is heard from again ----------------------------------------
@@ -200,7 +203,7 @@ def test_tight_recovery_server_heard_while_its_target_loads_keeps_the_target() -
         assert ("unload", "s2", LARGE) not in [
             (e.what, e.server_id, e.variant) for e in ctl.agents.commands("unload")]
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_recovery_server_heard_while_its_target_loads_keeps_it_over_a_new_recovery() -> None:
@@ -217,7 +220,7 @@ def test_recovery_server_heard_while_its_target_loads_keeps_it_over_a_new_recove
         await settle(ctl, first, second)
         assert_settled_on(ctl, "s2", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_recovery_server_heard_after_its_target_loaded_serves_that_target() -> None:
@@ -234,7 +237,7 @@ def test_recovery_server_heard_after_its_target_loaded_serves_that_target() -> N
         await settle(ctl, first, second)
         assert_settled_on(ctl, "s2", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_tight_recovery_server_holding_only_its_interim_loads_the_target_again() -> None:
@@ -252,7 +255,7 @@ def test_tight_recovery_server_holding_only_its_interim_loads_the_target_again()
         await settle(ctl, first, second)
         assert_settled_on(ctl, "s2", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_tight_recovery_server_heard_while_its_interim_loads_loads_the_target_too() -> None:
@@ -267,7 +270,7 @@ def test_tight_recovery_server_heard_while_its_interim_loads_loads_the_target_to
         await settle(ctl, first, second)
         assert_settled_on(ctl, "s2", LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
 
 
 def test_recovery_server_heard_while_its_interim_loads_ends_on_a_target() -> None:
@@ -282,4 +285,4 @@ def test_recovery_server_heard_while_its_interim_loads_ends_on_a_target() -> Non
         assert serving is not None and serving[1] == LARGE
         assert_settled_on(ctl, serving[0], LARGE, revived_at)
 
-    run(body)
+    run(body, SCENARIO_LIMIT_S)
