@@ -364,18 +364,28 @@ class Failovers:
                 cause = {a: s for a, s in snapshot_primaries.items() if s in batch}
                 cold = decide_cold_batch(
                     apps, plan, {s: f.detected_at for s, f in batch.items()}, cause,
-                    self.families, self.clock.time())
+                    self.families, self.clock.time(), fresh)
                 await self.executor.commit(cold)
             break
-        for recovery in list(plan.recoveries) + list(plan.unrecoverable):
-            failure = batch.get(cause.get(recovery.app_id, ""))
-            if failure is not None:
-                failure.recovered.add(recovery.app_id)
+        late = [e for e in cold.events if e.kind == "warm_switch"]
+        late_ids = {e.app_id for e in late}
+        for app_id, recovery in cold.recoveries.items():
+            failure = batch.get(recovery.failed_server)
+            if failure is not None and (app_id in cause or app_id in late_ids):
+                failure.recovered.add(app_id)
+        now = self.clock.time()
+        for event in late:
+            self.metrics.failovers.labels("warm").inc()
+            self.metrics.mttr.labels("warm").observe(now - (event.failure_at or now))
+        if late:
+            logger.warning("failover of %s: %d late warm switches (%s): their backups were "
+                           "written after the switch read them", _names(batch), len(late),
+                           ", ".join(e.app_id for e in late))
         self.metrics.failovers.labels("progressive").inc(len(plan.recoveries))
         self.metrics.failovers.labels("unrecoverable").inc(len(plan.unrecoverable))
         logger.info("failover of %s planned in %.1f ms (%d servers, %d progressive, "
-                    "%d unrecoverable)", _names(batch), planned_ms, len(batch),
-                    len(plan.recoveries), len(plan.unrecoverable))
+                    "%d unrecoverable, %d late warm switches)", _names(batch), planned_ms,
+                    len(batch), len(plan.recoveries), len(plan.unrecoverable), len(late))
         return cold, plan
 
     async def _plan(self, view: RecordsView, failed: list[str]

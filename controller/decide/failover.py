@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from controller.decide.decision import Decision, Recovery, accuracy_of, event_for
+from controller.decide.decision import Decision, Recovery, accuracy_of, event_for, status_of
 from controller.records import (
     AppRecord,
     AppStatus,
@@ -46,21 +46,31 @@ def decide_server_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, Se
     recoveries: dict[str, Recovery] = {}
     for switch in switches:
         record = apps[switch.app_id]
-        replica = record.replica(switch.server_id, switch.variant)
-        if replica is None:
+        recovery = Recovery(detected_at, server_id, notified=True)
+        event = _switch_to_backup(record, switch, recovery, servers, now)
+        if event is None:
             continue
-        replica.role = Role.PRIMARY
-        record.serving = replica.key
-        record.status = (AppStatus.SERVING if record.home and replica.variant == record.home[1]
-                         else AppStatus.DEGRADED)
-        recovery = recoveries[record.app_id] = Recovery(detected_at, server_id, notified=True)
-        events.append(event_for(record, "warm_switch", replica, f"server {server_id} failed",
-                                servers, recovery, now))
+        recoveries[record.app_id] = recovery
+        events.append(event)
         switched.append(record)
     return Decision(apps=tuple(switched), servers=(server,), events=tuple(events),
                     intent={"kind": FAILOVER, "server_id": server_id, "reason": reason},
                     recoveries=recoveries,
                     notes=(f"failover of {server_id}: {len(switched)} warm switches",))
+
+
+def _switch_to_backup(record: AppRecord, switch: WarmSwitch, recovery: Recovery,
+                      servers: Mapping[str, ServerRecord], now: float) -> Event | None:
+    """Promote the app's warm backup named by ``switch``; its event (None: no such backup)."""
+    replica = record.replica(switch.server_id, switch.variant)
+    if replica is None:
+        return None
+    replica.role = Role.PRIMARY
+    record.serving = replica.key
+    record.status = (AppStatus.SERVING if record.home and replica.variant == record.home[1]
+                     else AppStatus.DEGRADED)
+    return event_for(record, "warm_switch", replica, f"server {recovery.failed_server} failed",
+                     servers, recovery, now)
 
 
 def decide_servers_failed(apps: Mapping[str, AppRecord], servers: Mapping[str, ServerRecord],
@@ -146,12 +156,20 @@ def _may_hold(record: AppRecord, server_id: str, site_of: Mapping[str, str]) -> 
 
 def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
                       failures: Mapping[str, float], cause: Mapping[str, str],
-                      families: Mapping[str, Family], now: float) -> Decision:
+                      families: Mapping[str, Family], now: float,
+                      servers: Mapping[str, ServerRecord] | None = None) -> Decision:
     """The cold part of one plan for several failed servers, applied to the records.
 
     ``failures``: each failed server's detection time; ``cause``: the server whose failure
     affected each app (default: the first of ``failures``). ``apps`` must hold every app the
-    plan names and every app with a replica on a failed server.
+    plan names and every app with a replica on a failed server; ``servers`` gives the
+    endpoints of late warm switches' events.
+
+    A warm switch of the plan whose app is still served from a failed server is made here (a
+    late switch): its backup was written after the switch read the app (a warm re-plan
+    committing app by app), so the switch left the app where it was and the plan, seeing
+    the backup, counted it switched. Without this the app would be dropped with the failed
+    server's replicas.
     """
     first = next(iter(failures))
 
@@ -161,6 +179,19 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
 
     changed: set[str] = set()
     recoveries: dict[str, Recovery] = {}
+    events: list[Event] = []
+    for switch in plan.warm_switches:
+        record = apps.get(switch.app_id)
+        if record is None or record.serving is None or record.serving[0] not in failures:
+            continue  # switched already (the usual case), or deleted
+        failed_server = record.serving[0]
+        late = Recovery(failures[failed_server], failed_server, notified=True)
+        event = _switch_to_backup(record, switch, late, servers or {}, now)
+        if event is not None:
+            recoveries[record.app_id] = late
+            events.append(event)
+            changed.add(record.app_id)
+    late_switches = len(events)
     preempted = _preempt(plan, apps)
     changed |= preempted
     for recovery in plan.recoveries:
@@ -183,7 +214,6 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
             interim.role = Role.UPGRADE  # one load that serves as the final target
         recoveries[record.app_id] = recovery_of(record.app_id)
         changed.add(record.app_id)
-    lost: list[Event] = []
     for unrecoverable in plan.unrecoverable:
         record = apps.get(unrecoverable.app_id)
         if record is None:
@@ -192,19 +222,19 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
         record.status = AppStatus.UNAVAILABLE
         record.reason = unrecoverable.reason
         given_up = recoveries[record.app_id] = recovery_of(record.app_id)
-        lost.append(event_for(record, "unrecoverable", None, unrecoverable.reason, {},
-                              given_up, now))
+        events.append(event_for(record, "unrecoverable", None, unrecoverable.reason, {},
+                                given_up, now))
         changed.add(record.app_id)
     for server_id in failures:
         changed |= forget_replicas_on(server_id, apps)
     notes = (f"failover of {'+'.join(failures)}: {len(plan.recoveries)} progressive, "
-             f"{len(plan.unrecoverable)} unrecoverable, {len(preempted)} warm backups "
-             f"preempted ({len(plan.deferred_preemptions)} once the interims serve)",
-             ) + plan.notes
-    # The plan's "switch" stage was applied by decide_server_failed, as records and events (a
-    # warm backup is loaded: promoting it needs no agent); the rest is what remains to do.
+             f"{len(plan.unrecoverable)} unrecoverable, {late_switches} late warm switches, "
+             f"{len(preempted)} warm backups preempted ({len(plan.deferred_preemptions)} once "
+             f"the interims serve)",) + plan.notes
+    # The plan's "switch" stage was applied by decide_server_failed (or above), as records and
+    # events (promoting a warm backup needs no agent); the rest is what remains to do.
     stages = tuple(stage for stage in plan.stages() if stage.name != "switch")
-    return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(lost),
+    return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(events),
                     stages=stages, recoveries=recoveries, notes=notes)
 
 
@@ -231,7 +261,14 @@ def forget_replicas_on(server_id: str, apps: Mapping[str, AppRecord]) -> set[str
         before = len(record.replicas)
         record.replicas = [r for r in record.replicas if r.server_id != server_id]
         if record.serving and record.serving[0] == server_id:
+            # Neither switched nor recovered by the plan (placed there while it was made):
+            # the convergence pass places it; until then its record says so.
             record.serving = None
+            record.status = status_of(record, None, loading=any(
+                r.state is ModelState.LOADING and r.role is not Role.INSTANCE
+                and r.role is not Role.PARITY for r in record.replicas))
+            record.reason = f"server {server_id} failed"
+            changed.add(record.app_id)
         if len(record.replicas) != before:
             changed.add(record.app_id)
     return changed

@@ -328,6 +328,8 @@ def test_forget_replicas_on_drops_the_server_and_keeps_home() -> None:
     assert forget_replicas_on("s1", apps) == {"a"}
     assert (keys(apps["a"].replicas), apps["a"].serving, apps["a"].home) == (
         [("s2", SMALL)], None, ("s1", LARGE))
+    # nothing the plan did serves it: its record says so (the convergence pass places it)
+    assert (apps["a"].status, apps["a"].reason) == (AppStatus.UNAVAILABLE, "server s1 failed")
     assert keys(apps["b"].replicas) == [("s3", LARGE)]
 
 

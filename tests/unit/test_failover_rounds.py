@@ -93,6 +93,29 @@ def test_decide_cold_batch_names_each_apps_own_failed_server() -> None:
     assert apps["p2"].status is AppStatus.UNAVAILABLE
 
 
+def test_decide_cold_batch_makes_the_plans_warm_switches_the_switch_missed() -> None:
+    apps = {
+        # switched by the switch: serving from its backup already
+        "done": app_record("done", [replica("s2", SMALL)], serving=("s2", SMALL)),
+        # its backup was written after the switch read it: still served from the failed server
+        "late": app_record("late", [replica("s1", LARGE), replica("s3", SMALL, Role.WARM)],
+                           serving=("s1", LARGE)),
+    }
+    plan = FailoverPlan(failed_servers=frozenset({"s1"}),
+                        warm_switches=(WarmSwitch("done", "s2", SMALL),
+                                       WarmSwitch("late", "s3", SMALL)),
+                        recoveries=(), unrecoverable=())
+    decision = decide_cold_batch(apps, plan, {"s1": 10.0}, {"late": "s1"}, families(), 12.0)
+    assert apps["late"].serving == ("s3", SMALL)
+    assert apps["late"].replicas[0].role is Role.PRIMARY  # the s1 replica is forgotten
+    assert apps["done"].serving == ("s2", SMALL)
+    assert [(e.kind, e.app_id, e.failed_server, e.failure_at) for e in decision.events] == [
+        ("warm_switch", "late", "s1", 10.0)]
+    assert set(decision.recoveries) == {"late"}
+    assert [a.app_id for a in decision.apps] == ["late"]
+    assert not any(stage.name == "switch" for stage in decision.stages)
+
+
 def test_decide_cold_batch_skips_an_app_deleted_while_the_plan_was_made() -> None:
     plan = FailoverPlan(failed_servers=frozenset({"s1"}), warm_switches=(),
                         recoveries=(ProgressiveRecovery("gone", "s3", SMALL, LARGE),),
@@ -154,6 +177,38 @@ def test_the_warm_switch_does_not_wait_for_the_planning_lock() -> None:
         assert ctl.store.app("p1").serving[0] in ("s2", "s3", "s4")
 
     run(body)
+
+
+def test_a_backup_written_after_the_switch_read_its_app_is_switched_to_in_the_cold_round(
+        caplog: Any) -> None:
+    # A warm re-plan commits app by app under each app's lock: it can write p1's first backup
+    # just after the switch read p1 (no backup: not switched). The cold round's plan sees the
+    # backup and counts p1 as switched; the round must make that switch, not drop p1.
+    async def body() -> Controller:
+        ctl = new_cluster(two_server_apps())
+        ctl.agents.disconnect("s1")
+        async with ctl.executor.locks.plan:
+            failover = asyncio.ensure_future(
+                ctl.lifecycle.fail_server("s1", "heartbeats missed", ctl.clock.time()))
+            await ctl.agents.timeline.until(lambda: ("warm_switch", "c1") in ctl.sink.kinds())
+            record = ctl.store.app("p1")
+            assert record.serving == ("s1", MEDIUM)  # not switched: it had no backup
+            record.put_replica(replica("s4", SMALL, Role.WARM))
+            ctl.store.put_app_now(record)
+            ctl.agents.connect("s4", [("p1", SMALL)])
+        await failover
+        return ctl
+
+    caplog.set_level("INFO", logger="controller.failover")
+    ctl = run(body)
+    record = ctl.store.app("p1")
+    assert record.serving == ("s4", SMALL), record
+    assert record.status is AppStatus.DEGRADED
+    assert ("warm_switch", "p1") in ctl.sink.kinds("p1")
+    switch = next(e for e in ctl.sink.delivered if e.app_id == "p1" and e.kind == "warm_switch")
+    assert switch.failed_server == "s1" and switch.endpoint is not None
+    assert not [c for c in ctl.agents.commands("load") if c.app_id == "p1"]  # no cold load
+    assert any("1 late warm switches (p1)" in r.getMessage() for r in caplog.records)
 
 
 def test_servers_failing_together_share_one_cold_round(caplog: Any) -> None:
