@@ -8,6 +8,13 @@ TYPED := policies scheduling gateway controller agent stateful parity sim unders
 
 .PHONY: venv test test-fast lint demo plan-demo bench bench-live clean distclean
 
+# Python writes each module's bytecode once, on its first import, even where the environment
+# says not to (PYTHONDONTWRITEBYTECODE): otherwise every process compiles what it imports
+# afresh (torch alone takes seconds), and a test run starts hundreds (agents, their runtimes,
+# controllers, gateways, clients). pip installs without compiling (--no-compile): only the
+# modules something imports are compiled, then read from __pycache__ by every later process.
+unexport PYTHONDONTWRITEBYTECODE
+
 # The virtual environment, (re)installed whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
