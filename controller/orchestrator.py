@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 
 from controller.decide.apps import decide_delete, decide_place_many, needs_placement
 from controller.decide.decision import Decision, event_for
+from controller.decide.failover import decide_outage_recovery
 from controller.errors import (
     ConflictError,
     InvalidBatchError,
@@ -196,14 +197,55 @@ class Orchestrator:
         return decision if decision.stages else None
 
     async def place_unplaced(self) -> None:
-        """Place every app left with nothing serving and nothing loading, in one round."""
+        """Place every app left with nothing serving and nothing loading, in one round.
+
+        An app that never served gets its primary variant (:meth:`place`); one in an outage
+        (it served before) is recovered as a failover recovers it (:meth:`recover`): the
+        smallest variant that fits at once, warm backups of healthy apps preempted if that
+        lets it serve, its own variant once there is room.
+        """
         view = await self.store.view()
         todo = [a for a, record in view.apps.items() if needs_placement(record)]
-        if not todo:
-            return
-        decision = await self.place(todo)
-        if decision is not None:
-            self.executor.spawn(self.executor.act(decision), f"placing {len(todo)} apps")
+        outages = [a for a in todo if view.apps[a].home is not None]
+        new = [a for a in todo if view.apps[a].home is None]
+        for app_ids, step, what in ((new, self.place, "placing"),
+                                    (outages, self.recover, "recovering")):
+            if not app_ids:
+                continue
+            decision = await step(app_ids)
+            if decision is not None:
+                self.executor.spawn(self.executor.act(decision),
+                                    f"{what} {len(app_ids)} apps")
+
+    async def recover(self, app_ids: Sequence[str]) -> Decision | None:
+        """Decide and write the policy's recovery of apps in an outage (``plan_recovery``).
+
+        Planned under the planning lock on one snapshot, then committed under the locks of
+        the apps it touches (theirs and those of the warm backups it preempts), as a
+        failover's cold round is; an app that got something serving or loading meanwhile is
+        left out. Returns the decision to act on (None when there is no load or unload).
+        """
+        ex = self.executor
+        async with ex.locks.plan:
+            snapshot, records, _ = await self.snapshot()
+            wanted = [a for a in app_ids if a in snapshot.app_by_id and a in records
+                      and needs_placement(records[a])]
+            if not wanted:
+                return None
+            plan = self.policy().plan_recovery(snapshot, wanted)
+            touched = set(wanted) | {p.app_id for p in plan.preempted}
+            async with ex.locks.apps(touched):
+                apps = {a: r for a in sorted(touched)
+                        if (r := await self.store.get_app(a)) is not None}
+                still = {a for a in wanted if a in apps and needs_placement(apps[a])}
+                if still != set(wanted):  # changed while planned: plan again next pass
+                    return None
+                decision = decide_outage_recovery(apps, plan, self.families,
+                                                  self.clock.time())
+                if decision is None:
+                    return None
+                await ex.commit(decision)
+        return decision if decision.stages else None
 
     async def get(self, app_id: str) -> AppRecord:
         """One app record; NotFoundError when unknown."""

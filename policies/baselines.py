@@ -190,6 +190,17 @@ class FullSizeWarm:
         unrecoverable = tuple(Unrecoverable(a, "no warm backup") for a in cold)
         return FailoverPlan(failed, switches, (), unrecoverable)
 
+    def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
+        """Full-size loads where they fit (the placement any app without a primary gets)."""
+        return _recover_full_size(snapshot, app_ids, seed=0)
+
+
+def _recover_full_size(snapshot: ClusterSnapshot, app_ids: Sequence[str],
+                       seed: int) -> FailoverPlan:
+    """Full-size cold loads for apps in an outage (``FailoverPolicy.plan_recovery``)."""
+    recoveries, unrecoverable = _cold_full_size(snapshot, app_ids, seed)
+    return FailoverPlan(frozenset(), (), recoveries, unrecoverable)
+
 
 def _warm_then_cold_full_size(snapshot: ClusterSnapshot, failed_servers: Iterable[str],
                               seed: int) -> FailoverPlan:
@@ -219,6 +230,9 @@ class FullSizeCold:
                       failed_servers: Iterable[str]) -> FailoverPlan:
         return _warm_then_cold_full_size(snapshot, failed_servers, self.seed)
 
+    def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
+        return _recover_full_size(snapshot, app_ids, self.seed)
+
 
 @dataclass(frozen=True, slots=True)
 class FullSizeWarmK:
@@ -240,3 +254,6 @@ class FullSizeWarmK:
     def plan_failover(self, snapshot: ClusterSnapshot,
                       failed_servers: Iterable[str]) -> FailoverPlan:
         return _warm_then_cold_full_size(snapshot, failed_servers, self.seed)
+
+    def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
+        return _recover_full_size(snapshot, app_ids, self.seed)

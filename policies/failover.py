@@ -7,11 +7,11 @@ live warm backup where one exists and progressive cold recovery (Algorithm 1) fo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
-from policies.actions import FailoverPlan, ProgressivePlan, WarmPlan, WarmSwitch
+from policies.actions import FailoverPlan, WarmPlan, WarmSwitch
 from policies.config import ProgressiveConfig, WarmPlanConfig
 from policies.errors import InvalidInputError, UnknownReferenceError
 from policies.model import ClusterSnapshot, Placement, Role
@@ -130,21 +130,33 @@ class UnderstudyPolicy:
         """
         failed = resolve_failed_servers(snapshot, failed_servers)
         after, switches, cold = split_affected(snapshot, failed)
-        preempted: tuple[Placement, ...] = ()
-        if cold:
-            progressive = plan_progressive(after, cold, self.progressive)
-            notes: tuple[str, ...] = (f"demand ratio {progressive.demand_ratio:.3f}",)
-            if self.progressive.preempt_warm:
-                progressive, preempted = replan_preempting(after, cold, self.progressive,
-                                                           progressive)
-                if preempted:
-                    notes += (f"preempted {len(preempted)} warm backups of healthy apps",)
-        else:
-            progressive = ProgressivePlan(recoveries=(), unrecoverable=())
-            notes = ()
+        cold_plan = self.plan_recovery(after, cold)
         return FailoverPlan(failed_servers=failed, warm_switches=switches,
-                            recoveries=interims_shortest_first(after, progressive.recoveries),
+                            recoveries=cold_plan.recoveries,
+                            unrecoverable=cold_plan.unrecoverable, notes=cold_plan.notes,
+                            preempted=cold_plan.preempted,
+                            deferred_preemptions=cold_plan.deferred_preemptions)
+
+    def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
+        """Algorithm 1 for ``app_ids`` on the live servers' free capacity, preempting as above.
+
+        The cold half of :meth:`plan_failover`, also asked for the apps an outage left with
+        nothing serving once a failover round is over (``policy.FailoverPolicy``).
+        """
+        preempted: tuple[Placement, ...] = ()
+        if not app_ids:
+            return FailoverPlan(failed_servers=frozenset(), warm_switches=(), recoveries=(),
+                                unrecoverable=())
+        progressive = plan_progressive(snapshot, app_ids, self.progressive)
+        notes: tuple[str, ...] = (f"demand ratio {progressive.demand_ratio:.3f}",)
+        if self.progressive.preempt_warm:
+            progressive, preempted = replan_preempting(snapshot, app_ids, self.progressive,
+                                                       progressive)
+            if preempted:
+                notes += (f"preempted {len(preempted)} warm backups of healthy apps",)
+        return FailoverPlan(failed_servers=frozenset(), warm_switches=(),
+                            recoveries=interims_shortest_first(snapshot, progressive.recoveries),
                             unrecoverable=progressive.unrecoverable, notes=notes,
                             preempted=preempted,
                             deferred_preemptions=deferrable_preemptions(
-                                after, progressive.recoveries, preempted))
+                                snapshot, progressive.recoveries, preempted))

@@ -7,7 +7,7 @@ policy and get the same decisions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from policies.actions import FailoverPlan, WarmPlan
@@ -38,5 +38,15 @@ class FailoverPolicy(Protocol):
         ``snapshot`` is the state just before the failure (primaries, warm backups, maybe
         interim replicas); ``failed_servers`` are the servers that just failed. Unknown server
         ids raise ``policies.errors.UnknownReferenceError``.
+        """
+        ...
+
+    def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
+        """Bring back ``app_ids``: apps in an outage that nothing serves or loads.
+
+        No server fails here: these are apps a failover left unrecoverable, or that lost their
+        server outside a failover round, found by the controller's convergence pass once
+        room may have appeared. The plan has recoveries and unrecoverable apps (and the warm
+        backups preempted for them), no warm switches and no failed servers.
         """
         ...

@@ -194,26 +194,9 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
     late_switches = len(events)
     preempted = _preempt(plan, apps)
     changed |= preempted
-    for recovery in plan.recoveries:
-        record = apps.get(recovery.app_id)
-        if record is None:  # deleted while the plan was made
-            continue
-        record.serving = None
-        record.status = AppStatus.RECOVERING
-        family = record.spec.family
-        interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
-                          role=Role.INTERIM,
-                          accuracy=accuracy_of(families, family, recovery.interim_variant))
-        record.put_replica(interim)
-        if recovery.target_variant != recovery.interim_variant:
-            record.put_replica(Replica(
-                server_id=recovery.server_id, variant=recovery.target_variant,
-                role=Role.UPGRADE,
-                accuracy=accuracy_of(families, family, recovery.target_variant)))
-        else:
-            interim.role = Role.UPGRADE  # one load that serves as the final target
-        recoveries[record.app_id] = recovery_of(record.app_id)
-        changed.add(record.app_id)
+    for app_id in _start_recoveries(plan, apps, families):
+        recoveries[app_id] = recovery_of(app_id)
+        changed.add(app_id)
     for unrecoverable in plan.unrecoverable:
         record = apps.get(unrecoverable.app_id)
         if record is None:
@@ -236,6 +219,62 @@ def decide_cold_batch(apps: Mapping[str, AppRecord], plan: FailoverPlan,
     stages = tuple(stage for stage in plan.stages() if stage.name != "switch")
     return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(events),
                     stages=stages, recoveries=recoveries, notes=notes)
+
+
+def decide_outage_recovery(apps: Mapping[str, AppRecord], plan: FailoverPlan,
+                           families: Mapping[str, Family], now: float) -> Decision | None:
+    """The policy's plan for apps in an outage outside a failover (``plan_recovery``).
+
+    ``apps`` holds the apps the plan names and those whose warm backups it preempts. The
+    recovered apps get their interim and target replicas as in a failover's cold round; an
+    app still without room is recorded unavailable with the reason, and told once: the
+    convergence pass asks again on every change of the records, and an unchanged verdict
+    writes nothing (None when nothing changes).
+    """
+    changed = _preempt(plan, apps) | _start_recoveries(plan, apps, families)
+    events: list[Event] = []
+    for unrecoverable in plan.unrecoverable:
+        record = apps.get(unrecoverable.app_id)
+        if record is None or (record.status is AppStatus.UNAVAILABLE
+                              and record.reason == unrecoverable.reason):
+            continue
+        record.status, record.reason = AppStatus.UNAVAILABLE, unrecoverable.reason
+        events.append(event_for(record, "unplaced", None, unrecoverable.reason, {}, None, now))
+        changed.add(record.app_id)
+    if not changed:
+        return None
+    notes = (f"outage recovery: {len(plan.recoveries)} progressive, "
+             f"{len(plan.unrecoverable)} without room, {len(plan.preempted)} warm backups "
+             f"preempted",) + plan.notes
+    return Decision(apps=tuple(apps[a] for a in sorted(changed)), events=tuple(events),
+                    stages=plan.stages(), notes=notes)
+
+
+def _start_recoveries(plan: FailoverPlan, apps: Mapping[str, AppRecord],
+                      families: Mapping[str, Family]) -> set[str]:
+    """Put each recovery's interim (and target) replica on its record; returns the apps."""
+    started = set()
+    for recovery in plan.recoveries:
+        record = apps.get(recovery.app_id)
+        if record is None:  # deleted while the plan was made
+            continue
+        record.serving = None
+        record.status = AppStatus.RECOVERING
+        record.reason = ""
+        family = record.spec.family
+        interim = Replica(server_id=recovery.server_id, variant=recovery.interim_variant,
+                          role=Role.INTERIM,
+                          accuracy=accuracy_of(families, family, recovery.interim_variant))
+        record.put_replica(interim)
+        if recovery.target_variant != recovery.interim_variant:
+            record.put_replica(Replica(
+                server_id=recovery.server_id, variant=recovery.target_variant,
+                role=Role.UPGRADE,
+                accuracy=accuracy_of(families, family, recovery.target_variant)))
+        else:
+            interim.role = Role.UPGRADE  # one load that serves as the final target
+        started.add(record.app_id)
+    return started
 
 
 def _preempt(plan: FailoverPlan, apps: Mapping[str, AppRecord]) -> set[str]:

@@ -432,3 +432,47 @@ def test_understudy_end_to_end_recovers_each_affected_app_once(failed: list[str]
     assert all(s.server_id not in failed for s in plan.warm_switches)
     assert all(r.server_id not in failed for r in plan.recoveries)
     apply_failover(snapshot, plan)
+
+
+# --- plan_recovery: apps in an outage, outside a failover --------------------------------------
+
+
+def outage_cluster() -> ClusterSnapshot:
+    """A and B full: h1 and h2 serve large, h1's small warm backup fills B; o has no replica."""
+    servers = (make_server("A", 400, site="s1"), make_server("B", 500, site="s1"))
+    apps = (make_app("h1", FAM, critical=True), make_app("h2", FAM),
+            make_app("o", FAM, critical=True))
+    return snap([FAM], servers, apps, [warm("h1", "B", "fam-s")],
+                primaries={"h1": "A", "h2": "B"})
+
+
+def test_plan_recovery_preempts_a_healthy_apps_backup_for_an_app_in_an_outage() -> None:
+    snapshot = outage_cluster()
+    plan = UnderstudyPolicy(progressive=ProgressiveConfig(preempt_warm=True)).plan_recovery(
+        snapshot, ["o"])
+    assert plan.failed_servers == frozenset() and plan.warm_switches == ()
+    assert plan.recoveries == (ProgressiveRecovery("o", "B", "fam-s", "fam-s"),)
+    assert plan.preempted == (warm("h1", "B", "fam-s"),) and plan.unrecoverable == ()
+    # without preemption (the controller's preempt_warm off) it stays down, with a reason
+    kept = UnderstudyPolicy().plan_recovery(snapshot, ["o"])
+    assert kept.recoveries == () and kept.preempted == ()
+    assert [u.app_id for u in kept.unrecoverable] == ["o"] and kept.unrecoverable[0].reason
+
+
+def test_plan_recovery_starts_small_where_the_apps_own_variant_does_not_fit() -> None:
+    servers = (make_server("A", 500, site="s1"),)
+    apps = (make_app("h", FAM), make_app("o", FAM))
+    snapshot = snap([FAM], servers, apps, primaries={"h": "A"})  # 100 MB free
+    plan = UnderstudyPolicy().plan_recovery(snapshot, ["o"])
+    assert plan.recoveries == (ProgressiveRecovery("o", "A", "fam-s", "fam-s"),)
+    # the full-size baselines place the app's own variant or nothing
+    for baseline in (FullSizeWarm(), FullSizeCold(), FullSizeWarmK()):
+        full = baseline.plan_recovery(snapshot, ["o"])
+        assert full.recoveries == () and [u.app_id for u in full.unrecoverable] == ["o"]
+    roomy = snap([FAM], (make_server("A", 1000, site="s1"),), apps, primaries={"h": "A"})
+    for policy in ALL_POLICIES:  # the app's own variant once there is room (Understudy:
+        interim = "fam-s" if policy.name == "understudy" else "fam-l"  # serving small first)
+        assert policy.plan_recovery(roomy, ["o"]).recoveries == (
+            ProgressiveRecovery("o", "A", interim, "fam-l"),), policy.name
+    assert UnderstudyPolicy().plan_recovery(roomy, []) == FailoverPlan(
+        failed_servers=frozenset(), warm_switches=(), recoveries=(), unrecoverable=())

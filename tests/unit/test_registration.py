@@ -8,7 +8,15 @@ import pytest
 
 from controller.errors import InvalidBatchError
 from controller.records import AppSpec, AppStatus
-from tests.unit.controller_harness import LARGE, Controller, new_cluster
+from policies.model import Role
+from tests.unit.controller_harness import (
+    LARGE,
+    SMALL,
+    Controller,
+    app_record,
+    new_cluster,
+    replica,
+)
 from tests.unit.scenario import run
 from understudy.wire.protocol import ModelState
 
@@ -118,3 +126,80 @@ def test_the_convergence_pass_places_what_found_no_room_and_idles_while_nothing_
     assert [r.state for r in record.replicas] == [ModelState.READY]
     # It served nowhere and found no room before: its load ends an outage.
     assert [e.urgent for e in ctl.agents.commands("load") if e.app_id == placed_late] == [True]
+
+
+def outage_cluster() -> Controller:
+    """Four servers of 500 MB, each serving one 400 MB app; h1's 100 MB backup fills s2.
+
+    ``o`` served before (its home is s1's large variant) and is left with nothing, as a
+    failover that found no room leaves an app.
+    """
+    healthy = [app_record(f"h{i}", [replica(f"s{i}", LARGE)], serving=(f"s{i}", LARGE),
+                          critical=i == 1) for i in range(1, 5)]
+    healthy[0].replicas.append(replica("s2", SMALL, Role.WARM))
+    down = app_record("o", [], serving=None, home=("s1", LARGE), critical=True,
+                      status=AppStatus.UNAVAILABLE)
+    down.reason = "no live server has room"
+    return new_cluster([*healthy, down], memory_mb=500.0, auto_load=True)
+
+
+def test_the_convergence_pass_recovers_an_app_in_an_outage_small_first() -> None:
+    async def body() -> Controller:
+        ctl = outage_cluster()
+        await ctl.orchestrator.converge_pass(None)
+        await ctl.executor.idle()
+        return ctl
+
+    ctl = run(body)
+    record = ctl.store.app("o")
+    # 100 MB free on s1, s3 and s4: its small variant serves (the large one fits nowhere)
+    assert record.serving is not None and record.serving[1] == SMALL, record
+    assert record.status is AppStatus.DEGRADED and record.home == ("s1", LARGE)
+    loads = [c for c in ctl.agents.commands("load") if c.app_id == "o"]
+    assert [(c.variant, c.urgent) for c in loads] == [(SMALL, True)]
+    assert [r.role for r in ctl.store.app("h1").replicas] == [Role.PRIMARY, Role.WARM]
+
+
+def test_the_convergence_pass_preempts_a_backup_for_an_app_in_an_outage() -> None:
+    async def body() -> Controller:
+        ctl = outage_cluster()
+        for server_id in ("s1", "s3", "s4"):  # a 100 MB app fills each other server
+            filler = app_record(f"x{server_id}", [replica(server_id, SMALL)],
+                                serving=(server_id, SMALL), variant=SMALL)
+            ctl.store.put_app_now(filler)
+            ctl.agents.connect(server_id, [(filler.app_id, SMALL)])
+        await ctl.orchestrator.converge_pass(None)
+        await ctl.executor.idle()
+        return ctl
+
+    ctl = run(body)
+    record = ctl.store.app("o")
+    assert record.serving == ("s2", SMALL), record  # where h1's backup was
+    assert [r.role for r in ctl.store.app("h1").replicas] == [Role.PRIMARY]
+    assert [c.app_id for c in ctl.agents.commands("unload")] == ["h1"]
+
+
+def test_an_app_in_an_outage_without_room_is_told_once_and_then_left_alone() -> None:
+    async def body() -> tuple[Controller, int, int]:
+        ctl = outage_cluster()
+        ctl.orchestrator.config = ctl.orchestrator.config.model_copy(
+            update={"preempt_warm": False})
+        for server_id in ("s1", "s3", "s4"):
+            filler = app_record(f"x{server_id}", [replica(server_id, SMALL)],
+                                serving=(server_id, SMALL), variant=SMALL)
+            ctl.store.put_app_now(filler)
+        revision = await ctl.orchestrator.converge_pass(None)
+        await ctl.executor.idle()
+        writes = ctl.store.writes
+        ctl.store.put_app_now(ctl.store.app("h3"))  # some unrelated write: another pass
+        await ctl.orchestrator.converge_pass(revision)
+        await ctl.executor.idle()
+        return ctl, writes, ctl.store.writes
+
+    ctl, writes_after_first, writes_after_second = run(body)
+    record = ctl.store.app("o")
+    assert record.serving is None and record.status is AppStatus.UNAVAILABLE
+    assert record.reason and record.reason != "no live server has room"  # the planner's why
+    assert ctl.sink.kinds("o") == [("unplaced", "o")]  # told once
+    assert writes_after_second == writes_after_first  # the same verdict writes nothing
+    assert not [c for c in ctl.agents.commands("load", "unload")]
