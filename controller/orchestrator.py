@@ -222,8 +222,9 @@ class Orchestrator:
 
         Planned under the planning lock on one snapshot, then committed under the locks of
         the apps it touches (theirs and those of the warm backups it preempts), as a
-        failover's cold round is; an app that got something serving or loading meanwhile is
-        left out. Returns the decision to act on (None when there is no load or unload).
+        failover's cold round is. When one of the apps got something serving or loading
+        meanwhile, nothing is written: that write changed the records, so the next pass plans
+        again. Returns the decision to act on (None when there is no load or unload).
         """
         ex = self.executor
         async with ex.locks.plan:
