@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateful.core.effects import (
     Compute,
@@ -27,8 +27,10 @@ from stateful.core.effects import (
     StartTimer,
     Update,
 )
-from stateful.host import ModelHost
 from stateful.transport import Transport
+
+if TYPE_CHECKING:  # torch, for the model hosts: a controller hosting no model never loads it
+    from stateful.host import ModelHost
 
 logger = logging.getLogger(__name__)
 

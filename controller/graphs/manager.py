@@ -63,7 +63,6 @@ from stateful.core.coordinator import initial_config
 from stateful.core.frontend import ClientRequest
 from stateful.graph import GraphSpec
 from stateful.messages import Payload
-from stateful.operators import check_kinds
 from understudy.wire.protocol import Hello, ReplicaExited, StopReplicaCommand
 
 logger = logging.getLogger(__name__)
@@ -246,6 +245,10 @@ class GraphManager:
                                                           "controller_url": self.controller_url}})
             operators.append(op)
         spec = GraphSpec.model_validate({**spec.model_dump(), "operators": operators})
+        # Imported here: the operators are torch modules, which a controller that never
+        # registers a graph need not import (a second of every start).
+        from stateful.operators import check_kinds
+
         check_kinds(spec)  # unknown kinds or a stateful flag that disagrees: 422
         return spec
 
