@@ -237,6 +237,10 @@ def test_orlojs_profile_refreshes_are_built_off_the_event_loop_and_installed_on_
         p = BatchPolicy(APP, BatchSettings("orloj", 8, "exec_us", 4), lambda app_id: 500.0,
                         events=events, refresher=refresher)
         await warm_up(p, model)
+        # the fake's own law: the warm-up's estimate of it moves with the machine's load, and
+        # the reported times are scaled back to solo times with it
+        assert p.profile is not None
+        p.profile = dataclasses.replace(p.profile, law=BatchLaw(slope=model.slope))
         orloj = p.scheduler
         assert isinstance(orloj, Orloj) and orloj.config.background_refresh
         first = orloj.planning
@@ -464,6 +468,9 @@ def test_latencies_are_measured_finer_than_uvloops_millisecond_loop_clock() -> N
         return p
 
     p = uvloop.run(asyncio.wait_for(scenario(), 20))
-    assert p.calibration.alone
-    assert all(0.0003 < a < 0.01 for a in p.calibration.alone)
+    alone = sorted(p.calibration.alone)
+    assert alone and alone[0] > 0.0003  # never read as the loop clock's 0 ms
+    # the model's 0.4 ms, not a loop tick: the median (one run preempted on a busy machine
+    # can take longer, which is the machine's, not the clock's)
+    assert alone[len(alone) // 2] < 0.01
     assert any(abs(a * 1000 - round(a * 1000)) > 1e-6 for a in p.calibration.alone)
