@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
+from controller.decide.apps import BESIDE_ROLES
 from controller.decide.decision import Decision, Recovery, accuracy_of, event_for, status_of
 from controller.records import (
     AppRecord,
@@ -304,8 +305,8 @@ def forget_replicas_on(server_id: str, apps: Mapping[str, AppRecord]) -> set[str
             # the convergence pass places it; until then its record says so.
             record.serving = None
             record.status = status_of(record, None, loading=any(
-                r.state is ModelState.LOADING and r.role is not Role.INSTANCE
-                and r.role is not Role.PARITY for r in record.replicas))
+                r.state is ModelState.LOADING and r.role not in BESIDE_ROLES
+                for r in record.replicas))
             record.reason = f"server {server_id} failed"
             changed.add(record.app_id)
         if len(record.replicas) != before:
