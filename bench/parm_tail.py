@@ -77,7 +77,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_store(store, VARIANT, [options.k])
     setup_s = time.monotonic() - started
     servers = 2 * (options.k + 1) + (options.k if options.saturation else 0)
-    topology = replace(make_topology(servers=servers, sites=2, apps=0), families=(FAMILY,))
+    topology = make_topology(servers=servers, sites=2, apps=0, families=(FAMILY,))
     bed = Testbed.up(work / "bed", topology, artifacts=store, clients=False, register=False,
                      timeout_s=300)
     gateway = None

@@ -8,7 +8,7 @@ Server capacity is not chosen here: ``deploy.workload`` sizes it for the generat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DEFAULT_SERVERS = 6
 DEFAULT_SITES = 3
@@ -70,12 +70,17 @@ class Topology:
 
 
 def make_topology(servers: int = DEFAULT_SERVERS, sites: int = DEFAULT_SITES, apps: int = 12,
-                  critical_fraction: float = 0.5, headroom: float = 0.2) -> Topology:
-    """``servers`` servers named ``s1..sN`` over ``sites`` sites ``site-1..site-M`` (not sized)."""
+                  critical_fraction: float = 0.5, headroom: float = 0.2,
+                  families: tuple[str, ...] | None = None) -> Topology:
+    """``servers`` servers named ``s1..sN`` over ``sites`` sites ``site-1..site-M`` (not sized).
+
+    ``families``: the model families the apps are drawn from (default: ``Topology``'s).
+    """
     if servers < 1 or sites < 1 or sites > servers:
         raise ValueError("need at least one server, at least one site, and no more sites "
                          "than servers")
     site_ids = tuple(f"site-{i + 1}" for i in range(sites))
     specs = tuple(ServerSpec(f"s{i + 1}", site_ids[i % sites]) for i in range(servers))
-    return Topology(servers=specs, sites=site_ids, apps=apps,
-                    critical_fraction=critical_fraction, headroom=headroom)
+    topology = Topology(servers=specs, sites=site_ids, apps=apps,
+                        critical_fraction=critical_fraction, headroom=headroom)
+    return topology if families is None else replace(topology, families=families)

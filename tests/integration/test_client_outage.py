@@ -28,9 +28,8 @@ FAMILIES = ("mobilenet_v3", "shufflenet_v2")
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    topology = make_topology(servers=3, sites=3, apps=3, critical_fraction=1.0, headroom=0.5)
-    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=3,
-                              critical_fraction=1.0, headroom=0.5, families=FAMILIES)
+    topology = make_topology(servers=3, sites=3, apps=3, critical_fraction=1.0, headroom=0.5,
+                             families=FAMILIES)
     bed = Testbed.up(tmp_path_factory.mktemp("outage-bed"), topology, seed=5, scale=0.05,
                      client_rate=5.0, client_via="gateway", timeout_s=300)
     try:

@@ -25,9 +25,8 @@ FAMILIES = ("mobilenet_v3", "shufflenet_v2", "mnasnet", "efficientnet")
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    topology = make_topology(servers=4, sites=2, apps=8, critical_fraction=0.5, headroom=0.3)
-    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=8,
-                              critical_fraction=0.5, headroom=0.3, families=FAMILIES)
+    topology = make_topology(servers=4, sites=2, apps=8, critical_fraction=0.5, headroom=0.3,
+                             families=FAMILIES)
     bed = Testbed.up(tmp_path_factory.mktemp("testbed"), topology, seed=3, scale=0.05,
                      clients=False, timeout_s=300)
     try:

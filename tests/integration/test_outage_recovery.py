@@ -18,9 +18,8 @@ FAMILIES = ("mobilenet_v3",)
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    topology = make_topology(servers=2, sites=1, apps=4, critical_fraction=0.0, headroom=0.3)
-    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=4,
-                              critical_fraction=0.0, headroom=0.3, families=FAMILIES)
+    topology = make_topology(servers=2, sites=1, apps=4, critical_fraction=0.0, headroom=0.3,
+                             families=FAMILIES)
     bed = Testbed.up(tmp_path_factory.mktemp("outage-bed"), topology, seed=5, scale=0.05,
                      clients=False, timeout_s=300)
     try:

@@ -33,9 +33,8 @@ BATCH = 2
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
-    topology = make_topology(servers=3, sites=3, apps=4, critical_fraction=1.0, headroom=0.5)
-    topology = type(topology)(servers=topology.servers, sites=topology.sites, apps=4,
-                              critical_fraction=1.0, headroom=0.5, families=FAMILIES)
+    topology = make_topology(servers=3, sites=3, apps=4, critical_fraction=1.0, headroom=0.5,
+                             families=FAMILIES)
     bed = Testbed.up(tmp_path_factory.mktemp("sdk-bed"), topology, seed=7, scale=0.05,
                      clients=False, timeout_s=300)
     try:

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -391,7 +390,7 @@ def _demo(options: argparse.Namespace) -> int:
     shutil.rmtree(options.run_dir, ignore_errors=True)
     _say("starting Redis, the controller and 6 agents (each with its own Triton) in 3 sites; "
          f"registering 12 apps (half critical) of the families {', '.join(DEMO_FAMILIES)} ...")
-    topology = replace(make_topology(6, 3, 12, 0.5, 0.2), families=DEMO_FAMILIES)
+    topology = make_topology(6, 3, 12, 0.5, 0.2, families=DEMO_FAMILIES)
     testbed = Testbed.up(options.run_dir, topology, seed=options.seed,
                          artifacts=options.artifacts, client_rate=5.0, client_via="gateway")
     try:
