@@ -164,11 +164,14 @@ class _Interrupt:
     """Cancels a request's task when its single attempt must end (see ``_Exchange._first``).
 
     ``why`` says what happened: the app left the attempt's server (or was deleted), the
-    gateway stops, or the deadline passed.
+    gateway stops, or the deadline passed. Once disarmed it never fires: a change resolved in
+    the loop pass that ended the attempt has its callback already scheduled (removing it from
+    the future comes too late), and a cancel then would hit whatever the request's task awaits
+    next (writing the answer) and leave the client without one.
     """
 
-    __slots__ = ("task", "board", "app_id", "server_id", "why", "_changed", "_stopping",
-                 "_timer")
+    __slots__ = ("task", "board", "app_id", "server_id", "why", "armed", "_changed",
+                 "_stopping", "_timer")
 
     def __init__(self, task: asyncio.Task[Any], board: RouteBoard, request: InferRequest,
                  server_id: str, stopping: asyncio.Future[None]) -> None:
@@ -177,6 +180,7 @@ class _Interrupt:
         self.app_id = request.app_id
         self.server_id = server_id
         self.why: str | None = None
+        self.armed = True
         self._changed = board.changed(request.app_id)
         self._changed.add_done_callback(self._on_change)
         self._stopping = stopping
@@ -185,7 +189,7 @@ class _Interrupt:
             request.deadline, self._fire, DEADLINE)
 
     def _on_change(self, _: asyncio.Future[RouteChange]) -> None:
-        if self.why is not None:
+        if self.why is not None or not self.armed:
             return
         app = self.board.route(self.app_id)
         if app is None or (app.serving is not None and app.serving.server_id != self.server_id):
@@ -200,12 +204,13 @@ class _Interrupt:
         self._fire(STOPPING)
 
     def _fire(self, why: str) -> None:
-        if self.why is None:
+        if self.why is None and self.armed:
             self.why = why
             self.task.cancel()
 
     def disarm(self) -> None:
         """The attempt ended: no more interruptions."""
+        self.armed = False
         self._changed.remove_done_callback(self._on_change)
         self._stopping.remove_done_callback(self._on_stop)
         if self._timer is not None:

@@ -325,7 +325,14 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             response = await self.server.handler(request)
         except asyncio.CancelledError:
-            return
+            if self.closed:
+                return  # the client went away: nobody is left to answer
+            # Cancelled with its client still waiting (a bug elsewhere): an answer with the
+            # reason, never a silence the client can only end with its own timeout.
+            logger.error("request %s %s cancelled with its client waiting", request.method,
+                         request.path[:200])
+            response = json_error(503, "the request was cancelled in the gateway")
+            keep_alive = False
         except Exception:  # a handler's bug: the client gets an answer, the log the trace
             logger.exception("handler failed on %s %s", request.method, request.path[:200])
             response = json_error(500, "internal gateway error")

@@ -213,3 +213,29 @@ def test_a_client_leaving_mid_body_closes_the_upstream_request_and_nothing_fails
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
     assert not [r for r in caplog.records if r.name.startswith("gateway")]
+
+
+def test_a_request_cancelled_with_its_client_waiting_is_answered_with_the_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def cancelled(request: HttpRequest) -> HttpResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # as a stray cancel would, while the handler awaits
+        await asyncio.sleep(1)
+        return HttpResponse(200)
+
+    async def scenario() -> None:
+        server, port = await _serve(cancelled)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_head("/anything", 2) + b"{}")
+            status, body = await _read_reply(reader)
+            assert status == 503 and b"cancelled in the gateway" in body
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # then it is closed
+            writer.close()
+        finally:
+            await server.close(1.0)
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert any("cancelled with its client waiting" in r.getMessage() for r in caplog.records)

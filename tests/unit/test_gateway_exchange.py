@@ -116,6 +116,33 @@ def test_a_move_cancels_the_attempt_in_flight_and_resends_at_once() -> None:
     run(scenario)
 
 
+def test_a_move_in_the_loop_pass_of_the_answer_does_not_cancel_what_follows() -> None:
+    """The reply and the app's move come in one loop pass: the request has its answer, and
+    what its task awaits next (writing the answer to the client) is not cancelled."""
+    async def scenario() -> Answer:
+        board, _, _, dispatcher = setup(event(1, "a", "serving", "s1"))
+        reply_due: asyncio.Future[UpstreamReply] = asyncio.get_running_loop().create_future()
+
+        async def send(route: Location, request: InferRequest) -> UpstreamReply:
+            return await reply_due
+
+        dispatcher.senders["http"] = send
+
+        async def client() -> Answer:
+            answer = await dispatcher.send(request())
+            await asyncio.sleep(0.01)  # the request's task goes on: the answer is written
+            return answer
+
+        task = asyncio.create_task(client())
+        await asyncio.sleep(0)  # the attempt is on its way
+        reply_due.set_result(UpstreamReply(200, {}, b'{"model_name":"a__v_large"}'))
+        board.apply(event(2, "a", "warm_switch", "s2", "v_small", failed_server="s1"))
+        return await task
+
+    answer = run(scenario)
+    assert answer.route.server_id == "s1" and answer.reply.status == 200
+
+
 def test_a_failed_attempt_waits_for_the_next_move_and_goes_there() -> None:
     async def scenario() -> None:
         board, replicas, recorder, dispatcher = setup(event(1, "a", "serving", "s1"))
