@@ -31,7 +31,7 @@ import numpy as np
 from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher, plan_batch
 from scheduling.distribution import Distribution
 from scheduling.orloj import Orloj
-from scheduling.orloj_config import OrlojConfig
+from scheduling.orloj_config import OURS, OrlojConfig
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import BatchLaw, BatchScheduler
 
@@ -56,7 +56,7 @@ and are coarsened twice, which costs the event loop several milliseconds per ref
 
 
 ORLOJ_CONFIGS: dict[str, dict[str, Any]] = {
-    "orloj": {"request_aware": True, "selection": "goodput", "partial_batches": True},
+    "orloj": OURS,
     "orloj_paper": {},
 }
 """Orloj's settings by scheduler name: ours (the departures of ``docs/scheduling.md``)

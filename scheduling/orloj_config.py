@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,7 +22,8 @@ class OrlojConfig(BaseModel):
     """Histogram bins of eq. 2."""
     min_probability: float = Field(default=0.0, ge=0, lt=1)
     """A request leaves size ``n``'s queue once P(batch of n meets its deadline) < this; 0:
-    once it is nil (the paper)."""
+    once it is nil (the paper). Below it even alone, it is dropped (``deadline-unreachable``):
+    a request that nearly surely misses would hold the worker from requests that can finish."""
     request_aware: bool = False
     """Estimate a request's batch latency with its own app's distribution for itself and the
     mixture for the others (ours), instead of the mixture for all (§4.3)."""
@@ -69,3 +70,9 @@ class OrlojConfig(BaseModel):
         if not sizes or min(sizes) < 1 or 1 not in sizes:
             raise ValueError("batch sizes are positive and include 1")
         return tuple(sorted(set(sizes)))
+
+
+OURS: dict[str, Any] = {"request_aware": True, "selection": "goodput", "partial_batches": True,
+                        "min_probability": 0.1}
+"""Our departures from the paper (docs/scheduling.md), on together: the simulator's "Orloj
+(ours)" and the gateway's ``orloj`` scheduler. ``OrlojConfig(**OURS, batch_sizes=...)``."""

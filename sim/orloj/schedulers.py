@@ -14,7 +14,7 @@ import numpy as np
 from scheduling.baselines import ClipperLike, ClockworkLike, NexusLike, TritonBatcher
 from scheduling.distribution import Distribution
 from scheduling.orloj import Orloj
-from scheduling.orloj_config import OrlojConfig
+from scheduling.orloj_config import OURS, OrlojConfig
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.types import BatchLaw, BatchScheduler
 
@@ -28,9 +28,8 @@ LABELS = {ORLOJ: "Orloj (ours)", ORLOJ_PAPER: "Orloj (paper's rules)", "clipper"
 
 PAPER_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES)
 """§4 as written: the mixture for every member, earliest-deadline batch-size selection."""
-OURS_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES, request_aware=True, selection="goodput",
-                          partial_batches=True)
-"""Ours: the request's own app in its batch estimate, goodput-based batch-size selection."""
+OURS_CONFIG = OrlojConfig(batch_sizes=BATCH_SIZES, **OURS)
+"""Ours: the departures of ``scheduling.orloj_config.OURS`` on (docs/scheduling.md)."""
 
 
 def model_profile(samples: Mapping[str, np.ndarray], law: BatchLaw) -> ModelProfile:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from scheduling.distribution import Distribution
 from scheduling.orloj import Orloj
+from scheduling.orloj_config import OURS as OUR_DEPARTURES
 from scheduling.orloj_config import OrlojConfig
 from scheduling.profile import ModelProfile
 from scheduling.types import UNREACHABLE, BatchDone, BatchLaw, QueuedRequest
@@ -17,8 +18,7 @@ SOLO = Distribution.from_knots([0.010, 0.012, 0.030, 0.034], [0.0, 0.5, 0.5, 1.0
 """Half the requests take 10-12 ms alone, half 30-34 ms."""
 
 PAPER = OrlojConfig(batch_sizes=(1, 2, 4))
-OURS = OrlojConfig(batch_sizes=(1, 2, 4), request_aware=True, selection="goodput",
-                   partial_batches=True)
+OURS = OrlojConfig(batch_sizes=(1, 2, 4), **OUR_DEPARTURES)
 
 
 def request(key: int, arrival: float, deadline: float, app: str = "default") -> QueuedRequest:
@@ -37,6 +37,21 @@ def test_hopeless_request_is_dropped_early_with_its_reason(config: OrlojConfig) 
     assert decision.batch == ()
     assert [(d.request.key, d.reason) for d in decision.drops] == [(1, UNREACHABLE)]
     assert len(orloj) == 0
+
+
+def test_a_request_that_nearly_surely_misses_is_dropped_by_ours_and_sent_by_the_papers(
+        ) -> None:
+    # 10.2 ms of slack: 5 % of requests finish that fast alone (under ours' 10 %)
+    for config, sent in ((PAPER, True), (OURS, False)):
+        orloj = scheduler(config)
+        orloj.enqueue(request(1, 0.0, 0.0102), 0.0)
+        decision = orloj.next_batch(0.0)
+        assert (decision.batch != ()) is sent
+        assert [d.reason for d in decision.drops] == ([] if sent else [UNREACHABLE])
+    # 10.8 ms: 20 %, worth the worker's time
+    orloj = scheduler(OURS)
+    orloj.enqueue(request(2, 0.0, 0.0108), 0.0)
+    assert [r.key for r in orloj.next_batch(0.0).batch] == [2]
 
 
 @pytest.mark.parametrize("config", [PAPER, OURS])
