@@ -55,7 +55,7 @@ curves use 16 bins; with 64 knots the batch maxima of a refresh grow past the kn
 and are coarsened twice, which costs the event loop several milliseconds per refresh."""
 
 
-ORLOJ_CONFIGS: dict[str, dict[str, Any]] = {
+ORLOJ_CONFIGS: dict[str, Mapping[str, Any]] = {
     "orloj": OURS,
     "orloj_paper": {},
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -72,7 +74,8 @@ class OrlojConfig(BaseModel):
         return tuple(sorted(set(sizes)))
 
 
-OURS: dict[str, Any] = {"request_aware": True, "selection": "goodput", "partial_batches": True,
-                        "min_probability": 0.1}
+OURS: Mapping[str, Any] = MappingProxyType({
+    "request_aware": True, "selection": "goodput", "partial_batches": True,
+    "min_probability": 0.1})
 """Our departures from the paper (docs/scheduling.md), on together: the simulator's "Orloj
 (ours)" and the gateway's ``orloj`` scheduler. ``OrlojConfig(**OURS, batch_sizes=...)``."""
