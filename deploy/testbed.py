@@ -316,6 +316,10 @@ class Testbed:
         """The controller's app views."""
         return list_all(self.http, "/v1/apps")
 
+    def apps_by_id(self) -> dict[str, dict[str, Any]]:
+        """The controller's app views by app id."""
+        return {a["app_id"]: a for a in self.apps()}
+
     def _servers_up(self, count: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):
             servers = self.servers()

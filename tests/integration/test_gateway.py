@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -246,20 +245,16 @@ def described(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def apps(bed: Testbed) -> dict[str, dict[str, Any]]:
-    return {a["app_id"]: a for a in bed.apps()}
-
-
 def serving_on(bed: Testbed) -> dict[str, list[str]]:
     by_server: dict[str, list[str]] = {}
-    for app_id, app in apps(bed).items():
+    for app_id, app in bed.apps_by_id().items():
         if app["serving"]:
             by_server.setdefault(app["serving"]["server_id"], []).append(app_id)
     return by_server
 
 
 def moved_off(bed: Testbed, app_ids: list[str], server: str) -> bool:
-    current = apps(bed)
+    current = bed.apps_by_id()
     return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server
                for a in app_ids)
 
@@ -273,7 +268,7 @@ def failures(outcomes: list[Outcome]) -> list[Outcome]:
 def test_plain_clients_http_and_grpc_survive_a_server_kill(
         testbed: Testbed, gateway: GatewayProcess) -> None:
     by_server = serving_on(testbed)
-    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    backed = {a for a, v in testbed.apps_by_id().items() if v["backups"]}
     victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
     affected = by_server[victim]
     load = Load(gateway.url, affected, f"127.0.0.1:{gateway.grpc_port}").start()
@@ -306,7 +301,7 @@ def test_requests_held_by_a_frozen_server_are_resent_when_the_app_moves(
     frozen): the requests it holds are cancelled and resent when the controller moves its apps."""
     testbed.wait_converged(180)
     by_server = serving_on(testbed)
-    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    backed = {a for a, v in testbed.apps_by_id().items() if v["backups"]}
     victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
     affected = by_server[victim]
     moved_before = gateway.total("understudy_gateway_resends_total", 'cause="moved"')
@@ -332,7 +327,7 @@ def test_a_hedge_answers_from_the_warm_backup_while_the_primary_hangs(
     """Triton of the serving replica frozen (SIGSTOP, its agent still heartbeating): with
     hedging on, the app's requests are answered by its warm backup after the hedge delay."""
     testbed.wait_converged(180)
-    app_id, app = next((a, v) for a, v in sorted(apps(testbed).items())
+    app_id, app = next((a, v) for a, v in sorted(testbed.apps_by_id().items())
                        if v["serving"] and any(b["state"] == "ready" for b in v["backups"]))
     primary = app["serving"]["server_id"]
     backups = {b["server_id"] for b in app["backups"] if b["state"] == "ready"}
@@ -379,7 +374,7 @@ def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
         testbed: Testbed, gateway: GatewayProcess, tmp_path: Path) -> None:
     testbed.wait_converged(180)
     by_server = serving_on(testbed)
-    backed = {a for a, v in apps(testbed).items() if v["backups"]}
+    backed = {a for a, v in testbed.apps_by_id().items() if v["backups"]}
     victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
     affected = by_server[victim]
     snapshots = gateway.metric("understudy_gateway_snapshots_total")
@@ -457,7 +452,7 @@ def _exchange(port: int, data: bytes, expect: int = 1, wait_s: float = 30.0) -> 
 
 def test_the_http_front_end_reads_what_clients_send(testbed: Testbed,
                                                     gateway: GatewayProcess) -> None:
-    app_id = next(a for a, v in sorted(apps(testbed).items()) if v["serving"])
+    app_id = next(a for a, v in sorted(testbed.apps_by_id().items()) if v["serving"])
     body = json.dumps({"inputs": [{"name": "image", "shape": list(IMAGE.shape),
                                    "datatype": "FP32", "data": IMAGE.ravel().tolist()}]}).encode()
     http = httpx.Client(base_url=gateway.url, timeout=60)
@@ -527,7 +522,7 @@ def test_the_grpc_front_end_answers_like_triton(testbed: Testbed,
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    app_id = next(a for a, v in sorted(apps(testbed).items()) if v["serving"])
+    app_id = next(a for a, v in sorted(testbed.apps_by_id().items()) if v["serving"])
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.grpc_port}")
     assert client.is_server_live() and client.is_server_ready()
     assert client.get_server_metadata().name == "understudy-gateway"

@@ -5,7 +5,6 @@ not only the apps whose own variant fits there."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -28,22 +27,18 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         bed.down()
 
 
-def apps(bed: Testbed) -> dict[str, dict[str, Any]]:
-    return {a["app_id"]: a for a in bed.apps()}
-
-
 def test_the_first_server_back_serves_every_app_small_first(testbed: Testbed) -> None:
-    before = apps(testbed)
+    before = testbed.apps_by_id()
     homes = {a: v["serving"]["variant"] for a, v in before.items()}
     servers = [s["server_id"] for s in testbed.servers()]
     testbed.fail(servers)
     wait_until("every app to be down", lambda: all(
-        v["serving"] is None for v in apps(testbed).values()), 60, 0.1)
+        v["serving"] is None for v in testbed.apps_by_id().values()), 60, 0.1)
     back = servers[0]
     testbed.start_agent(back)
     wait_until("every app to serve from the server back", lambda: all(
-        v["serving"] is not None for v in apps(testbed).values()), 120, 0.25)
-    after = apps(testbed)
+        v["serving"] is not None for v in testbed.apps_by_id().values()), 120, 0.25)
+    after = testbed.apps_by_id()
     assert {v["serving"]["server_id"] for v in after.values()} == {back}
     # The server holds half the apps at their own variant: the rest came back smaller,
     # progressively (an interim, then the best that fits), not left waiting for room.

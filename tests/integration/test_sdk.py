@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -43,23 +42,19 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         bed.down()
 
 
-def apps(bed: Testbed) -> dict[str, dict[str, Any]]:
-    return {a["app_id"]: a for a in bed.apps()}
-
-
 def victim_and_apps(bed: Testbed) -> tuple[str, list[str]]:
     """The server serving the most apps with warm backups, and the apps it serves."""
     by_server: dict[str, list[str]] = {}
-    for app_id, app in apps(bed).items():
+    for app_id, app in bed.apps_by_id().items():
         if app["serving"]:
             by_server.setdefault(app["serving"]["server_id"], []).append(app_id)
-    backed = {a for a, v in apps(bed).items() if v["backups"]}
+    backed = {a for a, v in bed.apps_by_id().items() if v["backups"]}
     victim = max(by_server, key=lambda s: (len(set(by_server[s]) & backed), len(by_server[s])))
     return victim, by_server[victim]
 
 
 def moved_off(bed: Testbed, app_ids: list[str], server: str) -> bool:
-    current = apps(bed)
+    current = bed.apps_by_id()
     return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server
                for a in app_ids)
 
@@ -250,7 +245,7 @@ def test_a_client_process_stops_within_two_seconds_of_sigterm_with_the_controlle
     # A client whose controller dies under it: it goes on from the routes it knows; at the
     # signal it stops at once.
     testbed.wait_converged(240)
-    app_id = sorted(apps(testbed))[0]
+    app_id = sorted(testbed.apps_by_id())[0]
     out = tmp_path / "running"
     running = start_client(testbed.state.controller_url, [app_id], out,
                            testbed.token_file("client"))

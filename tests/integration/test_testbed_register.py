@@ -62,7 +62,7 @@ def test_register_creates_the_testbeds_apps_once(testbed: Testbed) -> None:
     assert f"{APPS} apps registered, 0 already there" in first.stdout
     workload = generate_workload(make_topology(SERVERS, SITES, APPS, CRITICAL, HEADROOM),
                                  seed=SEED)
-    apps = {a["app_id"]: a for a in testbed.apps()}
+    apps = testbed.apps_by_id()
     assert sorted(apps) == sorted(workload.app_ids)
     for spec in workload.specs:
         assert {k: apps[spec["app_id"]]["spec"][k] for k in spec} == spec
