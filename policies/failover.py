@@ -8,7 +8,7 @@ live warm backup where one exists and progressive cold recovery (Algorithm 1) fo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, NamedTuple
 
 from policies.actions import FailoverPlan, WarmPlan, WarmSwitch
@@ -130,12 +130,8 @@ class UnderstudyPolicy:
         """
         failed = resolve_failed_servers(snapshot, failed_servers)
         after, switches, cold = split_affected(snapshot, failed)
-        cold_plan = self.plan_recovery(after, cold)
-        return FailoverPlan(failed_servers=failed, warm_switches=switches,
-                            recoveries=cold_plan.recoveries,
-                            unrecoverable=cold_plan.unrecoverable, notes=cold_plan.notes,
-                            preempted=cold_plan.preempted,
-                            deferred_preemptions=cold_plan.deferred_preemptions)
+        return replace(self.plan_recovery(after, cold), failed_servers=failed,
+                       warm_switches=switches)
 
     def plan_recovery(self, snapshot: ClusterSnapshot, app_ids: Sequence[str]) -> FailoverPlan:
         """Algorithm 1 for ``app_ids`` on the live servers' free capacity, preempting as above.
@@ -143,10 +139,10 @@ class UnderstudyPolicy:
         The cold half of :meth:`plan_failover`, also asked for the apps an outage left with
         nothing serving once a failover round is over (``policy.FailoverPolicy``).
         """
-        preempted: tuple[Placement, ...] = ()
         if not app_ids:
             return FailoverPlan(failed_servers=frozenset(), warm_switches=(), recoveries=(),
                                 unrecoverable=())
+        preempted: tuple[Placement, ...] = ()
         progressive = plan_progressive(snapshot, app_ids, self.progressive)
         notes: tuple[str, ...] = (f"demand ratio {progressive.demand_ratio:.3f}",)
         if self.progressive.preempt_warm:
