@@ -1,12 +1,14 @@
-"""Orloj's figures as simulated experiments: ``orloj-fig3`` and ``orloj-fig7`` ... ``-fig12``.
+"""Orloj's figures as simulated experiments: ``orloj-fig3``, ``orloj-fig7`` ... ``orloj-load``.
+
+``orloj-load`` is the finish rate against the offered load, which the paper does not plot.
 
 Each experiment yields :class:`Point` rows: one finish rate (or, for Fig. 10, a time) per case,
 x value and series. The runs of one case share one trace (same arrivals and execution times)
 and one offline profile, so the schedulers differ only in their decisions.
 
 Settings (documented in docs/scheduling.md): the load is ``LOAD`` of one worker's capacity at
-batch 16; SLOs are 1.5-5 × the P99 solo execution time; ``--quick`` serves fewer requests and
-fewer cases.
+batch 16 (``orloj-load``: each of ``LOADS``); SLOs are 1.5-5 × the P99 solo execution time;
+``--quick`` serves fewer requests and fewer cases.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from sim.orloj.workload import (
 
 LOAD = 0.4
 """Mean offered load, as a share of the worker's capacity at the largest batch size."""
+LOADS = (0.2, 0.4, 0.6, 0.8, 1.0)
+"""``orloj-load``'s loads (``--quick``: 0.4 and 0.8)."""
 REQUESTS, QUICK_REQUESTS = 2000, 400
 
 
@@ -198,6 +202,27 @@ def _fig12(quick: bool, seed: int) -> Iterator[Point]:
                         f"SLO {mult:g}x", result.finish_rate, _detail(result))
 
 
+def _load(quick: bool, seed: int) -> Iterator[Point]:
+    """Finish rate against the offered load at tight SLOs, one case per (modes, SLO).
+
+    The paper scales its trace "to the system load" without giving it; this shows how much
+    of a gain at a tight SLO is the load's.
+    """
+    cases = [(modal(2), 1.5)] if quick else [(modal(2), 1.5), (modal(2), 2.0), (modal(3), 1.5)]
+    loads = (0.4, 0.8) if quick else LOADS
+    count = QUICK_REQUESTS if quick else REQUESTS
+    for workload, mult in cases:
+        for load in loads:
+            setup = _setup(workload, seed, load)
+            trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
+            slo = mult * setup.p99_s
+            made = factories(setup.samples, workload.law, slo)
+            for scheduler in ALL:
+                result = simulate(made[scheduler](), trace, workload.law, slo)
+                yield Point("orloj-load", f"{workload.name}, {mult:g}x P99", load, scheduler,
+                            result.finish_rate, _detail(result))
+
+
 EXPERIMENTS = {e.name: e for e in (
     Experiment("orloj-fig3", "Existing systems on dynamic models (Fig. 3)",
                "SLO (x P99)", "finish rate", _fig3),
@@ -212,4 +237,6 @@ EXPERIMENTS = {e.name: e for e in (
                "a (x P99)", "finish rate", _fig11),
     Experiment("orloj-fig12", "Shrinking execution times, overhead charged (Fig. 12)",
                "P99 execution time (ms)", "finish rate", _fig12),
+    Experiment("orloj-load", "Finish rate against the offered load (not in the paper)",
+               "load", "finish rate", _load),
 )}

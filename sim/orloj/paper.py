@@ -161,4 +161,7 @@ CLAIMS = {
     "orloj-fig12": "Fig. 12 (§5.7): finish rate stable as the execution times shrink, until "
                    "the minimum P99 approaches the scheduler's overhead (the threshold's value "
                    "is lost in our copy).",
+    "orloj-load": "No figure of the paper: its trace is scaled \"such that the incoming rate "
+                  "matches the system load\" (§5.2), a load it does not give. Its headline "
+                  "(51-80 % at tight SLOs) is where the others \"can barely make it\" (§5.3).",
 }

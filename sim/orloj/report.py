@@ -69,6 +69,12 @@ def text_table(name: str, points: Sequence[Point]) -> str:
     return "\n".join(lines)
 
 
+def _gain(series: dict[str, dict[float, float]], x: float) -> float | None:
+    """Orloj's gain over the best baseline at ``x``, in per cent (None when all finish 0)."""
+    best = max(series[b][x] for b in BASELINES)
+    return round(100 * (series[ORLOJ][x] / best - 1), 1) if best > 0 else None
+
+
 def summary(name: str, points: Sequence[Point]) -> dict[str, object]:
     """Headline numbers: per case, Orloj's gain over the best baseline at the tightest SLO.
 
@@ -80,14 +86,17 @@ def summary(name: str, points: Sequence[Point]) -> dict[str, object]:
         out["values"] = {case: {s: {f"{x:g}": round(v, 4) for x, v in values.items()}
                                 for s, values in series.items()}
                          for case, series in table.items()}
+        if name == "orloj-load":
+            out["gain_vs_best_baseline_pct_by_load"] = {
+                case: {f"{x:g}": _gain(series, x) for x in sorted(series[ORLOJ])}
+                for case, series in table.items()}
         return out
     gains: dict[str, float | None] = {}
     paper_gains: dict[str, float | None] = {}
     rates: dict[str, dict[str, dict[str, float]]] = {}
     for case, series in table.items():
         tight = min(series[ORLOJ])
-        best = max(series[b][tight] for b in BASELINES)
-        gains[case] = round(100 * (series[ORLOJ][tight] / best - 1), 1) if best > 0 else None
+        gains[case] = _gain(series, tight)
         theirs = [v for v in (paper_value(case, tight, s) for s in SYSTEMS) if v is not None]
         if len(theirs) == len(SYSTEMS) and max(theirs[:3]) > 0:
             paper_gains[case] = round(100 * (theirs[3] / max(theirs[:3]) - 1), 1)
@@ -124,6 +133,8 @@ def plot(name: str, points: Sequence[Point], path: Path) -> None:
             ax.set_ylim(-0.02, 1.02)
         if name in ("orloj-fig10", "orloj-fig11", "orloj-fig12"):
             ax.set_xscale("log")
+        if name == "orloj-load":
+            ax.set_ylim(-0.02, 1.02)
         if name == "orloj-fig10":
             ax.set_yscale("log")
         ax.set_title(case, fontsize=9)

@@ -13,7 +13,8 @@ import numpy as np
 from scheduling.baselines import TritonBatcher
 from scheduling.types import BatchLaw
 from sim.orloj.engine import simulate
-from sim.orloj.experiments import slo_sweep
+from sim.orloj.experiments import EXPERIMENTS, slo_sweep
+from sim.orloj.report import summary
 from sim.orloj.schedulers import BASELINES, ORLOJ
 from sim.orloj.workload import Trace, modal
 
@@ -38,6 +39,18 @@ def test_orloj_beats_the_best_baseline_on_high_variance_at_a_tight_slo() -> None
     best = max(tight[b] for b in BASELINES)
     assert tight[ORLOJ] > best * 1.1
     assert all(0.0 <= p.value <= 1.0 for p in points)
+
+
+def test_orlojs_lead_at_a_tight_slo_grows_with_the_load() -> None:
+    points = list(EXPERIMENTS["orloj-load"].run(True, 0))
+    assert {p.x for p in points} == {0.4, 0.8}
+    gains = summary("orloj-load", points)["gain_vs_best_baseline_pct_by_load"]
+    (case, by_load), = gains.items()  # type: ignore[attr-defined]
+    assert case == "2-modal, 1.5x P99"
+    # the baselines lose more than Orloj as the queue fills: its lead widens
+    assert 0 < by_load["0.4"] < by_load["0.8"]
+    rates = {(p.series, p.x): p.value for p in points}
+    assert all(rates[(s, 0.8)] < rates[(s, 0.4)] for s in (ORLOJ, *BASELINES))
 
 
 def test_cli_runs_an_experiment_and_writes_its_figure(tmp_path: Path) -> None:
