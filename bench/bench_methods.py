@@ -550,19 +550,39 @@ Each request carries the time left to its SLO when it is sent as its timeout, as
 with a deadline does (so a request the gateway cannot answer in time fails at its deadline,
 `deadline`, rather than coming back late); `client_send_lag_ms` is how late the client sent
 its requests after their scheduled times (p50, p99): time outside every scheduler's reach.
-`gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj / best
-baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with the
-best such mean (target >= 50; the paper 51-80 %); the same for the one-app `dynamic` workload
-beside it. `static_gap_pct`: the largest shortfall of Orloj behind the best baseline on the
-static model, in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's median CPU time per
+Then the load sweep: the early-exit workloads again on the same apps, at the SLOs <= 2 x p99
+only, at `--sweep-loads` (0.7) x the capacity, at most `--sweep-max-rate` (1000/s), the same
+repeats. `gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj /
+best baseline - 1) of the mean finish rate over the SLOs <= 2 x p99, against the baseline with
+the best such mean, at the heaviest load run (`gain_load`; target >= 50; the paper 51-80 %, at
+a load it does not give); `gain_by_load_tight_pct` has it at every load, for the one-app
+`dynamic` workload too (the simulator's `orloj-load` shows the gain against the load).
+`static_gap_pct`: the largest shortfall of Orloj behind the best baseline on the static model,
+in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's median CPU time per
 decision (`next_batch` and the enqueues since the previous decision), over its queues;
 `scheduler_overhead_us_mean`: its mean over all its decisions (most decisions send a request
 that found the queue empty, and the median is theirs).""",
         (("gain_vs_best_baseline_tight_pct",
-          "shared queue: gain over the best baseline, tight SLOs (%)"),
-         ("best_baseline_tight", "shared queue: best baseline at tight SLOs"),
-         ("gain_by_workload_tight_pct.dynamic", "one app (dynamic): gain, tight SLOs (%)"),
-         ("best_baseline_by_workload.dynamic", "one app (dynamic): best baseline"),
+          "shared queue: gain over the best baseline, tight SLOs, heaviest load (%)"),
+         ("gain_load", "heaviest load (x capacity)"),
+         ("best_baseline_tight", "shared queue: best baseline at tight SLOs, heaviest load"),
+         ("gain_by_load_tight_pct.0.4.shared", "shared queue: gain, tight SLOs, load 0.4 (%)"),
+         ("best_baseline_by_load.0.4.shared", "shared queue: best baseline, load 0.4"),
+         ("gain_by_load_tight_pct.0.7.dynamic",
+          "one app (dynamic): gain, tight SLOs, load 0.7 (%)"),
+         ("gain_by_load_tight_pct.0.4.dynamic",
+          "one app (dynamic): gain, tight SLOs, load 0.4 (%)"),
+         ("best_baseline_by_workload.dynamic", "one app (dynamic): best baseline, load 0.4"),
+         ("load_sweep.0.7.finish_rate.shared.orloj.1x", "shared, load 0.7, 1x p99: Orloj"),
+         ("load_sweep.0.7.finish_rate.shared.nexus.1x", "shared, load 0.7, 1x p99: Nexus-like"),
+         ("load_sweep.0.7.finish_rate.shared.orloj.1.5x", "shared, load 0.7, 1.5x p99: Orloj"),
+         ("load_sweep.0.7.finish_rate.shared.nexus.1.5x",
+          "shared, load 0.7, 1.5x p99: Nexus-like"),
+         ("load_sweep.0.7.finish_rate.shared.orloj.2x", "shared, load 0.7, 2x p99: Orloj"),
+         ("load_sweep.0.7.finish_rate.shared.nexus.2x", "shared, load 0.7, 2x p99: Nexus-like"),
+         ("load_sweep.0.7.rate_rps.shared", "shared, load 0.7: arrival rate (/s)"),
+         ("load_sweep.0.7.client_send_lag_ms.shared.p99",
+          "shared, load 0.7: client send lag, p99 (ms)"),
          ("static_gap_pct", "static model: Orloj behind the best baseline (points)"),
          ("scheduler_overhead_us_p50", "Orloj CPU per decision, median (us)"),
          ("scheduler_overhead_us_mean", "Orloj CPU per decision, mean (us)"),

@@ -1,10 +1,10 @@
 """Finish rate of the gateway's batch schedulers (Orloj and its baselines) on live models.
 
-Usage: ``python bench/orloj.py [--seconds 5] [--load 0.4] [--slos 1,1.5,2,3,5]
-[--schedulers orloj,clipper,...] [--workloads static,dynamic,shared]`` (run it under
-``flock /tmp/understudy-bench.lock``: it starts Triton and a gateway). ``--schedulers`` may
-also name ``orloj_paper`` (Orloj with the paper's rules only); the gain and the static gap
-are taken against the baselines that ran.
+Usage: ``python bench/orloj.py [--seconds 5] [--load 0.4] [--sweep-loads 0.7]
+[--slos 1,1.5,2,3,5] [--schedulers orloj,clipper,...] [--workloads static,dynamic,shared]``
+(run it under ``flock /tmp/understudy-bench.lock``: it starts Triton and a gateway).
+``--schedulers`` may also name ``orloj_paper`` (Orloj with the paper's rules only); the gain
+and the static gap are taken against the baselines that ran.
 
 Set-up (``deploy/scheduling_bed.py``): one Triton (Python backend, Triton's own batcher taken
 out) serves a static model, ``digits_cnn``, and, where this checkout has the early-exit family,
@@ -48,6 +48,10 @@ Workloads (``--workloads``, all by default):
    job, a slow second) falls on all of them instead of on whichever ran then; all of it
    ``--repeats`` times (3) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
    gateway (one 5-second run per point moved by tens of points on this machine).
+4. **Load sweep**: then the early-exit workloads again, on the same apps, at the tight SLOs
+   (<= 2x) only, at each of ``--sweep-loads`` (0.7) times the capacity, at most
+   ``--sweep-max-rate`` (1000/s), the same repeats. Orloj's lead at a tight SLO grows with
+   the load (the simulator's ``orloj-load`` shows the same); the paper does not give its own.
 
 Last line: one JSON object. ``finish_rate[workload][scheduler][slo]`` (slo as "1.5x"), the
 median over the repeats (``finish_rate_by_repeat`` has each; ``outcomes`` are summed over
@@ -55,8 +59,12 @@ them, and ``outcomes_by_class`` has a shared queue's per class of digits);
 ``gain_vs_best_baseline_tight_pct``: on the early-exit model's per-model queue (``shared``;
 ``dynamic`` when only that ran: ``gain_workload`` says which), 100 (Orloj /
 best baseline - 1) of the mean finish rate over the tight SLOs (<= 2x), the best baseline
-being the one with the highest such mean (``gain_by_slo_pct`` has each SLO's;
-``gain_by_workload_tight_pct`` the gain of each early-exit workload); ``static_gap_pct``: on
+being the one with the highest such mean, at the heaviest load run (``gain_load``: the
+sweep's heaviest, or ``--load`` without a sweep; ``gain_by_slo_pct`` has each SLO's there).
+``gain_by_load_tight_pct[load][workload]`` has the gain of each early-exit workload at every
+load (``--load``'s too: ``gain_by_workload_tight_pct`` repeats it), ``best_baseline_by_load``
+and ``gain_by_slo_pct_by_load`` beside it, and ``load_sweep[load]`` the sweep's finish rates,
+outcomes, rates and client lag as above. ``static_gap_pct``: on
 the static model, the largest shortfall of Orloj behind the best baseline at any SLO, in
 percentage points (0 when Orloj is never behind); ``scheduler_overhead_us_p50``: Orloj's median
 CPU time per decision (``next_batch`` and the enqueues since the previous decision), over its
@@ -361,6 +369,7 @@ async def measure(client: Client, workloads: list[Workload],
         figures[workload.key] = {"p50_s": float(np.percentile(alone, 50)),
                                  "p99_s": float(np.percentile(alone, 99)),
                                  "batch8_s": statistics.median(batch)}
+        figures[workload.key]["capacity_rps"] = MAX_BATCH / figures[workload.key]["batch8_s"]
     return figures
 
 
@@ -374,9 +383,17 @@ async def prepare(url: str, workloads: list[Workload], requests: list[Request],
     return classes, await measure(client, workloads, classes, eight)
 
 
+def rates_at(load: float, max_rate: float, workloads: list[Workload],
+             figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each workload's arrival rate at ``load`` times its capacity, at most ``max_rate``."""
+    return {w.key: min(load * figures[w.key]["capacity_rps"], max_rate) for w in workloads}
+
+
 async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Workload],
                 slos: list[float], classes: dict[str, dict[str, list[Request]]],
-                figures: dict[str, dict[str, float]], seed: int) -> dict[str, Any]:
+                figures: dict[str, dict[str, float]], rates: dict[str, float],
+                seed: int) -> dict[str, Any]:
+    """One repeat: every workload, SLO and scheduler at its workload's rate in ``rates``."""
     client = Client(gateway_url)
     finish: dict[str, dict[str, dict[str, float]]] = {}
     outcomes: dict[str, Any] = {}
@@ -386,10 +403,7 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
     shuffle = random.Random(seed)
     for workload in workloads:
         key = workload.key
-        capacity = MAX_BATCH / figures[key]["batch8_s"]
-        rate = min(args.load * capacity, args.max_rate)
-        figures[key]["rate_rps"] = rate
-        figures[key]["capacity_rps"] = capacity
+        rate = rates[key]
         for slo in slos:
             slo_s = slo * figures[key]["p99_s"]
             streams = {scheduler: list(zip(workload.apps(scheduler, slo),
@@ -481,6 +495,14 @@ def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float
                                                          "gain_by_slo_pct": by_slo}
 
 
+def gains_by_load(runs: dict[float, tuple[dict[str, Any], list[float]]]
+                  ) -> dict[float, dict[str, tuple[float | None, dict[str, Any]]]]:
+    """Per load, each early-exit workload's :func:`gains` (``runs``: load -> finish rates by
+    workload and the SLOs they ran)."""
+    return {load: {key: gains(finish[key], slos) for key in DYNAMIC_WORKLOADS if key in finish}
+            for load, (finish, slos) in runs.items()}
+
+
 def static_gap(static: dict[str, dict[str, float]] | None) -> float | None:
     """Orloj's largest shortfall behind the best baseline on the static model (a fraction)."""
     baselines = baselines_in(static or {})
@@ -498,6 +520,11 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
     parser.add_argument("--max-rate", type=float, default=400.0,
                         help="at most this many requests per second (the client and the "
                              "gateway share this machine's cores with the model)")
+    parser.add_argument("--sweep-loads", default="0.7",
+                        help="heavier loads (comma-separated; empty: none) at which the "
+                             "early-exit workloads run again at the tight SLOs")
+    parser.add_argument("--sweep-max-rate", type=float, default=1000.0,
+                        help="at most this many requests per second in the load sweep")
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
     parser.add_argument("--slices", type=int, default=5,
                         help="each run's seconds in this many slices, the schedulers' turns "
@@ -521,6 +548,12 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
     args = parser.parse_args()
     if args.repeats < 1 or args.slices < 1:
         parser.error("--repeats and --slices: at least 1")
+    try:
+        args.sweep_loads = [float(x) for x in args.sweep_loads.split(",") if x]
+    except ValueError:
+        parser.error("--sweep-loads: numbers, comma-separated")
+    if not all(0 < x <= 2 for x in [args.load, *args.sweep_loads]):
+        parser.error("--load and --sweep-loads: in (0, 2]")
     args.schedulers = [s for s in args.schedulers.split(",") if s]
     unknown = set(args.schedulers) - set(SCHEDULERS) - set(VARIANTS)
     if unknown:
@@ -588,9 +621,20 @@ def main() -> None:
                 probe.stop()
             by_app, slo_ms, options = gateway_settings(workloads, args.schedulers, slos, figures)
             gateway = start_gateway(root / "gateway", by_app, slo_ms, *options)
+            main_rates = rates_at(args.load, args.max_rate, workloads, figures)
             result = combine([asyncio.run(bench(args, gateway.url, workloads, slos, classes,
-                                                figures, args.seed + repeat))
+                                                figures, main_rates, args.seed + repeat))
                               for repeat in range(args.repeats)])
+            # the same apps (queues, profiles) again, heavier: how much of the gain is the load's
+            swept = [w for w in workloads if w.key in DYNAMIC_WORKLOADS]
+            tight = [s for s in slos if s <= TIGHT_MAX]
+            sweep: dict[float, dict[str, Any]] = {}
+            for load in args.sweep_loads if swept and tight else []:
+                heavier = rates_at(load, args.sweep_max_rate, swept, figures)
+                sweep[load] = combine([asyncio.run(bench(
+                    args, gateway.url, swept, tight, classes, figures, heavier,
+                    args.seed + repeat)) for repeat in range(args.repeats)])
+                sweep[load]["rate_rps"] = {k: round(r, 1) for k, r in heavier.items()}
             overhead: dict[str, float | None] = {}
             overhead_mean: dict[str, float | None] = {}
             for scheduler in args.schedulers:
@@ -618,9 +662,12 @@ def main() -> None:
             if args.keep_log is not None and (root / "gateway" / "gateway.log").exists():
                 shutil.copyfile(root / "gateway" / "gateway.log", args.keep_log)
     finish = result["finish_rate"]
-    by_workload = {key: gains(finish[key], slos) for key in DYNAMIC_WORKLOADS if key in finish}
+    by_load = gains_by_load({load: (r["finish_rate"], tight) for load, r in sweep.items()} | {
+        args.load: (finish, slos)})
+    by_workload = by_load[args.load]
     headline = next((key for key in DYNAMIC_WORKLOADS if key in by_workload), None)
-    gain, gain_detail = by_workload[headline] if headline else (None, {})
+    heaviest = max(by_load)
+    gain, gain_detail = by_load[heaviest][headline] if headline else (None, {})
     gap = static_gap(finish.get("static"))
     for key, per in finish.items():
         for scheduler, rates in per.items():
@@ -629,9 +676,23 @@ def main() -> None:
     print(json.dumps({
         "finish_rate": finish,
         "gain_vs_best_baseline_tight_pct": gain, **gain_detail, "gain_workload": headline,
+        "gain_load": heaviest,
+        "gain_by_load_tight_pct": {f"{load:g}": {k: g for k, (g, _) in per.items()}
+                                   for load, per in sorted(by_load.items())},
+        "best_baseline_by_load": {f"{load:g}": {k: d.get("best_baseline_tight")
+                                                for k, (_, d) in per.items()}
+                                  for load, per in sorted(by_load.items())},
         "gain_by_workload_tight_pct": {k: g for k, (g, _) in by_workload.items()},
         "best_baseline_by_workload": {k: d.get("best_baseline_tight")
                                       for k, (_, d) in by_workload.items()},
+        "gain_by_slo_pct_by_load": {f"{load:g}": {k: d.get("gain_by_slo_pct")
+                                                  for k, (_, d) in per.items()}
+                                    for load, per in sorted(by_load.items())},
+        "load_sweep": {f"{load:g}": {
+            "rate_rps": r["rate_rps"], "finish_rate": r["finish_rate"],
+            "outcomes": r["outcomes"], "outcomes_by_class": r["outcomes_by_class"],
+            "finish_rate_by_repeat": r["finish_rate_by_repeat"],
+            "client_send_lag_ms": r["send_lag_ms"]} for load, r in sorted(sweep.items())},
         "static_gap_pct": None if gap is None else round(max(0.0, gap) * 100, 1),
         "scheduler_overhead_us_p50": overhead.get("orloj"),
         "overhead_us_p50_by_scheduler": overhead,
@@ -640,7 +701,7 @@ def main() -> None:
         "exec_p99_ms": {k: round(f["p99_s"] * 1000, 3) for k, f in figures.items()},
         "exec_p50_ms": {k: round(f["p50_s"] * 1000, 3) for k, f in figures.items()},
         "batch8_ms": {k: round(f["batch8_s"] * 1000, 3) for k, f in figures.items()},
-        "rate_rps": {k: round(f["rate_rps"], 1) for k, f in figures.items()},
+        "rate_rps": {k: round(r, 1) for k, r in main_rates.items()},
         "capacity_rps": {k: round(f["capacity_rps"], 1) for k, f in figures.items()},
         "requests_per_class": {k: {c or "all": len(r) for c, r in v.items()}
                                for k, v in classes.items()},

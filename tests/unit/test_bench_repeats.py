@@ -34,6 +34,25 @@ def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
     assert orloj.static_gap({"nexus": {"1x": 0.5}}) is None
 
 
+def test_orloj_gains_are_taken_per_load_on_the_early_exit_workloads() -> None:
+    orloj = load_script("bench/orloj.py")
+    light = {"shared": {"orloj": {"1x": 0.6, "3x": 1.0}, "nexus": {"1x": 0.5, "3x": 1.0}},
+             "static": {"orloj": {"1x": 0.1, "3x": 0.9}, "nexus": {"1x": 0.2, "3x": 0.9}}}
+    heavy = {"shared": {"orloj": {"1x": 0.45}, "nexus": {"1x": 0.15}}}
+    by_load = orloj.gains_by_load({0.4: (light, [1.0, 3.0]), 0.7: (heavy, [1.0])})
+    assert set(by_load) == {0.4, 0.7} and set(by_load[0.4]) == {"shared"}  # not the static
+    assert by_load[0.4]["shared"][0] == 20.0 and by_load[0.7]["shared"][0] == 200.0
+    assert by_load[0.7]["shared"][1]["best_baseline_tight"] == "nexus"
+
+
+def test_orloj_rates_are_the_load_of_each_workloads_capacity_under_the_cap() -> None:
+    orloj = load_script("bench/orloj.py")
+    figures = {"shared": {"capacity_rps": 1000.0}, "static": {"capacity_rps": 10000.0}}
+    workloads = [orloj.WORKLOADS["shared"], orloj.WORKLOADS["static"]]
+    assert orloj.rates_at(0.4, 500.0, workloads, figures) == {"shared": 400.0, "static": 500.0}
+    assert orloj.rates_at(0.7, 1000.0, workloads[:1], figures) == {"shared": 700.0}
+
+
 def test_orloj_slices_of_a_run_add_up() -> None:
     orloj = load_script("bench/orloj.py")
     run = orloj.Run(10, 7, {"finished": 7, "late": 3})
