@@ -237,6 +237,13 @@ def _all_back_and_busiest(bed: Testbed) -> tuple[str, list[str]]:
         bed.start_agent(server)
     wait_until("every server back", lambda: all(
         s["state"] == "up" and s["connected"] for s in bed.servers()), 120, 0.25)
+    # Converged means every app serves its home *variant*, which it may do on the server it
+    # failed over to until its fail-back home completes: wait for the home servers too, or
+    # the busiest server picked now loses apps to their fail-back under the test.
+    wait_until("every app back on its home server", lambda: all(
+        a["home"] is None or (a["serving"] is not None and
+                              [a["serving"]["server_id"], a["serving"]["variant"]] == a["home"])
+        for a in bed.apps()), 120, 0.25)
     bed.wait_converged(180)
     apps = _apps(bed)
     busiest = max({a["serving"]["server_id"] for a in apps.values()},

@@ -67,7 +67,9 @@ def test_apps_of_one_queue_are_batched_together_each_with_its_own_execution_time
         assert [value_of(a) for a in answers] == pytest.approx(values)  # each its own rows
         assert sum(model.batches) == len(values) and max(model.batches) > 1
         assert model.most_busy == 1  # one batch at a time for the whole queue
-        assert set(p.solo) == {SHORT, LONG} and max(p.solo[SHORT]) < 0.004
+        # each app's window learns its own rows' times: every short one below every long one
+        # (both are divided by the measured law's scale, whose slope a busy machine moves)
+        assert set(p.solo) == {SHORT, LONG} and max(p.solo[SHORT]) < min(p.solo[LONG])
 
     run(scenario, SCENARIO_LIMIT_S)
 
