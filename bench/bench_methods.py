@@ -561,7 +561,8 @@ a load it does not give); `gain_by_load_tight_pct` has it at every load, for the
 in points (target <= 5). `scheduler_overhead_us_p50`: Orloj's median CPU time per
 decision (`next_batch` and the enqueues since the previous decision), over its queues;
 `scheduler_overhead_us_mean`: its mean over all its decisions (most decisions send a request
-that found the queue empty, and the median is theirs).""",
+that found the queue empty, and the median is theirs); both over the whole run, the load
+sweep's decisions included.""",
         (("gain_vs_best_baseline_tight_pct",
           "shared queue: gain over the best baseline, tight SLOs, heaviest load (%)"),
          ("gain_load", "heaviest load (x capacity)"),

@@ -68,7 +68,8 @@ outcomes, rates and client lag as above. ``static_gap_pct``: on
 the static model, the largest shortfall of Orloj behind the best baseline at any SLO, in
 percentage points (0 when Orloj is never behind); ``scheduler_overhead_us_p50``: Orloj's median
 CPU time per decision (``next_batch`` and the enqueues since the previous decision), over its
-queues, and ``overhead_us_p50_by_scheduler`` (``_mean``: over all their decisions);
+queues, and ``overhead_us_p50_by_scheduler`` (``_mean``: over all their decisions); both
+over the whole run, the load sweep's decisions (more requests queued) included;
 ``exec_p99_ms``, ``rate_rps`` per workload and ``requests_per_class``.
 """
 
