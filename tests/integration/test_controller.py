@@ -35,10 +35,6 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         bed.down()
 
 
-def _apps(bed: Testbed) -> dict[str, dict[str, Any]]:
-    return {a["app_id"]: a for a in bed.apps()}
-
-
 def test_bad_and_unauthorised_requests_get_clear_4xx(testbed: Testbed) -> None:
     url = testbed.state.controller_url
     anonymous = httpx.Client(base_url=url, timeout=10)
@@ -62,7 +58,7 @@ def test_bad_and_unauthorised_requests_get_clear_4xx(testbed: Testbed) -> None:
         response = http.post("/v1/apps", json=body)
         assert response.status_code == status, (body, response.text)
         assert fragment in response.text
-    existing = next(iter(_apps(testbed)))
+    existing = next(iter(testbed.apps_by_id()))
     duplicate = http.post("/v1/apps", json={"app_id": existing, "family": "mobilenet_v3",
                                              "max_rate_rps": 1})
     assert duplicate.status_code == 409 and "already registered" in duplicate.text
@@ -90,7 +86,7 @@ def test_agent_without_token_is_refused(testbed: Testbed) -> None:
 def test_warm_backups_are_where_the_plan_says(testbed: Testbed) -> None:
     def agreed() -> tuple[dict, dict, set, set] | None:
         plan = testbed.http.get("/v1/plan").json()
-        apps = _apps(testbed)
+        apps = testbed.apps_by_id()
         planned = {(p["app_id"], p["server_id"], p["variant"]) for p in plan["assignments"]}
         loaded = {(a["app_id"], b["server_id"], b["variant"]) for a in apps.values()
                   for b in a["backups"] if b["state"] == "ready"}
@@ -112,7 +108,7 @@ def test_every_server_caches_the_interim_variants_before_any_failure(testbed: Te
     from model_repo.profiles import load_families
 
     families = load_families()
-    in_use = {a["spec"]["family"] for a in _apps(testbed).values()}
+    in_use = {a["spec"]["family"] for a in testbed.apps_by_id().values()}
     smallest = {families[f].variants[0].name for f in in_use}
     run_dir = Path(testbed.state.run_dir)
 
@@ -126,7 +122,7 @@ def test_every_server_caches_the_interim_variants_before_any_failure(testbed: Te
 
 
 def test_client_gets_the_serving_endpoint_and_the_variant_answering(testbed: Testbed) -> None:
-    app_id, app = next(iter(_apps(testbed).items()))
+    app_id, app = next(iter(testbed.apps_by_id().items()))
     with UnderstudyClient(testbed.state.controller_url, app_id,
                           token_file=testbed.token_file("client")) as client:
         result = client.infer(np.zeros((1, 3, 224, 224), dtype=np.float32))
@@ -164,7 +160,7 @@ class _Load:
 
 
 def _recovered(bed: Testbed, failed: set[str], app_ids: list[str]) -> bool:
-    apps = _apps(bed)
+    apps = bed.apps_by_id()
     return all(apps[a]["status"] in ("serving", "degraded") and apps[a]["serving"]
                and apps[a]["serving"]["server_id"] not in failed
                and all(r["state"] == "ready" for r in apps[a]["replicas"]) for a in app_ids)
@@ -172,7 +168,7 @@ def _recovered(bed: Testbed, failed: set[str], app_ids: list[str]) -> bool:
 
 def test_killing_a_server_recovers_all_its_apps_without_losing_requests(
         testbed: Testbed) -> None:
-    apps = _apps(testbed)
+    apps = testbed.apps_by_id()
     by_server: dict[str, list[str]] = {}
     for app_id, app in apps.items():
         by_server.setdefault(app["serving"]["server_id"], []).append(app_id)
@@ -209,7 +205,7 @@ def test_killing_a_server_recovers_all_its_apps_without_losing_requests(
 
 
 def test_redis_restart_loses_nothing(testbed: Testbed) -> None:
-    before_apps = _apps(testbed)
+    before_apps = testbed.apps_by_id()
     before_events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
     testbed.kill_process("redis", signal.SIGTERM)
     info = testbed.state.processes["redis"]
@@ -218,7 +214,7 @@ def test_redis_restart_loses_nothing(testbed: Testbed) -> None:
     _spawn(testbed.state, "redis", info.args)
     wait_until("the controller to be ready again",
                lambda: testbed.http.get("/readyz").status_code == 200, 30, 0.1)
-    after_apps = _apps(testbed)
+    after_apps = testbed.apps_by_id()
     assert {a: (v["serving"], v["status"]) for a, v in after_apps.items()} == \
         {a: (v["serving"], v["status"]) for a, v in before_apps.items()}
     after_events = testbed.http.get("/v1/events", params={"limit": 10000}).json()
@@ -245,7 +241,7 @@ def _all_back_and_busiest(bed: Testbed) -> tuple[str, list[str]]:
                               [a["serving"]["server_id"], a["serving"]["variant"]] == a["home"])
         for a in bed.apps()), 120, 0.25)
     bed.wait_converged(180)
-    apps = _apps(bed)
+    apps = bed.apps_by_id()
     busiest = max({a["serving"]["server_id"] for a in apps.values()},
                   key=lambda s: sum(a["serving"]["server_id"] == s for a in apps.values()))
     return busiest, [a for a, v in apps.items() if v["serving"]["server_id"] == busiest]
@@ -262,7 +258,7 @@ def test_controller_killed_mid_failover_converges(testbed: Testbed) -> None:
     testbed.wait_converged(180)
     servers = {s["server_id"]: s for s in testbed.servers()}
     assert servers[victim]["state"] == "failed"
-    for app in _apps(testbed).values():
+    for app in testbed.apps_by_id().values():
         assert app["serving"] and app["serving"]["server_id"] != victim
 
 
@@ -290,7 +286,7 @@ def _workers(bed: Testbed, server_id: str) -> dict[str, int]:
 
 def test_a_false_alarm_is_taken_back_without_reloading(testbed: Testbed) -> None:
     victim, affected = _all_back_and_busiest(testbed)
-    homes = {a: v["serving"]["variant"] for a, v in _apps(testbed).items() if a in affected}
+    homes = {a: v["serving"]["variant"] for a, v in testbed.apps_by_id().items() if a in affected}
     workers = _workers(testbed, victim)
     since = testbed.http.get("/v1/events", params={"limit": 10000}).json()[-1]["seq"]
     agent = testbed.state.processes[f"agent-{victim}"].pid
@@ -302,13 +298,13 @@ def test_a_false_alarm_is_taken_back_without_reloading(testbed: Testbed) -> None
             f"/v1/servers/{victim}").json()["state"] == "failed", 20, 0.01)
         wait_until("its apps to be moved away", lambda: all(
             (v["serving"] or {}).get("server_id") != victim
-            for a, v in _apps(testbed).items() if a in affected), 20, 0.02)
+            for a, v in testbed.apps_by_id().items() if a in affected), 20, 0.02)
     finally:
         os.kill(agent, signal.SIGCONT)
     wait_until("the apps to be back on their home models", lambda: all(
         v["serving"] and (v["serving"]["server_id"], v["serving"]["variant"]) ==
         (victim, homes[a]) and v["status"] == "serving"
-        for a, v in _apps(testbed).items() if a in affected), 60, 0.1)
+        for a, v in testbed.apps_by_id().items() if a in affected), 60, 0.1)
     events = testbed.http.get("/v1/events", params={"since": since}).json()
     for app_id in affected:
         # A warm-switched app fails back; one whose interim was still loading simply serves.
@@ -331,14 +327,14 @@ def _triton(bed: Testbed, server_id: str) -> Any:
 
 
 def _replica_state(bed: Testbed, app_id: str, server_id: str, variant: str) -> str | None:
-    return next((r["state"] for r in _apps(bed)[app_id]["replicas"]
+    return next((r["state"] for r in bed.apps_by_id()[app_id]["replicas"]
                  if (r["server_id"], r["variant"]) == (server_id, variant)), None)
 
 
 def test_the_reconciler_repairs_what_no_event_told_the_controller(testbed: Testbed) -> None:
     """Behind the agents' backs: a model loaded that no record wants, a backup unloaded."""
     testbed.wait_converged(180)
-    apps = _apps(testbed)
+    apps = testbed.apps_by_id()
     app_id, served = next((a, v["serving"]) for a, v in sorted(apps.items()) if v["serving"])
     server_id, variant = served["server_id"], served["variant"]
     backup_app, backup = next(
@@ -371,7 +367,7 @@ def test_the_reconciler_repairs_what_no_event_told_the_controller(testbed: Testb
     assert 'understudy_repairs_total{kind="stray"} 1.0' in metrics
     assert 'understudy_repairs_total{kind="missing"} 1.0' in metrics
     # The served app was never touched.
-    assert _apps(testbed)[app_id]["serving"] == served
+    assert testbed.apps_by_id()[app_id]["serving"] == served
     testbed.wait_converged(180)
 
 
@@ -385,7 +381,7 @@ def test_drain_moves_every_app_off_without_losing_requests(testbed: Testbed) -> 
         f"/v1/servers/{target}").json()["state"] == "drained", 180, 0.25)
     records = load.finish()
     assert records and all(r.ok for r in records)
-    for app in _apps(testbed).values():
+    for app in testbed.apps_by_id().values():
         assert app["serving"]["server_id"] != target
         assert all(r["server_id"] != target for r in app["replicas"])
     again = testbed.http.post(f"/v1/servers/{target}/drain")
