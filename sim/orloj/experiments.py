@@ -36,6 +36,7 @@ from sim.orloj.schedulers import (
 from sim.orloj.workload import (
     REAL,
     STATIC,
+    Trace,
     Workload,
     bimodal,
     capacity_rps,
@@ -94,6 +95,16 @@ def _detail(result: RunResult) -> str:
             f"decision_us_p50={result.decision_us_p50:.1f}")
 
 
+def _each_scheduler(name: str, case: str, x: float, setup: _Setup, trace: Trace, slo_s: float,
+                    schedulers: tuple[str, ...] = ALL) -> Iterator[Point]:
+    """One point per scheduler: its finish rate on ``trace`` for the objective ``slo_s``."""
+    law = setup.workload.law
+    made = factories(setup.samples, law, slo_s)
+    for scheduler in schedulers:
+        result = simulate(made[scheduler](), trace, law, slo_s)
+        yield Point(name, case, x, scheduler, result.finish_rate, _detail(result))
+
+
 def slo_sweep(name: str, cases: list[Workload], quick: bool, seed: int,
               schedulers: tuple[str, ...] = ALL) -> Iterator[Point]:
     """Finish rate per case, SLO multiple and scheduler."""
@@ -103,12 +114,8 @@ def slo_sweep(name: str, cases: list[Workload], quick: bool, seed: int,
         setup = _setup(workload, seed)
         trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
         for mult in slos:
-            slo = mult * setup.p99_s
-            made = factories(setup.samples, workload.law, slo)
-            for scheduler in schedulers:
-                result = simulate(made[scheduler](), trace, workload.law, slo)
-                yield Point(name, workload.name, mult, scheduler, result.finish_rate,
-                            _detail(result))
+            yield from _each_scheduler(name, workload.name, mult, setup, trace,
+                                       mult * setup.p99_s, schedulers)
 
 
 def _fig3(quick: bool, seed: int) -> Iterator[Point]:
@@ -215,12 +222,8 @@ def _load(quick: bool, seed: int) -> Iterator[Point]:
         for load in loads:
             setup = _setup(workload, seed, load)
             trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
-            slo = mult * setup.p99_s
-            made = factories(setup.samples, workload.law, slo)
-            for scheduler in ALL:
-                result = simulate(made[scheduler](), trace, workload.law, slo)
-                yield Point("orloj-load", f"{workload.name}, {mult:g}x P99", load, scheduler,
-                            result.finish_rate, _detail(result))
+            yield from _each_scheduler("orloj-load", f"{workload.name}, {mult:g}x P99", load,
+                                       setup, trace, mult * setup.p99_s)
 
 
 EXPERIMENTS = {e.name: e for e in (
