@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,12 @@ class Testbed:
     def apps_by_id(self) -> dict[str, dict[str, Any]]:
         """The controller's app views by app id."""
         return {a["app_id"]: a for a in self.apps()}
+
+    def serving_off(self, app_ids: Iterable[str], server_id: str) -> bool:
+        """Whether every one of ``app_ids`` serves, on a server other than ``server_id``."""
+        current = self.apps_by_id()
+        return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server_id
+                   for a in app_ids)
 
     def _servers_up(self, count: int) -> bool:
         with contextlib.suppress(httpx.HTTPError):

@@ -253,12 +253,6 @@ def serving_on(bed: Testbed) -> dict[str, list[str]]:
     return by_server
 
 
-def moved_off(bed: Testbed, app_ids: list[str], server: str) -> bool:
-    current = bed.apps_by_id()
-    return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server
-               for a in app_ids)
-
-
 def failures(outcomes: list[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if not o.ok]
 
@@ -276,7 +270,7 @@ def test_plain_clients_http_and_grpc_survive_a_server_kill(
                60, 0.05)
     killed_at = testbed.fail([victim])
     wait_until("the apps to move off the killed server",
-               lambda: moved_off(testbed, affected, victim), 120, 0.1)
+               lambda: testbed.serving_off(affected, victim), 120, 0.1)
     moved = time.time()
     wait_until("answers after the move", lambda: load.answered_since(moved, "raw") >= 2, 60,
                0.05)
@@ -311,7 +305,7 @@ def test_requests_held_by_a_frozen_server_are_resent_when_the_app_moves(
     os.killpg(group, signal.SIGSTOP)
     try:
         wait_until("the apps to move off the frozen server",
-                   lambda: moved_off(testbed, affected, victim), 60, 0.05)
+                   lambda: testbed.serving_off(affected, victim), 60, 0.05)
         moved = time.time()
         wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
     finally:
@@ -411,7 +405,7 @@ def test_the_gateway_routes_while_the_controller_is_down_and_follows_it_after(
                lambda: _hellos(testbed, victim) > hellos_before, 60, 0.1)
     killed_at = testbed.fail([victim])
     wait_until("the apps to move off the killed server",
-               lambda: moved_off(testbed, affected, victim), 120, 0.1)
+               lambda: testbed.serving_off(affected, victim), 120, 0.1)
     moved = time.time()
     wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
     outcomes = load.finish()

@@ -53,12 +53,6 @@ def victim_and_apps(bed: Testbed) -> tuple[str, list[str]]:
     return victim, by_server[victim]
 
 
-def moved_off(bed: Testbed, app_ids: list[str], server: str) -> bool:
-    current = bed.apps_by_id()
-    return all(current[a]["serving"] and current[a]["serving"]["server_id"] != server
-               for a in app_ids)
-
-
 def inputs_from(meta: ModelMetadata, seed: int) -> dict[str, np.ndarray]:
     """Random inputs of the names, types and shapes the model's metadata gives."""
     rng = np.random.default_rng(seed)
@@ -141,7 +135,7 @@ def test_sync_http_and_asyncio_grpc_clients_survive_a_server_kill(testbed: Testb
             affected) and load.answered_since(0, "grpc") >= 2 * len(affected), 60, 0.05)
         killed_at = testbed.fail([victim])
         wait_until("the apps to move off the killed server",
-                   lambda: moved_off(testbed, affected, victim), 120, 0.1)
+                   lambda: testbed.serving_off(affected, victim), 120, 0.1)
         moved = time.time()
         wait_until("answers after the move", lambda: load.answered_since(moved, "http") >= 2
                    and load.answered_since(moved, "grpc") >= 2, 60, 0.05)
@@ -176,7 +170,7 @@ def test_requests_held_by_a_frozen_server_are_cancelled_and_resent(testbed: Test
     os.killpg(group, signal.SIGSTOP)
     try:
         wait_until("the apps to move off the frozen server",
-                   lambda: moved_off(testbed, affected, victim), 120, 0.05)
+                   lambda: testbed.serving_off(affected, victim), 120, 0.05)
         moved = time.time()
         wait_until("answers after the move", lambda: load.answered_since(moved) >= 4, 60, 0.05)
     finally:
