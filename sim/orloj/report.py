@@ -130,11 +130,10 @@ def plot(name: str, points: Sequence[Point], path: Path) -> None:
                 if all(y is not None for y in ys):
                     ax.plot(xs, ys, ls=":", marker="x", ms=4, color=PAPER_COLOUR[system],
                             label=f"paper: {system}")
+        if experiment.ylabel == "finish rate":  # one scale, so that figures compare at a glance
             ax.set_ylim(-0.02, 1.02)
         if name in ("orloj-fig10", "orloj-fig11", "orloj-fig12"):
             ax.set_xscale("log")
-        if name == "orloj-load":
-            ax.set_ylim(-0.02, 1.02)
         if name == "orloj-fig10":
             ax.set_yscale("log")
         ax.set_title(case, fontsize=9)
