@@ -1,6 +1,8 @@
-"""Orloj's figures as simulated experiments: ``orloj-fig3``, ``orloj-fig7`` ... ``orloj-load``.
+"""Orloj's figures as simulated experiments: ``orloj-fig3``, ``orloj-fig7`` ... ``orloj-slope``.
 
-``orloj-load`` is the finish rate against the offered load, which the paper does not plot.
+``orloj-load`` is the finish rate against the offered load, which the paper does not plot;
+``orloj-slope`` the finish rate on the live bench's shared early-exit queue against what a
+batch costs (the batch law's slope), which moves between runs on a shared machine.
 
 Each experiment yields :class:`Point` rows: one finish rate (or, for Fig. 10, a time) per case,
 x value and series. The runs of one case share one trace (same arrivals and execution times)
@@ -27,6 +29,7 @@ from sim.orloj.engine import RunResult, simulate
 from sim.orloj.paper import SLOS
 from sim.orloj.schedulers import (
     ALL,
+    BATCH_SIZES,
     MAX_BATCH,
     ORLOJ,
     OURS_CONFIG,
@@ -40,6 +43,7 @@ from sim.orloj.workload import (
     Workload,
     bimodal,
     capacity_rps,
+    early_exit_queue,
     make_trace,
     modal,
     profile_samples,
@@ -49,6 +53,12 @@ LOAD = 0.4
 """Mean offered load, as a share of the worker's capacity at the largest batch size."""
 LOADS = (0.2, 0.4, 0.6, 0.8, 1.0)
 """``orloj-load``'s loads (``--quick``: 0.4 and 0.8)."""
+SLOPES = (0.02, 0.05, 0.1, 0.2, 0.4)
+"""``orloj-slope``'s batch slopes (``--quick``: 0.02 and 0.4)."""
+SLOPE_LOAD = 0.7
+"""``orloj-slope``'s load: the live bench's heaviest (``--sweep-loads``)."""
+LIVE_BATCH_SIZES = (1, 2, 4, 8)
+"""``orloj-slope``'s batch sizes: the live bench's (at most 8 rows a batch)."""
 REQUESTS, QUICK_REQUESTS = 2000, 400
 
 
@@ -82,10 +92,11 @@ class _Setup:
     rate_rps: float
 
 
-def _setup(workload: Workload, seed: int, load: float = LOAD) -> _Setup:
+def _setup(workload: Workload, seed: int, load: float = LOAD,
+           max_batch: int = MAX_BATCH) -> _Setup:
     samples = profile_samples(workload, np.random.default_rng(seed))
     mix = model_profile(samples, workload.law).mix
-    rate = load * capacity_rps(workload, mix, MAX_BATCH)
+    rate = load * capacity_rps(workload, mix, max_batch)
     return _Setup(workload, samples, mix.quantile(0.99), rate)
 
 
@@ -96,10 +107,11 @@ def _detail(result: RunResult) -> str:
 
 
 def _each_scheduler(name: str, case: str, x: float, setup: _Setup, trace: Trace, slo_s: float,
-                    schedulers: tuple[str, ...] = ALL) -> Iterator[Point]:
+                    schedulers: tuple[str, ...] = ALL,
+                    batch_sizes: tuple[int, ...] = BATCH_SIZES) -> Iterator[Point]:
     """One point per scheduler: its finish rate on ``trace`` for the objective ``slo_s``."""
     law = setup.workload.law
-    made = factories(setup.samples, law, slo_s)
+    made = factories(setup.samples, law, slo_s, batch_sizes=batch_sizes)
     for scheduler in schedulers:
         result = simulate(made[scheduler](), trace, law, slo_s)
         yield Point(name, case, x, scheduler, result.finish_rate, _detail(result))
@@ -226,6 +238,26 @@ def _load(quick: bool, seed: int) -> Iterator[Point]:
                                        setup, trace, mult * setup.p99_s)
 
 
+def _slope(quick: bool, seed: int) -> Iterator[Point]:
+    """Finish rate on the shared early-exit queue against the batch slope, one case per SLO.
+
+    As the live bench sets them: batches of at most 8, the load a share of the capacity at
+    8 (so the arrival rate falls as batches grow dearer), the SLOs multiples of the p99
+    latency of a request alone, the overhead included (what the bench's client measures).
+    """
+    slopes = (0.02, 0.4) if quick else SLOPES
+    multiples = (1.0, 2.0) if quick else (1.0, 1.5, 2.0)
+    count = QUICK_REQUESTS if quick else REQUESTS
+    for slope in slopes:
+        workload = early_exit_queue(slope)
+        setup = _setup(workload, seed, SLOPE_LOAD, max(LIVE_BATCH_SIZES))
+        alone_p99_s = workload.law.latency(1, setup.p99_s)
+        trace = make_trace(workload, count, setup.rate_rps, np.random.default_rng(seed + 1))
+        for mult in multiples:
+            yield from _each_scheduler("orloj-slope", f"{mult:g}x P99", slope, setup, trace,
+                                       mult * alone_p99_s, batch_sizes=LIVE_BATCH_SIZES)
+
+
 EXPERIMENTS = {e.name: e for e in (
     Experiment("orloj-fig3", "Existing systems on dynamic models (Fig. 3)",
                "SLO (x P99)", "finish rate", _fig3),
@@ -242,4 +274,6 @@ EXPERIMENTS = {e.name: e for e in (
                "P99 execution time (ms)", "finish rate", _fig12),
     Experiment("orloj-load", "Finish rate against the offered load (not in the paper)",
                "load", "finish rate", _load),
+    Experiment("orloj-slope", "The live early-exit queue against the batch slope (not in "
+               "the paper)", "batch slope", "finish rate", _slope),
 )}

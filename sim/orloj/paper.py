@@ -164,4 +164,6 @@ CLAIMS = {
     "orloj-load": "No figure of the paper: its trace is scaled \"such that the incoming rate "
                   "matches the system load\" (§5.2), a load it does not give. Its headline "
                   "(51-80 % at tight SLOs) is where the others \"can barely make it\" (§5.3).",
+    "orloj-slope": "No figure of the paper: its batches cost what its GPU models' do; ours, "
+                   "live on two shared cores, cost what the machine gives at the time.",
 }

@@ -26,6 +26,9 @@ COLOURS = {ORLOJ: "tab:red", ORLOJ_PAPER: "tab:orange", "clipper": "tab:blue",
 PAPER_COLOUR = {"orloj": COLOURS[ORLOJ], "clipper": COLOURS["clipper"],
                 "nexus": COLOURS["nexus"], "clockwork": COLOURS["clockwork"]}
 SWEEPS = ("orloj-fig3", "orloj-fig7", "orloj-fig8", "orloj-fig9")
+GAIN_BY_X = {"orloj-load": "gain_vs_best_baseline_pct_by_load",
+             "orloj-slope": "gain_vs_best_baseline_pct_by_slope"}
+"""Experiments whose summary has Orloj's gain over the best baseline at each x, per case."""
 
 
 def write_csv(points: Sequence[Point], path: Path) -> None:
@@ -86,8 +89,8 @@ def summary(name: str, points: Sequence[Point]) -> dict[str, object]:
         out["values"] = {case: {s: {f"{x:g}": round(v, 4) for x, v in values.items()}
                                 for s, values in series.items()}
                          for case, series in table.items()}
-        if name == "orloj-load":
-            out["gain_vs_best_baseline_pct_by_load"] = {
+        if name in GAIN_BY_X:
+            out[GAIN_BY_X[name]] = {
                 case: {f"{x:g}": _gain(series, x) for x in sorted(series[ORLOJ])}
                 for case, series in table.items()}
         return out
@@ -132,7 +135,7 @@ def plot(name: str, points: Sequence[Point], path: Path) -> None:
                             label=f"paper: {system}")
         if experiment.ylabel == "finish rate":  # one scale, so that figures compare at a glance
             ax.set_ylim(-0.02, 1.02)
-        if name in ("orloj-fig10", "orloj-fig11", "orloj-fig12"):
+        if name in ("orloj-fig10", "orloj-fig11", "orloj-fig12", "orloj-slope"):
             ax.set_xscale("log")
         if name == "orloj-fig10":
             ax.set_yscale("log")

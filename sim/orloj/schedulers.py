@@ -42,9 +42,13 @@ Factory = Callable[[], BatchScheduler]
 
 
 def factories(samples: Mapping[str, np.ndarray], law: BatchLaw, slo_s: float,
-              ours: OrlojConfig = OURS_CONFIG,
-              paper: OrlojConfig = PAPER_CONFIG) -> dict[str, Factory]:
-    """One fresh-scheduler factory per name of ``ALL``."""
+              ours: OrlojConfig = OURS_CONFIG, paper: OrlojConfig = PAPER_CONFIG,
+              batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, Factory]:
+    """One fresh-scheduler factory per name of ``ALL``, batching up to ``max(batch_sizes)``."""
+    if batch_sizes != BATCH_SIZES:
+        ours = ours.model_copy(update={"batch_sizes": batch_sizes})
+        paper = paper.model_copy(update={"batch_sizes": batch_sizes})
+    largest = max(batch_sizes)
     every = np.concatenate(list(samples.values()))
     mean, p99 = float(every.mean()), float(np.quantile(every, 0.99))
     profile = model_profile(samples, law)
@@ -59,8 +63,8 @@ def factories(samples: Mapping[str, np.ndarray], law: BatchLaw, slo_s: float,
     return {
         ORLOJ: orloj(ours, ORLOJ),
         ORLOJ_PAPER: orloj(paper, ORLOJ_PAPER),
-        "clipper": lambda: ClipperLike(slo_s, max_batch=MAX_BATCH),
-        "nexus": lambda: NexusLike(law, mean, slo_s, max_batch=MAX_BATCH),
-        "clockwork": lambda: ClockworkLike(law, p99, BATCH_SIZES),
-        "triton": lambda: TritonBatcher(MAX_BATCH, max_queue_delay_s=0.1 * slo_s),
+        "clipper": lambda: ClipperLike(slo_s, max_batch=largest),
+        "nexus": lambda: NexusLike(law, mean, slo_s, max_batch=largest),
+        "clockwork": lambda: ClockworkLike(law, p99, batch_sizes),
+        "triton": lambda: TritonBatcher(largest, max_queue_delay_s=0.1 * slo_s),
     }

@@ -161,6 +161,20 @@ REAL = {
 """Stand-ins for four of Table 5's real tasks, shaped after Fig. 2 (not their histograms)."""
 
 
+def early_exit_queue(slope: float) -> Workload:
+    """The live bench's shared early-exit queue (``bench/orloj.py``), with a batch ``slope``.
+
+    Two apps of equal weight, shaped after what the gateway learnt on the early-exit digits:
+    ``easy`` (the digits that leave at the first exit, about 1 ms alone) and ``hard`` (those
+    that run to the last, about 4 ms), each batch paying a constant overhead (transfer, the
+    server: about 1.5 ms) beside the model's time.
+    """
+    return Workload(f"early-exit queue, slope {slope:g}",
+                    {"easy": LogNormal(1.05, 0.23, 0.5, 4.0),
+                     "hard": LogNormal(4.1, 0.13, 2.5, 9.0)},
+                    BatchLaw(slope=slope, overhead_s=1.5 * MS))
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
     """Requests of one run: arrival (s), app name, solo execution time (s)."""

@@ -53,6 +53,21 @@ def test_orlojs_lead_at_a_tight_slo_grows_with_the_load() -> None:
     assert all(rates[(s, 0.8)] < rates[(s, 0.4)] for s in (ORLOJ, *BASELINES))
 
 
+def test_orlojs_lead_on_the_early_exit_queue_is_widest_at_1x_and_narrows_as_batches_cost_more(
+        ) -> None:
+    points = list(EXPERIMENTS["orloj-slope"].run(True, 0))
+    assert {p.x for p in points} == {0.02, 0.4}
+    gains = summary("orloj-slope", points)["gain_vs_best_baseline_pct_by_slope"]
+    at_1x, at_2x = gains["1x P99"], gains["2x P99"]  # type: ignore[index]
+    # at 1x a hard digit alone takes about the whole objective: keeping the easy ones leads
+    assert all(g > 20 for g in at_1x.values())
+    # cheap batches (so, at the same load, faster arrivals) fill the baselines' arrival-order
+    # batches with more easy digits, each padded to the hard one's time
+    assert at_1x["0.02"] > at_1x["0.4"]
+    assert all(at_2x[s] < at_1x[s] for s in at_1x)
+    assert all(0.0 <= p.value <= 1.0 for p in points)
+
+
 def test_cli_runs_an_experiment_and_writes_its_figure(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "understudy.cli.main", "sim", "experiment", "orloj-fig10",

@@ -3,9 +3,9 @@
 FailLite's (``fig7``, ``fig8``, ``fig9``, ``fig10``, ``fig11``, ``fig13``, ``all``) write CSV,
 PNG plots and ``report.md`` under ``--out`` and print, as their last line, one JSON object: per
 experiment, policy and parameter value, the recovery rate, mean MTTR and accuracy reduction.
-Orloj's (``orloj-fig3``, ``orloj-fig7`` ... ``orloj-fig12``, ``orloj-load``) print the figure's
-series beside the paper's numbers, write ``<out>/<name>/`` (CSV, PNG, table, summary) and end
-with the summary as one JSON line.
+Orloj's (``orloj-fig3``, ``orloj-fig7`` ... ``orloj-fig12``, ``orloj-load``, ``orloj-slope``)
+print the figure's series beside the paper's numbers, write ``<out>/<name>/`` (CSV, PNG, table,
+summary) and end with the summary as one JSON line.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from sim.cluster import MixKnobs
 
 ORLOJ_CHOICES = ("orloj-fig3", "orloj-fig7", "orloj-fig8", "orloj-fig9", "orloj-fig10",
-                 "orloj-fig11", "orloj-fig12", "orloj-load")
+                 "orloj-fig11", "orloj-fig12", "orloj-load", "orloj-slope")
 CHOICES = ("fig7", "fig8", "fig9", "fig10", "fig11", "fig13", "all", *ORLOJ_CHOICES)
 
 
