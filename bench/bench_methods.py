@@ -542,7 +542,7 @@ p99 and an action window of one p99, Triton-like max batch 8 and a queue delay o
 warm-up each, then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at
 most `--max-rate` (400/s; client, gateway and model share the machine's cores), in `--slices`
 (5) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
-that the machine's drifts fall on all of them; all of it `--repeats` (3) times with successive
+that the machine's drifts fall on all of them; all of it `--repeats` (5) times with successive
 seeds, each finish rate the median over the repeats. A request finishes when its answer is
 back within the SLO of its scheduled send time; drops, timeouts and late answers do not (the
 outcomes are counted per scheduler and SLO, and per class of digits on the shared queue).

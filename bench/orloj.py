@@ -46,7 +46,7 @@ Workloads (``--workloads``, all by default):
    ``--slices`` (5) slices, and in each slice every scheduler takes its turn, in a shuffled
    order, on the same arrival times and digits, so that a drift of the machine (a background
    job, a slow second) falls on all of them instead of on whichever ran then; all of it
-   ``--repeats`` times (3) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
+   ``--repeats`` times (5) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
    gateway (one 5-second run per point moved by tens of points on this machine).
 4. **Load sweep**: then the early-exit workloads again, on the same apps, at the tight SLOs
    (<= 2x) only, at each of ``--sweep-loads`` (0.7) times the capacity, at most
@@ -531,7 +531,7 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
                         help="each run's seconds in this many slices, the schedulers' turns "
                              "interleaved (the same arrivals for each in a slice)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=int, default=5,
                         help="runs of every point, seeds --seed, --seed + 1, ...; each finish "
                              "rate is their median")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
