@@ -469,3 +469,44 @@ def test_an_unmoved_profile_comes_back_as_no_planning() -> None:
         orloj.completed(BatchDone((request(key, 0.0, 1.0),), 0.0, 0.03, {key: float(seconds)}))
     job = orloj.refresh_job()
     assert job is not None and job() is None
+
+
+class _AlwaysQueued(Orloj):
+    """Orloj that places every arrival in the queues before deciding (no idle shortcut)."""
+
+    def _clearing_batch_of(self, requests: list[QueuedRequest],
+                           now_s: float) -> list[QueuedRequest] | None:
+        return None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_idle_queue_shortcut_sends_the_batch_the_queues_would(seed: int) -> None:
+    """Arrivals to an idle queue are batched without being placed: the same decisions."""
+    rng = np.random.default_rng(seed)
+    short = Distribution.from_samples(rng.uniform(0.002, 0.004, 500))
+    long = Distribution.from_samples(rng.uniform(0.010, 0.014, 500))
+    profile = ModelProfile({"short": short, "long": long}, {"short": 1.0, "long": 1.0},
+                           BatchLaw(slope=0.2, overhead_s=0.001))
+    config = OrlojConfig(batch_sizes=(1, 2, 4, 8), **OUR_DEPARTURES)
+    fast, queued = Orloj(profile, config), _AlwaysQueued(profile, config)
+    now, key, shortcuts = 0.0, 0, 0
+    for _ in range(600):
+        for _ in range(int(rng.integers(0, 5))):  # what arrived while the worker was busy
+            key += 1
+            app = "short" if rng.random() < 0.5 else "long"
+            arrival = now + float(rng.uniform(0.0, 0.004))
+            deadline = arrival + float(rng.uniform(0.006, 0.040))
+            for orloj in (fast, queued):
+                orloj.enqueue(request(key, arrival, deadline, app), now)
+        now += 0.004
+        idle = not fast._requests and len(fast._arrived) > 1
+        got, want = fast.next_batch(now), queued.next_batch(now)
+        assert [r.key for r in got.batch] == [r.key for r in want.batch]
+        assert [(d.request.key, d.reason) for d in got.drops] == \
+            [(d.request.key, d.reason) for d in want.drops]
+        assert got.expected_latency_s == pytest.approx(want.expected_latency_s)
+        assert len(fast) == len(queued)
+        shortcuts += idle and len(got.batch) > 1
+        if got.batch:
+            now += 0.003 * len(got.batch)
+    assert shortcuts > 20  # the shortcut was taken, not only the queues' path
