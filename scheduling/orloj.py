@@ -258,11 +258,15 @@ class Orloj:
         selection serves it while the queue can be cleared; None where it does not, or the
         queue cannot be cleared (the queues decide).
         """
-        cfg = self.config
-        if cfg.selection != "goodput" or not cfg.clear_in_time or \
-                cfg.while_clearable != "earliest-deadline":
+        if not self._clearing_first():
             return None
         return self._first_clearing_batch(requests, now_s)
+
+    def _clearing_first(self) -> bool:
+        """Whether ``_choose`` serves the clearing schedule's first batch while it can."""
+        cfg = self.config
+        return cfg.selection == "goodput" and cfg.clear_in_time and \
+            cfg.while_clearable == "earliest-deadline"
 
     def _place(self, request: QueuedRequest, now_s: float) -> None:
         """Put ``request`` in the queue of every size it can still meet; else drop it."""
@@ -332,7 +336,7 @@ class Orloj:
         """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
             cfg = self.config
-            if cfg.clear_in_time and cfg.while_clearable == "earliest-deadline":
+            if self._clearing_first():
                 first = self._clearing_batch(now_s)
                 if first is not None:
                     return self._queues[0], first, self._latency_of(self._counts(first))[0]
@@ -405,18 +409,14 @@ class Orloj:
         None when they cannot all be cleared in time, or are too many to check
         (``CLEAR_LIMIT``).
         """
-        if len(requests) > CLEAR_LIMIT:
-            return None
-        order = sorted(requests, key=attrgetter("deadline_s"))  # stable: ties by arrival
-        if not self._clears(order, now_s):
+        order = _by_deadline(requests)
+        if order is None or not self._clears(order, now_s):
             return None
         return first_batch(order, now_s, self._latency_of, self.config.batch_sizes[-1])
 
     def _deadline_order(self) -> list[QueuedRequest] | None:
         """The queued requests by deadline, for the clearing check; None past ``CLEAR_LIMIT``."""
-        if len(self._requests) > CLEAR_LIMIT:
-            return None
-        return sorted(self._requests.values(), key=attrgetter("deadline_s"))
+        return _by_deadline(list(self._requests.values()))
 
     def _counts(self, keys: list[Hashable]) -> dict[str, int]:
         """Requests per app among ``keys``."""
@@ -562,3 +562,13 @@ def _counts_of(requests: list[QueuedRequest]) -> dict[str, int]:
     for request in requests:
         counts[request.app] = counts.get(request.app, 0) + 1
     return counts
+
+
+def _by_deadline(requests: list[QueuedRequest]) -> list[QueuedRequest] | None:
+    """``requests`` by deadline (ties in their order), for the clearing check.
+
+    None past ``CLEAR_LIMIT``: the check walks the whole queue for every candidate it weighs.
+    """
+    if len(requests) > CLEAR_LIMIT:
+        return None
+    return sorted(requests, key=attrgetter("deadline_s"))
