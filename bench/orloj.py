@@ -59,14 +59,20 @@ them, and ``outcomes_by_class`` has a shared queue's per class of digits);
 ``gain_vs_best_baseline_tight_pct``: on the early-exit model's per-model queue (``shared``;
 ``dynamic`` when only that ran: ``gain_workload`` says which), 100 (Orloj /
 best baseline - 1) of the mean finish rate over the tight SLOs (<= 2x), the best baseline
-being the one with the highest such mean, at the heaviest load run (``gain_load``: the
-sweep's heaviest, or ``--load`` without a sweep; ``gain_by_slo_pct`` has each SLO's there).
+being the one with the highest such mean (of the medians), at the heaviest load run
+(``gain_load``: the sweep's heaviest, or ``--load`` without a sweep; ``gain_by_slo_pct``
+has each SLO's there). Paired: each repeat's ratio, the median over the repeats (the
+schedulers of a repeat shared its arrivals and its slices of time; the machine's drift
+between repeats is far larger than the gaps between schedulers); ``gain_unpaired_pct``
+beside it, the ratio of the medians.
 ``gain_by_load_tight_pct[load][workload]`` has the gain of each early-exit workload at every
 load (``--load``'s too: ``gain_by_workload_tight_pct`` repeats it), ``best_baseline_by_load``
 and ``gain_by_slo_pct_by_load`` beside it, and ``load_sweep[load]`` the sweep's finish rates,
 outcomes, rates and client lag as above. ``static_gap_pct``: on
 the static model, the largest shortfall of Orloj behind the best baseline at any SLO, in
-percentage points (0 when Orloj is never behind); ``scheduler_overhead_us_p50``: Orloj's median
+percentage points (0 when Orloj is never behind), paired as the gain (at each SLO the median
+over the repeats of the best baseline's finish rate less Orloj's in that repeat;
+``static_gap_unpaired_pct``: from the medians); ``scheduler_overhead_us_p50``: Orloj's median
 CPU time per decision (``next_batch`` and the enqueues since the previous decision), over its
 queues, and ``overhead_us_p50_by_scheduler`` (``_mean``: over all their decisions); both
 over the whole run, the load sweep's decisions (more requests queued) included;
@@ -474,42 +480,77 @@ def baselines_in(finish: dict[str, dict[str, float]]) -> list[str]:
     return [b for b in BASELINES if b in finish]
 
 
-def gains(finish: dict[str, dict[str, float]], slos: list[float]) -> tuple[float | None,
-                                                                             dict[str, Any]]:
+def gains(repeats: list[dict[str, dict[str, float]]], slos: list[float]
+          ) -> tuple[float | None, dict[str, Any]]:
+    """Orloj's gain over the best baseline at the tight SLOs, from each repeat's finish rates.
+
+    The best baseline has the highest mean finish rate over the tight SLOs (of the repeats'
+    medians). The gain is paired: each repeat's 100 (Orloj / best - 1) of those means, the
+    median over the repeats. A repeat's schedulers took turns on the same arrivals in the
+    same slices of time, so the machine's drift between repeats (tens of points) falls on
+    both sides of each ratio; a ratio of medians would take each side from whichever repeat
+    was its median (``gain_unpaired_pct``, beside it).
+    """
     tight = [f"{s:g}x" for s in slos if s <= TIGHT_MAX]
-    if not tight:
+    if not tight or not repeats:
+        return None, {}
+    medians = median_rates(repeats)
+    baselines = baselines_in(medians)
+    if "orloj" not in medians or not baselines:
         return None, {}
 
-    def mean(name: str) -> float:
+    def mean(finish: dict[str, dict[str, float]], name: str) -> float:
         return statistics.mean(finish[name][s] for s in tight)
 
-    baselines = baselines_in(finish)
-    if "orloj" not in finish or not baselines:
-        return None, {}
-    best = max(baselines, key=mean)
-    gain = 100.0 * (mean("orloj") / mean(best) - 1.0) if mean(best) > 0 else None
+    best = max(baselines, key=lambda name: mean(medians, name))
+    paired = [100.0 * (mean(run, "orloj") / mean(run, best) - 1.0) for run in repeats
+              if mean(run, best) > 0]
+    unpaired = (100.0 * (mean(medians, "orloj") / mean(medians, best) - 1.0)
+                if mean(medians, best) > 0 else None)
     by_slo = {}
     for s in (f"{x:g}x" for x in slos):
-        top = max(finish[b][s] for b in baselines)
-        by_slo[s] = round(100.0 * (finish["orloj"][s] / top - 1.0), 1) if top > 0 else None
-    return (None if gain is None else round(gain, 1)), {"best_baseline_tight": best,
-                                                         "gain_by_slo_pct": by_slo}
+        ratios = [100.0 * (run["orloj"][s] / top - 1.0) for run in repeats
+                  if (top := max(run[b][s] for b in baselines)) > 0]
+        by_slo[s] = round(statistics.median(ratios), 1) if ratios else None
+    gain = round(statistics.median(paired), 1) if paired else None
+    return gain, {"best_baseline_tight": best, "gain_by_slo_pct": by_slo,
+                  "gain_unpaired_pct": None if unpaired is None else round(unpaired, 1)}
 
 
-def gains_by_load(runs: dict[float, tuple[dict[str, Any], list[float]]]
+def median_rates(repeats: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each scheduler's finish rate at each SLO, the median over the repeats."""
+    return {name: {s: statistics.median(run[name][s] for run in repeats) for s in rates}
+            for name, rates in repeats[0].items()}
+
+
+def gains_by_load(runs: dict[float, tuple[list[dict[str, Any]], list[float]]]
                   ) -> dict[float, dict[str, tuple[float | None, dict[str, Any]]]]:
-    """Per load, each early-exit workload's :func:`gains` (``runs``: load -> finish rates by
-    workload and the SLOs they ran)."""
-    return {load: {key: gains(finish[key], slos) for key in DYNAMIC_WORKLOADS if key in finish}
-            for load, (finish, slos) in runs.items()}
+    """Per load, each early-exit workload's :func:`gains` (``runs``: load -> each repeat's
+    finish rates by workload, and the SLOs they ran)."""
+    return {load: {key: gains([run[key] for run in repeats], slos)
+                   for key in DYNAMIC_WORKLOADS if key in repeats[0]}
+            for load, (repeats, slos) in runs.items() if repeats}
 
 
-def static_gap(static: dict[str, dict[str, float]] | None) -> float | None:
-    """Orloj's largest shortfall behind the best baseline on the static model (a fraction)."""
-    baselines = baselines_in(static or {})
-    if not static or "orloj" not in static or not baselines:
+def static_gap(repeats: list[dict[str, dict[str, float]]] | None
+               ) -> tuple[float, float] | None:
+    """Orloj's largest shortfall behind the best baseline on the static model (fractions).
+
+    At each SLO, in each repeat, the best baseline's finish rate less Orloj's (the best of
+    those that ran, there); the median over the repeats; the largest over the SLOs. Beside
+    it, unpaired: the same from the repeats' medians. None when Orloj or no baseline ran.
+    """
+    if not repeats or "orloj" not in repeats[0] or not baselines_in(repeats[0]):
         return None
-    return max(max(static[b][s] for b in baselines) - static["orloj"][s] for s in static["orloj"])
+    baselines = baselines_in(repeats[0])
+
+    def shortfall(finish: dict[str, dict[str, float]], s: str) -> float:
+        return max(finish[b][s] for b in baselines) - finish["orloj"][s]
+
+    slos = list(repeats[0]["orloj"])
+    paired = max(statistics.median(shortfall(run, s) for run in repeats) for s in slos)
+    unpaired = max(shortfall(median_rates(repeats), s) for s in slos)
+    return paired, unpaired
 
 
 def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
@@ -663,13 +704,15 @@ def main() -> None:
             if args.keep_log is not None and (root / "gateway" / "gateway.log").exists():
                 shutil.copyfile(root / "gateway" / "gateway.log", args.keep_log)
     finish = result["finish_rate"]
-    by_load = gains_by_load({load: (r["finish_rate"], tight) for load, r in sweep.items()} | {
-        args.load: (finish, slos)})
+    by_load = gains_by_load({load: (r["finish_rate_by_repeat"], tight)
+                             for load, r in sweep.items()} | {
+        args.load: (result["finish_rate_by_repeat"], slos)})
     by_workload = by_load[args.load]
     headline = next((key for key in DYNAMIC_WORKLOADS if key in by_workload), None)
     heaviest = max(by_load)
     gain, gain_detail = by_load[heaviest][headline] if headline else (None, {})
-    gap = static_gap(finish.get("static"))
+    gap = static_gap([run["static"] for run in result["finish_rate_by_repeat"]
+                      if "static" in run])
     for key, per in finish.items():
         for scheduler, rates in per.items():
             print(f"{key:8s} {scheduler:10s} " + " ".join(f"{s}:{r:.3f}" for s, r in
@@ -694,7 +737,8 @@ def main() -> None:
             "outcomes": r["outcomes"], "outcomes_by_class": r["outcomes_by_class"],
             "finish_rate_by_repeat": r["finish_rate_by_repeat"],
             "client_send_lag_ms": r["send_lag_ms"]} for load, r in sorted(sweep.items())},
-        "static_gap_pct": None if gap is None else round(max(0.0, gap) * 100, 1),
+        "static_gap_pct": None if gap is None else round(max(0.0, gap[0]) * 100, 1),
+        "static_gap_unpaired_pct": None if gap is None else round(max(0.0, gap[1]) * 100, 1),
         "scheduler_overhead_us_p50": overhead.get("orloj"),
         "overhead_us_p50_by_scheduler": overhead,
         "scheduler_overhead_us_mean": overhead_mean.get("orloj"),

@@ -25,13 +25,30 @@ def test_orloj_gains_and_static_gap_use_the_baselines_that_ran() -> None:
     orloj = load_script("bench/orloj.py")
     finish = {"orloj": {"1x": 0.6, "3x": 0.9}, "nexus": {"1x": 0.4, "3x": 0.95},
               "orloj_paper": {"1x": 0.9, "3x": 0.99}}
-    gain, detail = orloj.gains(finish, [1.0, 3.0])
+    gain, detail = orloj.gains([finish], [1.0, 3.0])
     assert gain == 50.0 and detail["best_baseline_tight"] == "nexus"  # not the variant
     assert detail["gain_by_slo_pct"] == {"1x": 50.0, "3x": -5.3}
-    assert orloj.gains({"orloj": {"1x": 0.5}}, [1.0]) == (None, {})  # no baseline ran
-    assert round(orloj.static_gap(finish), 3) == 0.05
+    assert orloj.gains([{"orloj": {"1x": 0.5}}], [1.0]) == (None, {})  # no baseline ran
+    paired, unpaired = orloj.static_gap([finish])
+    assert round(paired, 3) == round(unpaired, 3) == 0.05
     assert orloj.static_gap(None) is None
-    assert orloj.static_gap({"nexus": {"1x": 0.5}}) is None
+    assert orloj.static_gap([{"nexus": {"1x": 0.5}}]) is None
+
+
+def test_orloj_gains_and_static_gap_pair_each_repeats_schedulers() -> None:
+    """A slow repeat slows every scheduler in it: the gap is taken within each repeat."""
+    orloj = load_script("bench/orloj.py")
+    repeats = [{"orloj": {"1x": 0.80}, "clipper": {"1x": 0.81}, "nexus": {"1x": 0.5}},
+               {"orloj": {"1x": 0.60}, "clipper": {"1x": 0.61}, "nexus": {"1x": 0.5}},
+               {"orloj": {"1x": 0.70}, "clipper": {"1x": 0.85}, "nexus": {"1x": 0.5}}]
+    paired, unpaired = orloj.static_gap(repeats)
+    # one point behind in two repeats of three; the medians come from different repeats
+    assert round(paired, 3) == 0.01 and round(unpaired, 3) == 0.11
+    gain, detail = orloj.gains(repeats, [1.0])
+    assert detail["best_baseline_tight"] == "clipper"
+    assert gain == round(100 * (0.60 / 0.61 - 1), 1)  # the median of -1.2, -1.6, -17.6 %
+    assert detail["gain_unpaired_pct"] == round(100 * (0.70 / 0.81 - 1), 1)
+    assert detail["gain_by_slo_pct"] == {"1x": gain}  # one SLO: the same pairs
 
 
 def test_orloj_gains_are_taken_per_load_on_the_early_exit_workloads() -> None:
@@ -39,7 +56,7 @@ def test_orloj_gains_are_taken_per_load_on_the_early_exit_workloads() -> None:
     light = {"shared": {"orloj": {"1x": 0.6, "3x": 1.0}, "nexus": {"1x": 0.5, "3x": 1.0}},
              "static": {"orloj": {"1x": 0.1, "3x": 0.9}, "nexus": {"1x": 0.2, "3x": 0.9}}}
     heavy = {"shared": {"orloj": {"1x": 0.45}, "nexus": {"1x": 0.15}}}
-    by_load = orloj.gains_by_load({0.4: (light, [1.0, 3.0]), 0.7: (heavy, [1.0])})
+    by_load = orloj.gains_by_load({0.4: ([light], [1.0, 3.0]), 0.7: ([heavy], [1.0])})
     assert set(by_load) == {0.4, 0.7} and set(by_load[0.4]) == {"shared"}  # not the static
     assert by_load[0.4]["shared"][0] == 20.0 and by_load[0.7]["shared"][0] == 200.0
     assert by_load[0.7]["shared"][1]["best_baseline_tight"] == "nexus"
