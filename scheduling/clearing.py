@@ -10,8 +10,13 @@ latency known by its composition (requests per app).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from operator import attrgetter
 
 from scheduling.types import QueuedRequest
+
+CLEAR_LIMIT = 64
+"""Queues longer than this are not checked for being cleared in time (``clears`` walks the
+whole queue, for every candidate Orloj weighs): such a queue is overloaded in all but name."""
 
 LatencyOf = Callable[[dict[str, int]], tuple[float, float]]
 """(mean, p99) latency of a batch with the given requests per app."""
@@ -66,3 +71,21 @@ def first_batch(order: Sequence[QueuedRequest], start_s: float, latency_of: Late
     within the batch's p99 latency, at most ``largest``.
     """
     return next(iter(schedule(order, start_s, latency_of, largest)), ([], start_s))[0]
+
+
+def counts_of(requests: Sequence[QueuedRequest]) -> dict[str, int]:
+    """Requests per app among ``requests`` (a batch's composition)."""
+    counts: dict[str, int] = {}
+    for request in requests:
+        counts[request.app] = counts.get(request.app, 0) + 1
+    return counts
+
+
+def by_deadline(requests: Sequence[QueuedRequest]) -> list[QueuedRequest] | None:
+    """``requests`` by deadline (ties in their order), for :func:`clears`.
+
+    None past ``CLEAR_LIMIT``: the check walks the whole queue for every candidate weighed.
+    """
+    if len(requests) > CLEAR_LIMIT:
+        return None
+    return sorted(requests, key=attrgetter("deadline_s"))

@@ -29,16 +29,15 @@ import itertools
 import logging
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass, field
-from operator import attrgetter
+from dataclasses import dataclass
 
-from scheduling.clearing import clears, first_batch
+from scheduling.clearing import by_deadline, clears, counts_of, first_batch
 from scheduling.distribution import Distribution
-from scheduling.hull import UpperHull
 from scheduling.orloj_config import OrlojConfig
 from scheduling.planning import Composition, Planning, RefreshJob
 from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
+from scheduling.size_queue import Member, SizeQueue
 from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedRequest
 
 logger = logging.getLogger(__name__)
@@ -50,35 +49,9 @@ URGENT_COUNT = 4
 """How many of the highest priorities overall a batch is checked against (``_lost``)."""
 HARMLESS_LOSS = 0.1
 """Expected finishes below which a batch costs the requests it leaves out nothing."""
-CLEAR_LIMIT = 64
-"""Queues longer than this are not checked for being cleared in time (``_clears`` walks the
-whole queue, for every candidate it weighs): such a queue is overloaded in all but name."""
 
 
-@dataclass(slots=True)
-class _Member:
-    regime: int
-    generation: int
-
-
-@dataclass(slots=True)
-class _SizeQueue:
-    """The requests that can still make a batch of ``size`` in time."""
-
-    size: int
-    hull: UpperHull = field(default_factory=UpperHull)
-    members: dict[Hashable, _Member] = field(default_factory=dict)
-    milestones: list[tuple[float, int, Hashable, int]] = field(default_factory=list)
-    deadlines: list[tuple[float, int, Hashable]] = field(default_factory=list)
-
-    def earliest(self) -> float:
-        """Earliest deadline among the members (stale heap entries dropped lazily)."""
-        while self.deadlines and self.deadlines[0][2] not in self.members:
-            heapq.heappop(self.deadlines)
-        return self.deadlines[0][0] if self.deadlines else math.inf
-
-
-_Candidate = tuple[float, int, _SizeQueue, list[Hashable], float, float]
+_Candidate = tuple[float, int, SizeQueue, list[Hashable], float, float]
 """A batch weighed by goodput selection: (goodput, size, its queue, its keys, its expected
 latency, its expected on-time finishes)."""
 
@@ -109,7 +82,7 @@ class Orloj:
         """Enqueued, not placed yet: placed by the next ``next_batch`` (when the worker is
         free), so a request that arrives to an idle worker is sent without entering the
         queues (the same batch the queues would give)."""
-        self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
+        self._queues = [SizeQueue(n) for n in self.config.batch_sizes]
         self._drops: list[Drop] = []
         self._seq = itertools.count()
         self._t0 = 0.0
@@ -168,7 +141,7 @@ class Orloj:
             return
         self.planning = planning
         pending = list(self._requests.values())
-        self._queues = [_SizeQueue(n) for n in self.config.batch_sizes]
+        self._queues = [SizeQueue(n) for n in self.config.batch_sizes]
         self._requests.clear()
         self._t0 = max(self._t0, now_s)
         for request in pending:
@@ -244,7 +217,7 @@ class Orloj:
                 for request in alive:
                     if request.key not in chosen:
                         self._place(request, now_s)
-                return batch, self._latency_of(_counts_of(batch))[0]
+                return batch, self._latency_of(counts_of(batch))[0]
             arrived = alive
         for request in arrived:
             self._place(request, now_s)
@@ -284,12 +257,12 @@ class Orloj:
         else:
             self._drops.append(Drop(request, UNREACHABLE))
 
-    def _join(self, queue: _SizeQueue, request: QueuedRequest, curve: Curve, regime: int,
+    def _join(self, queue: SizeQueue, request: QueuedRequest, curve: Curve, regime: int,
               generation: int) -> None:
         a, beta = curve.point(regime, request.deadline_s - self._t0)
         queue.hull.insert(request.key, a, beta)
         joined = request.key not in queue.members
-        queue.members[request.key] = _Member(regime, generation)
+        queue.members[request.key] = Member(regime, generation)
         if joined:
             heapq.heappush(queue.deadlines, (request.deadline_s, next(self._seq), request.key))
             if len(queue.deadlines) > 2 * len(queue.members) + 64:  # drop departed entries
@@ -298,11 +271,7 @@ class Orloj:
         heapq.heappush(queue.milestones, (curve.leaves_at(regime, request.deadline_s),
                                           next(self._seq), request.key, generation))
 
-    def _leave(self, queue: _SizeQueue, key: Hashable) -> None:
-        if queue.members.pop(key, None) is not None:
-            queue.hull.remove(key)
-
-    def _advance(self, queue: _SizeQueue, now_s: float) -> None:
+    def _advance(self, queue: SizeQueue, now_s: float) -> None:
         """Move the requests whose slack crossed a bin edge; drop those out of every queue."""
         heap = queue.milestones
         while heap and heap[0][0] <= now_s:
@@ -316,10 +285,10 @@ class Orloj:
             if regime >= 0:
                 self._join(queue, request, curve, regime, generation + 1)
                 continue
-            self._leave(queue, key)
+            queue.leave(key)
             if queue.size == 1:  # out of the smallest size: out of all of them
                 for other in self._queues:
-                    self._leave(other, key)
+                    other.leave(key)
                 del self._requests[key]
                 self._drops.append(Drop(request, UNREACHABLE))
 
@@ -331,8 +300,8 @@ class Orloj:
                 curve = self.curve(request.app, queue.size)
                 queue.hull.insert(key, *curve.point(member.regime, request.deadline_s - now_s))
 
-    def _choose(self, ready: list[_SizeQueue],
-                now_s: float) -> tuple[_SizeQueue, list[Hashable], float]:
+    def _choose(self, ready: list[SizeQueue],
+                now_s: float) -> tuple[SizeQueue, list[Hashable], float]:
         """The queue to batch from, its top keys, and the batch's expected latency."""
         if self.config.selection == "goodput":
             cfg = self.config
@@ -407,22 +376,22 @@ class Orloj:
         """The clearing schedule's first batch of ``requests``, or None.
 
         None when they cannot all be cleared in time, or are too many to check
-        (``CLEAR_LIMIT``).
+        (``clearing.CLEAR_LIMIT``).
         """
-        order = _by_deadline(requests)
+        order = by_deadline(requests)
         if order is None or not self._clears(order, now_s):
             return None
         return first_batch(order, now_s, self._latency_of, self.config.batch_sizes[-1])
 
     def _deadline_order(self) -> list[QueuedRequest] | None:
-        """The queued requests by deadline, for the clearing check; None past ``CLEAR_LIMIT``."""
-        return _by_deadline(list(self._requests.values()))
+        """The queued requests by deadline, for the clearing check (None: too many)."""
+        return by_deadline(list(self._requests.values()))
 
     def _counts(self, keys: list[Hashable]) -> dict[str, int]:
         """Requests per app among ``keys``."""
-        return _counts_of([self._requests[key] for key in keys])
+        return counts_of([self._requests[key] for key in keys])
 
-    def _candidate(self, queue: _SizeQueue, keys: list[Hashable], now_s: float) -> _Candidate:
+    def _candidate(self, queue: SizeQueue, keys: list[Hashable], now_s: float) -> _Candidate:
         """The batch ``keys`` from ``queue``, weighed: goodput first.
 
         Goodput: expected on-time finishes per second of worker time.
@@ -440,7 +409,7 @@ class Orloj:
         """(mean, p99) latency of a batch with ``counts`` requests per app, cached."""
         return self.planning.moments(tuple(sorted((a, c) for a, c in counts.items() if c)))
 
-    def _ready(self) -> list[_SizeQueue]:
+    def _ready(self) -> list[SizeQueue]:
         """The sizes a batch can be formed at.
 
         A full queue, or (``partial_batches``) one holding more requests than the next
@@ -455,7 +424,7 @@ class Orloj:
             below = queue.size
         return ready
 
-    def _candidates(self, queue: _SizeQueue, now_s: float) -> list[list[Hashable]]:
+    def _candidates(self, queue: SizeQueue, now_s: float) -> list[list[Hashable]]:
         """The batches of ``queue``'s size worth weighing (see ``OrlojConfig.selection``)."""
         if not self._several_apps():
             return [self._top(queue, now_s)]
@@ -503,26 +472,9 @@ class Orloj:
         """Whether ``batch`` sent ``wait_s`` later finishes about as many on time."""
         return batch[5] - self._on_time(batch[3], now_s + wait_s)[0] <= HARMLESS_LOSS
 
-    def _top(self, queue: _SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
-        """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``.
-
-        Best first; all of them, unranked, when the queue holds no more than a batch.
-        """
-        if len(queue.members) <= queue.size:  # all of them: no need to rank
-            return list(queue.members)
-        count = min(count or queue.size, len(queue.members))
-        u = math.exp((now_s - self._t0) / self.delay_s)
-        taken: list[tuple[Hashable, float, float]] = []
-        for _ in range(count):
-            best = queue.hull.best(u)
-            if best is None:
-                break
-            key = best[0]
-            taken.append((key, *queue.hull.point(key)))
-            queue.hull.remove(key)
-        for key, a, beta in taken:  # the caller decides whether they leave
-            queue.hull.insert(key, a, beta)
-        return [key for key, _, _ in taken]
+    def _top(self, queue: SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
+        """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``."""
+        return queue.top(math.exp((now_s - self._t0) / self.delay_s), count)
 
     def _on_time(self, keys: list[Hashable], now_s: float) -> tuple[float, float]:
         """(expected on-time finishes, expected latency) of a batch sent at ``now_s``.
@@ -551,24 +503,7 @@ class Orloj:
         batch = []
         for key in keys:
             for other in self._queues:
-                self._leave(other, key)
+                other.leave(key)
             batch.append(self._requests.pop(key))
         return tuple(batch)
 
-
-def _counts_of(requests: list[QueuedRequest]) -> dict[str, int]:
-    """Requests per app among ``requests``."""
-    counts: dict[str, int] = {}
-    for request in requests:
-        counts[request.app] = counts.get(request.app, 0) + 1
-    return counts
-
-
-def _by_deadline(requests: list[QueuedRequest]) -> list[QueuedRequest] | None:
-    """``requests`` by deadline (ties in their order), for the clearing check.
-
-    None past ``CLEAR_LIMIT``: the check walks the whole queue for every candidate it weighs.
-    """
-    if len(requests) > CLEAR_LIMIT:
-        return None
-    return sorted(requests, key=attrgetter("deadline_s"))
