@@ -596,6 +596,8 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
         parser.error("--sweep-loads: numbers, comma-separated")
     if not all(0 < x <= 2 for x in [args.load, *args.sweep_loads]):
         parser.error("--load and --sweep-loads: in (0, 2]")
+    if args.load in args.sweep_loads:  # its figures would be one run's or the other's
+        parser.error(f"--sweep-loads: {args.load:g} is --load, run already")
     args.schedulers = [s for s in args.schedulers.split(",") if s]
     unknown = set(args.schedulers) - set(SCHEDULERS) - set(VARIANTS)
     if unknown:

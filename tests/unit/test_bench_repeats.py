@@ -1,6 +1,11 @@
-"""The live benches' repeats: finish rates combine as medians, outcomes as sums."""
+"""The live benches' repeats: finish rates combine as medians, outcomes as sums; gains pair
+the schedulers of each repeat."""
 
 from __future__ import annotations
+
+import sys
+
+import pytest
 
 from tests.unit.scripts import load_script
 
@@ -60,6 +65,15 @@ def test_orloj_gains_are_taken_per_load_on_the_early_exit_workloads() -> None:
     assert set(by_load) == {0.4, 0.7} and set(by_load[0.4]) == {"shared"}  # not the static
     assert by_load[0.4]["shared"][0] == 20.0 and by_load[0.7]["shared"][0] == 200.0
     assert by_load[0.7]["shared"][1]["best_baseline_tight"] == "nexus"
+
+
+def test_orloj_refuses_a_sweep_load_that_is_the_main_load(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    orloj = load_script("bench/orloj.py")
+    monkeypatch.setattr(sys, "argv", ["orloj.py", "--load", "0.7", "--sweep-loads", "0.5,0.7"])
+    with pytest.raises(SystemExit):
+        orloj.parse_args()
+    assert "0.7 is --load" in capsys.readouterr().err
 
 
 def test_orloj_rates_are_the_load_of_each_workloads_capacity_under_the_cap() -> None:
