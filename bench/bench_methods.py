@@ -541,11 +541,12 @@ Clipper-like AIMD, Nexus-like plan from the mean with early drop, Clockwork-like
 p99 and an action window of one p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a
 warm-up each, then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at
 most `--max-rate` (400/s; client, gateway and model share the machine's cores), in `--slices`
-(5) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
-that the machine's drifts fall on all of them; all of it `--repeats` (5) times with successive
-seeds, each finish rate the median over the repeats. A request finishes when its answer is
-back within the SLO of its scheduled send time; drops, timeouts and late answers do not (the
-outcomes are counted per scheduler and SLO, and per class of digits on the shared queue).
+(25) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
+that the machine's drifts (a slow second) fall on all of them; all of it `--repeats` (5)
+times with successive seeds, each finish rate the median over the repeats. A request
+finishes when its answer is back within the SLO of its scheduled send time; drops, timeouts
+and late answers do not (the outcomes are counted per scheduler and SLO, and per class of
+digits on the shared queue).
 Each request carries the time left to its SLO when it is sent as its timeout, as a client
 with a deadline does (so a request the gateway cannot answer in time fails at its deadline,
 `deadline`, rather than coming back late); `client_send_lag_ms` is how late the client sent

@@ -43,9 +43,11 @@ Workloads (``--workloads``, all by default):
    10 x the SLO, the gateway's objective alone); ``client_send_lag_ms`` is how late the
    client sent (p50, p99).
 3. **Runs**: every (workload, SLO, scheduler); at each SLO the ``--seconds`` go in
-   ``--slices`` (5) slices, and in each slice every scheduler takes its turn, in a shuffled
+   ``--slices`` (25) slices, and in each slice every scheduler takes its turn, in a shuffled
    order, on the same arrival times and digits, so that a drift of the machine (a background
-   job, a slow second) falls on all of them instead of on whichever ran then; all of it
+   job, a slow second) falls on all of them instead of on whichever ran then (slices of a
+   fifth of a second: with 1-second slices a slow second or two fell on one or two
+   schedulers' slices, and cost one of them tens of points in a repeat); all of it
    ``--repeats`` times (5) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
    gateway (one 5-second run per point moved by tens of points on this machine).
 4. **Load sweep**: then the early-exit workloads again, on the same apps, at the tight SLOs
@@ -568,7 +570,7 @@ def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:
     parser.add_argument("--sweep-max-rate", type=float, default=1000.0,
                         help="at most this many requests per second in the load sweep")
     parser.add_argument("--slos", default="1,1.5,2,3,5", help="multiples of the p99")
-    parser.add_argument("--slices", type=int, default=5,
+    parser.add_argument("--slices", type=int, default=25,
                         help="each run's seconds in this many slices, the schedulers' turns "
                              "interleaved (the same arrivals for each in a slice)")
     parser.add_argument("--seed", type=int, default=0)
