@@ -534,8 +534,9 @@ sending any held-out digit; `shared` (`digits_ee`), two apps per (scheduler, SLO
 queue (`--model-queue`, Orloj's per-model queue): `easy` sends the digits that leave at the
 first exit, `hard` those that run to the last (asked of the model first), half the arrivals
 each. First, in the same run, each workload's p99 execution time: 2,000 requests one at a time
-through the gateway without a scheduler (client-observed: transfer, gateway and model), and
-the median time of a request of 8 rows, whose inverse times 8 is the capacity. Then, per
+through the gateway without a scheduler (client-observed: transfer, gateway and model; the
+median of four consecutive parts' p99s, so that a slow second moves one part), and the
+median time of a request of 8 rows, whose inverse times 8 is the capacity. Then, per
 workload, SLO (1, 1.5, 2, 3, 5 x that p99) and scheduler (Orloj as the simulator's "ours";
 Clipper-like AIMD, Nexus-like plan from the mean with early drop, Clockwork-like EDF with the
 p99 and an action window of one p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a

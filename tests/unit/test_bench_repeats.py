@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
 from tests.unit.scripts import load_script
@@ -74,6 +75,15 @@ def test_orloj_refuses_a_sweep_load_that_is_the_main_load(
     with pytest.raises(SystemExit):
         orloj.parse_args()
     assert "0.7 is --load" in capsys.readouterr().err
+
+
+def test_orloj_p99_is_not_moved_by_one_slow_stretch_of_the_measurement() -> None:
+    orloj = load_script("bench/orloj.py")
+    steady = [0.001 + 0.000001 * (i % 100) for i in range(2000)]
+    slow = steady[:1000] + [0.010] * 40 + steady[1040:]  # a slow stretch in one part
+    assert orloj.steady_p99(slow) == orloj.steady_p99(steady)
+    assert abs(orloj.steady_p99(steady) - 0.001099) < 2e-6
+    assert float(np.percentile(slow, 99)) > 0.009  # what one p99 over all of it says
 
 
 def test_orloj_rates_are_the_load_of_each_workloads_capacity_under_the_cap() -> None:
