@@ -46,9 +46,9 @@ Workloads (``--workloads``, all by default):
 3. **Runs**: every (workload, SLO, scheduler); at each SLO the ``--seconds`` go in
    ``--slices`` (25) slices, and in each slice every scheduler takes its turn, in a shuffled
    order, on the same arrival times and digits, so that a drift of the machine (a background
-   job, a slow second) falls on all of them instead of on whichever ran then (slices of a
-   fifth of a second: with 1-second slices a slow second or two fell on one or two
-   schedulers' slices, and cost one of them tens of points in a repeat); all of it
+   job, a slow second) falls on all of them instead of on whichever ran then (in slices of
+   a fifth of a second, a slow second spreads over every scheduler rather than costing one
+   of them its repeat); all of it
    ``--repeats`` times (5) with seeds ``--seed``, ``--seed + 1``, ... on the same Triton and
    gateway (one 5-second run per point moved by tens of points on this machine).
 4. **Load sweep**: then the early-exit workloads again, on the same apps, at the tight SLOs
@@ -389,8 +389,7 @@ def steady_p99(latencies: list[float], parts: int = MEASURE_PARTS) -> float:
     """The p99 of ``latencies`` (in the order taken) as the median of ``parts`` parts' p99s.
 
     A slow second of the machine during the measurement moves one part's p99, not the
-    figure every SLO is a multiple of (once, the p99 of all 2,000 came out 5-8 times the
-    runs' own).
+    figure every SLO is a multiple of (a p99 inflated so leaves every objective loose).
     """
     size = max(1, len(latencies) // parts)
     pieces = [latencies[i:i + size] for i in range(0, size * parts, size)]
