@@ -462,10 +462,10 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The repeats as one result: each finish rate their median, the outcomes summed."""
-    first = runs[0]["finish_rate"]
-    finish = {key: {scheduler: {slo: round(statistics.median(
-        run["finish_rate"][key][scheduler][slo] for run in runs), 4) for slo in rates}
-        for scheduler, rates in per.items()} for key, per in first.items()}
+    finish = {key: {scheduler: {slo: round(rate, 4) for slo, rate in rates.items()}
+                    for scheduler, rates in median_rates(
+                        [run["finish_rate"][key] for run in runs]).items()}
+              for key in runs[0]["finish_rate"]}
     outcomes: dict[str, Any] = {}
     by_class: dict[str, Any] = {}
     for run in runs:
@@ -564,8 +564,9 @@ def static_gap(repeats: list[dict[str, dict[str, float]]] | None
         return max(finish[b][s] for b in baselines) - finish["orloj"][s]
 
     slos = list(repeats[0]["orloj"])
+    medians = median_rates(repeats)
     paired = max(statistics.median(shortfall(run, s) for run in repeats) for s in slos)
-    unpaired = max(shortfall(median_rates(repeats), s) for s in slos)
+    unpaired = max(shortfall(medians, s) for s in slos)
     return paired, unpaired
 
 
