@@ -40,6 +40,7 @@ from agent.triton_access import (
 from agent.triton_config import (
     ModelLoadError,
     TritonConfig,
+    TritonCrashedAtStartError,
     TritonInstall,
     TritonStartError,
     TritonUnavailableError,
@@ -55,6 +56,12 @@ CONTROL_TIMEOUT_S = 300.0
 GRPC_NO_ANSWER = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
                             "StatusCode.CANCELLED"})
 """gRPC statuses that mean no answer from Triton (retryable), not a refused call."""
+START_ATTEMPTS = 3
+"""Launches of ``tritonserver`` by one :meth:`TritonServer.start` when it crashes as it starts."""
+CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS})
+"""Signals of a ``tritonserver`` that crashed by itself (rarely, its gRPC event engine aborts
+while it starts): started again, unlike an exit with a code (bad configuration, a port in use)
+or a kill from outside."""
 
 
 def _relink(link: Path, target: Path) -> None:
@@ -164,6 +171,21 @@ class TritonServer:
         if is_every_interface(self.config.bind_address()):
             logger.warning("Triton listens on every interface (%s): every network this server "
                            "is on reaches its inference endpoints", self.config.host)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self._launch()
+            try:
+                self._wait_ready()
+                break
+            except TritonCrashedAtStartError as exc:
+                if attempt == START_ATTEMPTS:
+                    raise
+                logger.warning("tritonserver crashed while starting (attempt %d of %d); "
+                               "starting it again: %s", attempt, START_ATTEMPTS, exc)
+        assert self.process is not None  # noqa: S101 - set by _launch()
+        logger.info("tritonserver pid %d ready on http %s grpc %s", self.process.pid,
+                    self.config.http_url, self.config.grpc_url)
+
+    def _launch(self) -> None:
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
@@ -174,9 +196,6 @@ class TritonServer:
         self._close_client()
         self._stopping = False
         self._watch(self.process)
-        self._wait_ready()
-        logger.info("tritonserver pid %d ready on http %s grpc %s", self.process.pid,
-                    self.config.http_url, self.config.grpc_url)
 
     def _watch(self, process: subprocess.Popen[bytes]) -> None:
         """Block a thread in waitpid, so a death is handled the instant it happens."""
@@ -229,8 +248,10 @@ class TritonServer:
         while True:
             assert self.process is not None  # noqa: S101 - set by start()
             if self.process.poll() is not None:
-                raise TritonStartError(
-                    f"tritonserver exited with code {self.process.returncode}: {self._tail()}")
+                code = self.process.returncode
+                error = (TritonCrashedAtStartError if -code in CRASH_SIGNALS
+                         else TritonStartError)
+                raise error(f"tritonserver exited with code {code}: {self._tail()}")
             if self.is_ready():
                 return
             if time.monotonic() > deadline:

@@ -31,6 +31,10 @@ class TritonStartError(TritonError):
     """``tritonserver`` exited or did not become ready in time; the message has its log tail."""
 
 
+class TritonCrashedAtStartError(TritonStartError):
+    """``tritonserver`` died of a crash signal of its own before it was ready."""
+
+
 class TritonUnavailableError(TritonError):
     """Triton did not answer (not started, died, or overloaded): worth retrying."""
 
