@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
-import site
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,12 +42,18 @@ from agent.triton_config import (
     TritonStartError,
     TritonUnavailableError,
 )
-from model_repo.native_backend import NATIVE_BACKEND, resolve_backend
+from agent.triton_launch import (
+    kill_orphan_stubs,
+    link_backends,
+    log_tail,
+    start_runtime,
+    triton_environment,
+)
+from model_repo.native_backend import resolve_backend
 from understudy.wire.secret_files import new_secret, write_secret_file
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTROL_TIMEOUT_S = 300.0
 """Longest wait for a model-control call (a large model's load)."""
 GRPC_NO_ANSWER = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED",
@@ -62,21 +65,6 @@ CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS})
 """Signals of a ``tritonserver`` that crashed by itself (rarely, its gRPC event engine aborts
 while it starts): started again, unlike an exit with a code (bad configuration, a port in use)
 or a kill from outside."""
-
-
-def _relink(link: Path, target: Path) -> None:
-    """Make ``link`` a symbolic link to ``target``, replacing whatever was there."""
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
-
-
-def _python_paths() -> list[str]:
-    """Directories the Triton stub must add to reach our packages and their dependencies."""
-    paths = [str(REPO_ROOT)]
-    paths += [p for p in site.getsitepackages() if Path(p).is_dir()]
-    return list(dict.fromkeys(paths))
 
 
 class TritonServer:
@@ -107,35 +95,14 @@ class TritonServer:
     # --- process -------------------------------------------------------------------------
 
     def _backend_dir(self) -> Path:
-        """A backend directory with the Python backend (and its stub) and the native one.
-
-        The native backend is linked in only when this server's models use it.
-        """
-        root = self.config.work_dir / "backends"
-        sources = list((self.install.backends / "python").iterdir()) + [self.install.python_stub]
-        for source in sources:
-            if source.name != "__pycache__":
-                # A link, not a copy: the stub finds its bundled libraries relative to itself.
-                _relink(root / "python" / source.name, source)
-        if self._native_library is not None:
-            _relink(root / NATIVE_BACKEND / self._native_library.name, self._native_library)
-        return root
+        """The backend directory: the Python backend, and the native one where it is used."""
+        return link_backends(self.config.work_dir / "backends", self.install,
+                             self._native_library)
 
     def environment(self) -> dict[str, str]:
         """Environment of ``tritonserver`` (inherited by the Python stubs)."""
-        env = dict(os.environ)
-        lib_dirs = [str(self.install.libs), str(Path(sys.base_prefix) / "lib")]
-        if env.get("LD_LIBRARY_PATH"):
-            lib_dirs.append(env["LD_LIBRARY_PATH"])
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
-        env["UNDERSTUDY_PYTHONPATH"] = os.pathsep.join(_python_paths())
-        # Each stub imports NumPy; OpenBLAS would start a thread per core in every one of them
-        # (and the stub does no linear algebra: inference runs in the torch runtime).
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        env.pop("UNDERSTUDY_RUNTIME_SOCKET", None)
-        if self.config.use_runtime:
-            env["UNDERSTUDY_RUNTIME_SOCKET"] = str(self.runtime_socket)
-        return env
+        return triton_environment(
+            self.install, self.runtime_socket if self.config.use_runtime else None)
 
     def command(self) -> list[str]:
         """The ``tritonserver`` command line.
@@ -213,35 +180,8 @@ class TritonServer:
         threading.Thread(target=wait, name=f"triton-watch-{process.pid}", daemon=True).start()
 
     def _start_runtime(self) -> None:
-        if self.runtime is not None and self.runtime.poll() is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            self.runtime_socket.unlink()
-        log = (self.config.work_dir / "torch-runtime.log").open("ab")
-        try:
-            self.runtime = subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "model_repo.runtime", "--socket",
-                 str(self.runtime_socket),
-                 # One idle forked worker per load thread: loads started together never wait
-                 # for a fork (model_repo/runtime_spares.py).
-                 "--spares", str(self.config.model_load_threads)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_paths())},
-                preexec_fn=child_setup(self.config.nice))
-        finally:
-            log.close()
-        deadline = time.monotonic() + self.config.start_timeout_s
-        while not self.runtime_socket.exists():
-            if self.runtime.poll() is not None:
-                raise TritonStartError(f"torch runtime exited with code "
-                                       f"{self.runtime.returncode}: {self._tail('runtime')}")
-            if time.monotonic() > deadline:
-                self.runtime.kill()  # not left half-started: the next start begins afresh
-                self.runtime.wait()
-                raise TritonStartError(f"torch runtime not listening after "
-                                       f"{self.config.start_timeout_s:g} s: "
-                                       f"{self._tail('runtime') or '(nothing logged)'}")
-            time.sleep(0.01)
+        if self.runtime is None or self.runtime.poll() is not None:
+            self.runtime = start_runtime(self.config, self.runtime_socket)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -260,13 +200,8 @@ class TritonServer:
                                        f"{self.config.start_timeout_s} s: {self._tail()}")
             time.sleep(0.02)
 
-    def _tail(self, which: str = "triton", lines: int = 15) -> str:
-        path = self.log_path if which == "triton" else self.config.work_dir / "torch-runtime.log"
-        try:
-            text = path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(line for line in text[-lines:] if "Timeout" not in line)
+    def _tail(self) -> str:
+        return log_tail(self.log_path)
 
     @property
     def pid(self) -> int | None:
@@ -312,24 +247,9 @@ class TritonServer:
     def kill_orphans(self) -> int:
         """SIGKILL Python-backend stubs left behind by a dead Triton; returns how many.
 
-        A stub inherits Triton's listening sockets, so an orphaned stub keeps client
-        connections open without ever answering them: clients would hang instead of failing
-        over. Our stubs are recognised by the backend directory in their command line.
+        They would keep clients' connections open (``triton_launch.kill_orphan_stubs``).
         """
-        marker = str(self.config.work_dir / "backends" / "python").encode()
-        killed = 0
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and b"triton_python_backend_stub" in cmdline:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed += 1
-        return killed
+        return kill_orphan_stubs(self.config.work_dir / "backends")
 
     # --- client ----------------------------------------------------------------------------
 
