@@ -536,10 +536,11 @@ first exit, `hard` those that run to the last (asked of the model first), half t
 each. First, in the same run, each workload's p99 execution time: 2,000 requests one at a time
 through the gateway without a scheduler (client-observed: transfer, gateway and model; the
 median of four consecutive parts' p99s, so that a slow second moves one part), and the
-median time of a request of 8 rows, whose inverse times 8 is the capacity. Then, per
-workload, SLO (1, 1.5, 2, 3, 5 x that p99) and scheduler (Orloj as the simulator's "ours";
-Clipper-like AIMD, Nexus-like plan from the mean with early drop, Clockwork-like EDF with the
-p99 and an action window of one p99, Triton-like max batch 8 and a queue delay of 0.1 x SLO): a
+median time of 60 requests of 8 rows spread among those 2,000, whose inverse times 8 is the
+capacity. Then, per workload, SLO (1, 1.5, 2, 3, 5 x that p99) and scheduler (Orloj as the
+simulator's "ours"; Clipper-like AIMD, Nexus-like plan from the mean with early drop,
+Clockwork-like EDF with the p99 and an action window of one p99, Triton-like max batch 8 and a
+queue delay of 0.1 x SLO): a
 warm-up each, then `--seconds` (5) of Poisson arrivals at `--load` (0.4) x the capacity, at
 most `--max-rate` (400/s; client, gateway and model share the machine's cores), in `--slices`
 (25) slices in which each scheduler takes its turn (shuffled order) on the same arrivals, so
@@ -551,7 +552,9 @@ digits on the shared queue).
 Each request carries the time left to its SLO when it is sent as its timeout, as a client
 with a deadline does (so a request the gateway cannot answer in time fails at its deadline,
 `deadline`, rather than coming back late); `client_send_lag_ms` is how late the client sent
-its requests after their scheduled times (p50, p99): time outside every scheduler's reach.
+its requests after their scheduled times (p50, p99): time outside every scheduler's reach;
+the client sends at niceness -10 (`--client-nice`), as a load generator on a machine of its
+own is not held up by the servers it loads.
 Then the load sweep: the early-exit workloads again on the same apps, at the SLOs <= 2 x p99
 only, at `--sweep-loads` (0.7) x the capacity, at most `--sweep-max-rate` (1000/s), the same
 repeats. `gain_vs_best_baseline_tight_pct`: on the early-exit model's shared queue, 100 (Orloj /

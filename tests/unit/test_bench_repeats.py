@@ -3,6 +3,8 @@ the schedulers of each repeat."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 import numpy as np
@@ -84,6 +86,44 @@ def test_orloj_p99_is_not_moved_by_one_slow_stretch_of_the_measurement() -> None
     assert orloj.steady_p99(slow) == orloj.steady_p99(steady)
     assert abs(orloj.steady_p99(steady) - 0.001099) < 2e-6
     assert float(np.percentile(slow, 99)) > 0.009  # what one p99 over all of it says
+
+
+def test_orloj_capacity_probes_are_spread_over_the_measurement() -> None:
+    orloj = load_script("bench/orloj.py")
+    eight = (b"eight", ())
+    one = (b"one", ())
+    sent: list[object] = []
+
+    class Client:
+        async def sequential(self, app: str, requests: list[object], count: int,
+                             strict: bool = True) -> list[float]:
+            sent.extend(requests[i % len(requests)] for i in range(count))
+            return [0.016 if requests[0] == eight else 0.002] * count
+
+    figures = asyncio.run(orloj.measure(Client(), [orloj.WORKLOADS["static"]],
+                                        {"static": {"": [one]}}, eight))
+    at = [i for i, request in enumerate(sent) if request == eight]
+    assert len(at) == orloj.BATCH_PROBES
+    assert len(sent) == 50 + orloj.MEASURE_REQUESTS + orloj.BATCH_PROBES  # warm-up first
+    every = orloj.MEASURE_REQUESTS // orloj.BATCH_PROBES
+    assert at[0] == 50 + every and at[-1] > len(sent) - 2 * every
+    assert {b - a for a, b in zip(at, at[1:], strict=False)} == {every + 1}  # evenly spread
+    assert figures["static"]["capacity_rps"] == pytest.approx(8 / 0.016)
+
+
+def test_orloj_client_niceness_is_bounded_and_kept_where_not_permitted(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    orloj = load_script("bench/orloj.py")
+    monkeypatch.setattr(sys, "argv", ["orloj.py", "--client-nice", "-21"])
+    with pytest.raises(SystemExit):
+        orloj.parse_args()
+    assert "--client-nice: -20..19" in capsys.readouterr().err
+
+    def refuse(which: int, who: int, nice: int) -> None:
+        raise PermissionError("not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    assert orloj.set_client_nice(-10) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_orloj_rates_are_the_load_of_each_workloads_capacity_under_the_cap() -> None:
