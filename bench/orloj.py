@@ -98,15 +98,27 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from orloj_client import Client, Request, Run, poisson_run, warm  # noqa: E402
+from orloj_figures import (  # noqa: E402
+    DYNAMIC_WORKLOADS,
+    SCHEDULERS,
+    TIGHT_MAX,
+    combine,
+    gains_by_load,
+    static_gap,
+    steady_p99,
+)
 
 from deploy.scheduling_bed import (  # noqa: E402
     ServedModel,
@@ -116,15 +128,11 @@ from deploy.scheduling_bed import (  # noqa: E402
     write_repository,
     write_routes,
 )
-from gateway.upstream import HttpUpstream, UpstreamError  # noqa: E402
 
-SCHEDULERS = ("orloj", "clipper", "nexus", "clockwork", "triton")
-BASELINES = SCHEDULERS[1:]
 VARIANTS = ("orloj_paper",)
 """Schedulers run only when ``--schedulers`` names them (Orloj with the paper's rules)."""
 STATIC = ServedModel("digits", "digits_cnn", "static__digits_cnn")
 DYNAMIC = ServedModel("digits_ee", "digits_ee", "dynamic__digits_ee")
-TIGHT_MAX = 2.0
 MAX_BATCH = 8
 WARMUP_REQUESTS = 60
 MEASURE_REQUESTS = 2000
@@ -132,15 +140,6 @@ BATCH_PROBES = 60
 """Requests of 8 digits timed for the capacity, spread evenly among the requests timed alone:
 a slow or fast second of the machine moves a few of them, not the capacity every load is a
 fraction of (timed in a row, they all fell in the same second or two)."""
-MEASURE_PARTS = 4
-"""The execution-time p99 is the median of this many consecutive parts' p99s."""
-TIMEOUT_HEADER = "understudy-timeout-ms"
-MIN_TIMEOUT_MS = 0.001
-"""A request sent after its deadline still goes, with this timeout (the gateway fails it)."""
-
-
-Request = tuple[bytes, tuple[tuple[str, str], ...]]
-"""A pre-encoded request: its body and headers."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +168,6 @@ class Workload:
 
 WORKLOADS = {"static": Workload("static", STATIC), "dynamic": Workload("dynamic", DYNAMIC),
              "shared": Workload("shared", DYNAMIC, ("easy", "hard"))}
-DYNAMIC_WORKLOADS = ("shared", "dynamic")
-"""The early-exit model's workloads, the one the headline gain is taken on first."""
 
 
 def bodies() -> tuple[list[Request], list[np.ndarray], Request]:
@@ -194,149 +191,6 @@ def encode(images: np.ndarray, output: str = "logits", binary: bool = True) -> R
     return header + np.ascontiguousarray(images).tobytes(), (
         ("Content-Type", "application/octet-stream"),
         ("Inference-Header-Content-Length", str(len(header))))
-
-
-@dataclass
-class Run:
-    sent: int = 0
-    finished: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
-    by_class: dict[str, dict[str, int]] = field(default_factory=dict)
-    """The outcomes per class of requests (a workload of several classes only)."""
-    send_lag_s: list[float] = field(default_factory=list)
-    """Per request: how late the client started sending it after its scheduled time."""
-
-    def add(self, other: Run) -> None:
-        """Count ``other``'s requests in this run too."""
-        self.sent += other.sent
-        self.finished += other.finished
-        self.send_lag_s += other.send_lag_s
-        add_counts(self.outcomes, other.outcomes)
-        for label, counts in other.by_class.items():
-            add_counts(self.by_class.setdefault(label, {}), counts)
-
-
-def add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
-    """Add ``counts`` (outcome -> requests) into ``into``."""
-    for kind, count in counts.items():
-        into[kind] = into.get(kind, 0) + count
-
-
-class Client:
-    """Requests to the gateway on keep-alive connections."""
-
-    def __init__(self, url: str) -> None:
-        self.hostport = url.removeprefix("http://")
-        self.http = HttpUpstream(5.0)
-
-    async def infer(self, app: str, body: bytes, headers: tuple[tuple[str, str], ...],
-                    timeout_ms: float) -> tuple[int, str]:
-        """The status, and the error's text when it is not 200."""
-        status, text = await self.ask(app, (body, headers), timeout_ms)
-        return status, "" if status == 200 else text[:300]
-
-    async def ask(self, app: str, request: Request, timeout_ms: float) -> tuple[int, str]:
-        """The status and the reply's text (the error when it fails on the way)."""
-        body, headers = request
-        try:
-            reply = await self.http.request(
-                self.hostport, "POST", f"/v2/models/{app}/infer",
-                (*headers, (TIMEOUT_HEADER, f"{timeout_ms:.3f}")), body)
-        except UpstreamError as exc:
-            return 0, str(exc)
-        return reply.status, reply.body.decode("utf-8", "replace")
-
-    async def sequential(self, app: str, requests: list[Request], count: int,
-                         strict: bool = True) -> list[float]:
-        """One at a time; with ``strict``, a refusal is an error (not in a warm-up, where the
-        scheduler that takes over may drop what its SLO rules out)."""
-        latencies = []
-        for i in range(count):
-            body, headers = requests[i % len(requests)]
-            started = time.perf_counter()
-            status, error = await self.infer(app, body, headers, 5000)
-            if status != 200 and strict:
-                raise RuntimeError(f"{app}: {status} {error}")
-            latencies.append(time.perf_counter() - started)
-        return latencies
-
-
-_ERRORS_SEEN: set[int] = set()
-
-
-def reason_of(status: int, error: str) -> str:
-    """A failed request's outcome: a scheduler's drop reason, ``deadline`` (504), or
-    ``error-<status>`` (0: the client's request failed on the way), the first of each status
-    logged with its text."""
-    for reason in ("deadline-unreachable", "action-window-missed", "expired"):
-        if f"[{reason}]" in error:
-            return reason
-    if status == 504:
-        return "deadline"
-    if status not in _ERRORS_SEEN:
-        _ERRORS_SEEN.add(status)
-        logging.warning("first error of status %d: %s", status, error[:200])
-    return f"error-{status}"
-
-
-Stream = tuple[str, list[Request]]
-"""An app and the requests it sends."""
-
-
-async def poisson_run(client: Client, streams: list[Stream], rate: float, seconds: float,
-                      slo_s: float, seed: int, labels: list[str] | None = None,
-                      propagate: bool = True) -> Run:
-    """Poisson arrivals for ``seconds``, each from a stream drawn at random; each request's
-    outcome against the SLO (and per stream's label, with ``labels``).
-
-    ``propagate``: each request's timeout is the time left to its SLO when it is sent (a
-    client with a deadline); otherwise 10 x the SLO (the gateway's SLO alone bounds it).
-    """
-    rng = random.Random(seed)
-    loop = asyncio.get_running_loop()
-    run = Run()
-    tasks = []
-    loose_ms = max(1000.0, 10 * slo_s * 1000)
-
-    async def one(due: float, app: str, body: bytes, headers: Any, label: str | None) -> None:
-        lag = loop.time() - due
-        run.send_lag_s.append(lag)
-        timeout_ms = max(MIN_TIMEOUT_MS, (slo_s - lag) * 1000) if propagate else loose_ms
-        status, error = await client.infer(app, body, headers, timeout_ms)
-        latency = loop.time() - due
-        if status == 200:
-            kind = "finished" if latency <= slo_s else "late"
-        else:
-            kind = reason_of(status, error)
-        run.outcomes[kind] = run.outcomes.get(kind, 0) + 1
-        if label is not None:
-            add_counts(run.by_class.setdefault(label, {}), {kind: 1})
-        run.finished += kind == "finished"
-
-    start = loop.time() + 0.05
-    due = start
-    while True:
-        due += rng.expovariate(rate)
-        if due - start > seconds:
-            break
-        delay = due - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        pick = rng.randrange(len(streams))
-        app, requests = streams[pick]
-        body, headers = requests[rng.randrange(len(requests))]
-        label = labels[pick] if labels is not None else None
-        tasks.append(asyncio.create_task(one(due, app, body, headers, label)))
-        run.sent += 1
-    await asyncio.gather(*tasks)
-    return run
-
-
-async def warm(client: Client, streams: list[Stream], count: int) -> None:
-    """``count`` requests one at a time, from the streams in turn (refusals allowed)."""
-    for i in range(count):
-        app, requests = streams[i % len(streams)]
-        await client.infer(app, *requests[(i // len(streams)) % len(requests)], 5000)
 
 
 def interleave(lists: list[list[Request]]) -> list[Request]:
@@ -396,17 +250,6 @@ async def measure(client: Client, workloads: list[Workload],
                                  "batch8_s": statistics.median(batch)}
         figures[workload.key]["capacity_rps"] = MAX_BATCH / figures[workload.key]["batch8_s"]
     return figures
-
-
-def steady_p99(latencies: list[float], parts: int = MEASURE_PARTS) -> float:
-    """The p99 of ``latencies`` (in the order taken) as the median of ``parts`` parts' p99s.
-
-    A slow second of the machine during the measurement moves one part's p99, not the
-    figure every SLO is a multiple of (a p99 inflated so leaves every objective loose).
-    """
-    size = max(1, len(latencies) // parts)
-    pieces = [latencies[i:i + size] for i in range(0, size * parts, size)]
-    return statistics.median(float(np.percentile(piece, 99)) for piece in pieces if piece)
 
 
 async def prepare(url: str, workloads: list[Workload], requests: list[Request],
@@ -471,116 +314,6 @@ async def bench(args: argparse.Namespace, gateway_url: str, workloads: list[Work
                              slo_s * 1000, rate_done, run.sent, run.outcomes, run.by_class)
     return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class,
             "send_lag_s": lags}
-
-
-def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The repeats as one result: each finish rate their median, the outcomes summed."""
-    finish = {key: {scheduler: {slo: round(rate, 4) for slo, rate in rates.items()}
-                    for scheduler, rates in median_rates(
-                        [run["finish_rate"][key] for run in runs]).items()}
-              for key in runs[0]["finish_rate"]}
-    outcomes: dict[str, Any] = {}
-    by_class: dict[str, Any] = {}
-    for run in runs:
-        for key, per in run["outcomes"].items():
-            for scheduler, by_slo in per.items():
-                for slo, counts in by_slo.items():
-                    add_counts(outcomes.setdefault(key, {}).setdefault(scheduler, {})
-                               .setdefault(slo, {}), counts)
-        for key, per in run.get("outcomes_by_class", {}).items():
-            for scheduler, by_slo in per.items():
-                for slo, labelled in by_slo.items():
-                    for label, counts in labelled.items():
-                        add_counts(by_class.setdefault(key, {}).setdefault(scheduler, {})
-                                   .setdefault(slo, {}).setdefault(label, {}), counts)
-    lags: dict[str, list[float]] = {}
-    for run in runs:
-        for key, found in run.get("send_lag_s", {}).items():
-            lags.setdefault(key, []).extend(found)
-    return {"finish_rate": finish, "outcomes": outcomes, "outcomes_by_class": by_class,
-            "finish_rate_by_repeat": [run["finish_rate"] for run in runs],
-            "send_lag_ms": {key: {"p50": round(float(np.percentile(v, 50)) * 1000, 3),
-                                  "p99": round(float(np.percentile(v, 99)) * 1000, 3)}
-                            for key, v in lags.items() if v}}
-
-
-def baselines_in(finish: dict[str, dict[str, float]]) -> list[str]:
-    """The baselines that ran (have finish rates)."""
-    return [b for b in BASELINES if b in finish]
-
-
-def gains(repeats: list[dict[str, dict[str, float]]], slos: list[float]
-          ) -> tuple[float | None, dict[str, Any]]:
-    """Orloj's gain over the best baseline at the tight SLOs, from each repeat's finish rates.
-
-    The best baseline has the highest mean finish rate over the tight SLOs (of the repeats'
-    medians). The gain is paired: each repeat's 100 (Orloj / best - 1) of those means, the
-    median over the repeats. A repeat's schedulers took turns on the same arrivals in the
-    same slices of time, so the machine's drift between repeats (tens of points) falls on
-    both sides of each ratio; a ratio of medians would take each side from whichever repeat
-    was its median (``gain_unpaired_pct``, beside it).
-    """
-    tight = [f"{s:g}x" for s in slos if s <= TIGHT_MAX]
-    if not tight or not repeats:
-        return None, {}
-    medians = median_rates(repeats)
-    baselines = baselines_in(medians)
-    if "orloj" not in medians or not baselines:
-        return None, {}
-
-    def mean(finish: dict[str, dict[str, float]], name: str) -> float:
-        return statistics.mean(finish[name][s] for s in tight)
-
-    best = max(baselines, key=lambda name: mean(medians, name))
-    paired = [100.0 * (mean(run, "orloj") / mean(run, best) - 1.0) for run in repeats
-              if mean(run, best) > 0]
-    unpaired = (100.0 * (mean(medians, "orloj") / mean(medians, best) - 1.0)
-                if mean(medians, best) > 0 else None)
-    by_slo = {}
-    for s in (f"{x:g}x" for x in slos):
-        ratios = [100.0 * (run["orloj"][s] / top - 1.0) for run in repeats
-                  if (top := max(run[b][s] for b in baselines)) > 0]
-        by_slo[s] = round(statistics.median(ratios), 1) if ratios else None
-    gain = round(statistics.median(paired), 1) if paired else None
-    return gain, {"best_baseline_tight": best, "gain_by_slo_pct": by_slo,
-                  "gain_unpaired_pct": None if unpaired is None else round(unpaired, 1)}
-
-
-def median_rates(repeats: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Each scheduler's finish rate at each SLO, the median over the repeats."""
-    return {name: {s: statistics.median(run[name][s] for run in repeats) for s in rates}
-            for name, rates in repeats[0].items()}
-
-
-def gains_by_load(runs: dict[float, tuple[list[dict[str, Any]], list[float]]]
-                  ) -> dict[float, dict[str, tuple[float | None, dict[str, Any]]]]:
-    """Per load, each early-exit workload's :func:`gains` (``runs``: load -> each repeat's
-    finish rates by workload, and the SLOs they ran)."""
-    return {load: {key: gains([run[key] for run in repeats], slos)
-                   for key in DYNAMIC_WORKLOADS if key in repeats[0]}
-            for load, (repeats, slos) in runs.items() if repeats}
-
-
-def static_gap(repeats: list[dict[str, dict[str, float]]] | None
-               ) -> tuple[float, float] | None:
-    """Orloj's largest shortfall behind the best baseline on the static model (fractions).
-
-    At each SLO, in each repeat, the best baseline's finish rate less Orloj's (the best of
-    those that ran, there); the median over the repeats; the largest over the SLOs. Beside
-    it, unpaired: the same from the repeats' medians. None when Orloj or no baseline ran.
-    """
-    if not repeats or "orloj" not in repeats[0] or not baselines_in(repeats[0]):
-        return None
-    baselines = baselines_in(repeats[0])
-
-    def shortfall(finish: dict[str, dict[str, float]], s: str) -> float:
-        return max(finish[b][s] for b in baselines) - finish["orloj"][s]
-
-    slos = list(repeats[0]["orloj"])
-    medians = median_rates(repeats)
-    paired = max(statistics.median(shortfall(run, s) for run in repeats) for s in slos)
-    unpaired = max(shortfall(medians, s) for s in slos)
-    return paired, unpaired
 
 
 def parse_args() -> tuple[argparse.Namespace, list[Workload], list[float]]:

@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 def load_script(relative: str) -> ModuleType:
     """The script at ``relative`` (from the repository root), imported as a module."""
     path = REPO / relative
+    if str(path.parent) not in sys.path:  # as running it does: its siblings import
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
