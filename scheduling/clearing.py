@@ -59,6 +59,9 @@ def clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf
     its p99 latency. A request is protected while it still has a margin, not once its chance
     is down to a coin toss.
     """
+    head = next((r for r in order if r.key not in skip), None)
+    if head is not None and start_s + latency_of({head.app: 1})[1] > head.deadline_s:
+        return False  # the first batch's own check, before its batch is formed
     return all(t + latency_of({batch[0].app: 1})[1] <= batch[0].deadline_s
                for batch, t in schedule(order, start_s, latency_of, largest, skip))
 

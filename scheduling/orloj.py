@@ -28,11 +28,12 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from scheduling.clearing import by_deadline, clears, counts_of, first_batch
 from scheduling.distribution import Distribution
+from scheduling.fresh import RankedQueue, fresh_queues
 from scheduling.orloj_config import OrlojConfig
 from scheduling.planning import Composition, Planning, RefreshJob
 from scheduling.priority import DEAD, Curve
@@ -51,8 +52,8 @@ HARMLESS_LOSS = 0.1
 """Expected finishes below which a batch costs the requests it leaves out nothing."""
 
 
-_Candidate = tuple[float, int, SizeQueue, list[Hashable], float, float]
-"""A batch weighed by goodput selection: (goodput, size, its queue, its keys, its expected
+_Candidate = tuple[float, int, list[Hashable], float, float]
+"""A batch weighed by goodput selection: (goodput, size of its queue, its keys, its expected
 latency, its expected on-time finishes)."""
 
 
@@ -167,10 +168,10 @@ class Orloj:
         for queue in self._queues:
             self._advance(queue, now_s)
         drops, self._drops = tuple(self._drops), []
-        ready = self._ready()
+        ready = self._ready(self._queues)
         if not ready:
             return Decision(drops=drops)
-        _, keys, expected = self._choose(ready, now_s)
+        keys, expected = self._choose(ready, self._queues[0], now_s)
         return Decision(self._take(keys), drops, expected_latency_s=expected)
 
     def completed(self, done: BatchDone) -> None:
@@ -193,11 +194,11 @@ class Orloj:
         The queues are for requests that wait. When the queue was idle (nothing placed), the
         batch they would give is found without placing the arrivals first, and only those
         left out are placed: one arrival that can still make a batch of one goes alone (the
-        only batch the queues would give); several go as the clearing schedule's first batch
-        when goodput selection would take that one (``_clearing_batch``). Placing a request
-        costs a hull insertion and two heap pushes per batch size, and taking it back as
-        much: most of a decision's CPU time at a moderate load, where most batches are the
-        requests that arrived during the previous one.
+        only batch the queues would give); several are weighed on queues that rank them as
+        the size queues would, without their hulls and heaps (``scheduling.fresh``). Placing
+        a request costs a hull insertion and two heap pushes per batch size, and taking it
+        back as much: most of a decision's CPU time at a moderate load, where most batches
+        are the requests that arrived during the previous one.
         """
         arrived, self._arrived = self._arrived, []
         if not self._requests:  # an idle queue: no point keeps the old reference time
@@ -211,29 +212,46 @@ class Orloj:
                     alive.append(request)
             if len(arrived) == 1 and alive:
                 return alive, self._mix_latency(1).mean()
-            batch = self._clearing_batch_of(alive, now_s) if len(alive) > 1 else None
-            if batch is not None:
-                chosen = {r.key for r in batch}
+            found = self._fresh_choice(alive, now_s)
+            if found is not None:
+                chosen = {r.key for r in found[0]}
                 for request in alive:
                     if request.key not in chosen:
                         self._place(request, now_s)
-                return batch, self._latency_of(counts_of(batch))[0]
+                return found
             arrived = alive
         for request in arrived:
             self._place(request, now_s)
         return None
 
-    def _clearing_batch_of(self, requests: list[QueuedRequest],
-                           now_s: float) -> list[QueuedRequest] | None:
-        """The batch ``_choose`` would take first if ``requests`` were the whole queue.
+    def _fresh_choice(self, requests: list[QueuedRequest],
+                      now_s: float) -> tuple[list[QueuedRequest], float] | None:
+        """The batch ``_choose`` would take if ``requests`` were the whole queue, placed now.
 
-        That is the clearing schedule's first batch (``_clearing_batch``) where goodput
-        selection serves it while the queue can be cleared; None where it does not, or the
-        queue cannot be cleared (the queues decide).
+        With its expected latency. While the queue can be cleared, the clearing schedule's
+        first batch (``_clearing_batch``) where goodput selection serves it; else the choice
+        on queues that rank ``requests`` as the size queues would (``scheduling.fresh``).
+        None where it is left to the size queues: no request, or one that they might rank
+        otherwise.
         """
-        if not self._clearing_first():
+        if not requests:
             return None
-        return self._first_clearing_batch(requests, now_s)
+        tried = self._clearing_first()
+        if tried:
+            batch = self._first_clearing_batch(requests, now_s)
+            if batch is not None:
+                return batch, self._latency_of(counts_of(batch))[0]
+        queues = fresh_queues(requests, now_s, self.curve, self.config.batch_sizes)
+        if queues is None:
+            return None
+        for request in requests:  # known to the choice (apps, deadlines) while it weighs
+            self._requests[request.key] = request
+        keys, expected = self._choose(self._ready(queues), queues[0], now_s,
+                                      clearable=not tried)
+        batch = [self._requests[key] for key in keys]
+        for request in requests:  # the caller places those left
+            del self._requests[request.key]
+        return batch, expected
 
     def _clearing_first(self) -> bool:
         """Whether ``_choose`` serves the clearing schedule's first batch while it can."""
@@ -300,42 +318,46 @@ class Orloj:
                 curve = self.curve(request.app, queue.size)
                 queue.hull.insert(key, *curve.point(member.regime, request.deadline_s - now_s))
 
-    def _choose(self, ready: list[SizeQueue],
-                now_s: float) -> tuple[SizeQueue, list[Hashable], float]:
-        """The queue to batch from, its top keys, and the batch's expected latency."""
+    def _choose(self, ready: Sequence[RankedQueue], smallest: RankedQueue, now_s: float,
+                clearable: bool = True) -> tuple[list[Hashable], float]:
+        """The keys to batch (from one of the ``ready`` queues) and their expected latency.
+
+        ``smallest``: the queue of batches of one (every request is in it). ``clearable``:
+        whether the queue may still be cleared in time (False: found it cannot, just now).
+        """
         if self.config.selection == "goodput":
             cfg = self.config
-            if self._clearing_first():
+            if clearable and self._clearing_first():
                 first = self._clearing_batch(now_s)
                 if first is not None:
-                    return self._queues[0], first, self._latency_of(self._counts(first))[0]
+                    return first, self._latency_of(self._counts(first))[0]
             best: _Candidate | None = None
             harmless: _Candidate | None = None
-            urgent = self._urgent(now_s)
+            urgent = self._urgent(smallest, now_s)
             entries: list[_Candidate] = []
             for queue in ready:
                 for keys in self._candidates(queue, now_s):
-                    entry = self._candidate(queue, keys, now_s)
+                    entry = self._candidate(queue.size, keys, now_s)
                     entries.append(entry)
                     if best is None or entry[:2] > best[:2]:
                         best = entry
                     if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
-                            self._lost(keys, urgent, entry[4]) <= HARMLESS_LOSS:
+                            self._lost(keys, urgent, entry[3]) <= HARMLESS_LOSS:
                         harmless = entry
             assert best is not None  # ready is not empty
             if harmless is not None and harmless is not best and self._lost(
-                    best[3], urgent, best[4]) > HARMLESS_LOSS and self._waits(
-                    best, harmless[4], now_s):
+                    best[2], urgent, best[3]) > HARMLESS_LOSS and self._waits(
+                    best, harmless[3], now_s):
                 # the best batch would cost an urgent request its chance, and it can still
                 # finish as well after one that costs nobody theirs: that one first
                 best = harmless
             if cfg.clear_in_time and cfg.while_clearable == "goodput":
                 best = self._keep_clearable(best, entries, now_s)
-            return best[2], best[3], best[4]
+            return best[2], best[3]
         earliest = min(q.earliest() for q in ready)
         queue = max((q for q in ready if q.earliest() == earliest), key=lambda q: q.size)
         keys = self._top(queue, now_s)
-        return queue, keys, self._mix_latency(len(keys)).mean()
+        return keys, self._mix_latency(len(keys)).mean()
 
     def _keep_clearable(self, best: _Candidate, entries: list[_Candidate],
                         now_s: float) -> _Candidate:
@@ -353,12 +375,12 @@ class Orloj:
         order = self._deadline_order()
         if order is None:
             return best
-        if self._clears(order, now_s + best[4], set(best[3])) or not self._clears(order, now_s):
+        if self._clears(order, now_s + best[3], set(best[2])) or not self._clears(order, now_s):
             return best
-        keeping = [e for e in entries if self._clears(order, now_s + e[4], set(e[3]))]
+        keeping = [e for e in entries if self._clears(order, now_s + e[3], set(e[2]))]
         if keeping:
             return max(keeping, key=lambda e: e[:2])
-        return self._candidate(self._queues[0], [order[0].key], now_s)
+        return self._candidate(self._queues[0].size, [order[0].key], now_s)
 
     def _clearing_batch(self, now_s: float) -> list[Hashable] | None:
         """The clearing schedule's first batch while the queue can be cleared in time.
@@ -391,13 +413,13 @@ class Orloj:
         """Requests per app among ``keys``."""
         return counts_of([self._requests[key] for key in keys])
 
-    def _candidate(self, queue: SizeQueue, keys: list[Hashable], now_s: float) -> _Candidate:
-        """The batch ``keys`` from ``queue``, weighed: goodput first.
+    def _candidate(self, size: int, keys: list[Hashable], now_s: float) -> _Candidate:
+        """The batch ``keys`` from the queue of ``size``, weighed: goodput first.
 
         Goodput: expected on-time finishes per second of worker time.
         """
         on_time, expected = self._on_time(keys, now_s)
-        return (on_time / max(expected, 1e-12), queue.size, queue, keys, expected, on_time)
+        return (on_time / max(expected, 1e-12), size, keys, expected, on_time)
 
     def _clears(self, order: list[QueuedRequest], start_s: float,
                 skip: set[Hashable] | None = None) -> bool:
@@ -407,24 +429,28 @@ class Orloj:
 
     def _latency_of(self, counts: dict[str, int]) -> tuple[float, float]:
         """(mean, p99) latency of a batch with ``counts`` requests per app, cached."""
+        if len(counts) == 1:  # most batches: one app's (no sorting)
+            ((app, count),) = counts.items()
+            return self.planning.moments(((app, count),) if count else ())
         return self.planning.moments(tuple(sorted((a, c) for a, c in counts.items() if c)))
 
-    def _ready(self) -> list[SizeQueue]:
+    def _ready(self, queues: Sequence[RankedQueue]) -> list[RankedQueue]:
         """The sizes a batch can be formed at.
 
         A full queue, or (``partial_batches``) one holding more requests than the next
         smaller size.
         """
         if not self.config.partial_batches:
-            return [q for q in self._queues if len(q.members) >= q.size]
-        ready, below = [], 0
-        for queue in self._queues:
+            return [q for q in queues if len(q.members) >= q.size]
+        ready: list[RankedQueue] = []
+        below = 0
+        for queue in queues:
             if len(queue.members) > below:
                 ready.append(queue)
             below = queue.size
         return ready
 
-    def _candidates(self, queue: SizeQueue, now_s: float) -> list[list[Hashable]]:
+    def _candidates(self, queue: RankedQueue, now_s: float) -> list[list[Hashable]]:
         """The batches of ``queue``'s size worth weighing (see ``OrlojConfig.selection``)."""
         if not self._several_apps():
             return [self._top(queue, now_s)]
@@ -437,16 +463,16 @@ class Orloj:
             found += [keys[:queue.size] for keys in by_app.values()]
         return found
 
-    def _urgent(self, now_s: float) -> list[_Urgent]:
+    def _urgent(self, smallest: RankedQueue, now_s: float) -> list[_Urgent]:
         """The requests of highest priority overall (none with one app, or not request-aware).
 
-        The size-1 queue holds every request. Each with its chance of finishing alone now,
-        which every candidate batch is weighed against (``_lost``).
+        The size-1 queue (``smallest``) holds every request. Each with its chance of
+        finishing alone now, which every candidate batch is weighed against (``_lost``).
         """
         if not self._several_apps():
             return []
         found = []
-        for key in self._top(self._queues[0], now_s, URGENT_COUNT):
+        for key in self._top(smallest, now_s, URGENT_COUNT):
             request = self._requests[key]
             latency = self._composition(((request.app, 1),))
             slack = request.deadline_s - now_s
@@ -470,9 +496,9 @@ class Orloj:
 
     def _waits(self, batch: _Candidate, wait_s: float, now_s: float) -> bool:
         """Whether ``batch`` sent ``wait_s`` later finishes about as many on time."""
-        return batch[5] - self._on_time(batch[3], now_s + wait_s)[0] <= HARMLESS_LOSS
+        return batch[4] - self._on_time(batch[2], now_s + wait_s)[0] <= HARMLESS_LOSS
 
-    def _top(self, queue: SizeQueue, now_s: float, count: int = 0) -> list[Hashable]:
+    def _top(self, queue: RankedQueue, now_s: float, count: int = 0) -> list[Hashable]:
         """The ``count`` (default: ``size``) keys of highest priority in ``queue`` at ``now_s``."""
         return queue.top(math.exp((now_s - self._t0) / self.delay_s), count)
 

@@ -119,6 +119,20 @@ class Curve:
         exponent = (edges[k] - deadline_rel_s) / self.delay_s
         return (slope[k] * math.exp(min(exponent, 0.0)), beta[k])
 
+    def placed(self, deadline_s: float, now_s: float) -> tuple[int, float, float, float]:
+        """(regime, A, β, when it leaves the regime) of a request placed at ``now_s``.
+
+        :meth:`regime`, :meth:`point` and :meth:`leaves_at` in one call, with the reference
+        time at ``now_s``. ``(DEAD, 0, 0, 0)`` when the request cannot make this size.
+        """
+        slack = deadline_s - now_s
+        if slack < self.floor_s:
+            return DEAD, 0.0, 0.0, 0.0
+        edges, slope, beta = self._lists
+        k = bisect_right(edges, slack) - 1
+        a = slope[k] * math.exp(min((edges[k] - slack) / self.delay_s, 0.0))
+        return k, a, beta[k], deadline_s - max(edges[k], self.floor_s)
+
     def leaves_at(self, k: int, deadline_s: float) -> float:
         """When a request in regime ``k`` with ``deadline_s`` moves to the next regime down."""
         return deadline_s - max(self._lists[0][k], self.floor_s)
