@@ -80,9 +80,11 @@ class Orloj:
         self.profiler = profiler or Profiler(law=profile.law)
         self._requests: dict[Hashable, QueuedRequest] = {}
         self._arrived: list[QueuedRequest] = []
-        """Enqueued, not placed yet: placed by the next ``next_batch`` (when the worker is
-        free), so a request that arrives to an idle worker is sent without entering the
-        queues (the same batch the queues would give)."""
+        """Not placed, in arrival order: those enqueued since the last decision, after those
+        an earlier decision left while no request was placed (``_from_idle``); placed by a
+        decision only when the queues are needed."""
+        self._left = 0
+        """How many of ``_arrived`` (its head) an earlier decision left."""
         self._queues = [SizeQueue(n) for n in self.config.batch_sizes]
         self._drops: list[Drop] = []
         self._seq = itertools.count()
@@ -191,16 +193,19 @@ class Orloj:
     def _from_idle(self, now_s: float) -> tuple[list[QueuedRequest], float] | None:
         """Place the requests that arrived since the last decision, or return the batch to send.
 
-        The queues are for requests that wait. When the queue was idle (nothing placed), the
-        batch they would give is found without placing the arrivals first, and only those
-        left out are placed: one arrival that can still make a batch of one goes alone (the
-        only batch the queues would give); several are weighed on queues that rank them as
-        the size queues would, without their hulls and heaps (``scheduling.fresh``). Placing
-        a request costs a hull insertion and two heap pushes per batch size, and taking it
-        back as much: most of a decision's CPU time at a moderate load, where most batches
-        are the requests that arrived during the previous one.
+        The size queues are for requests that wait long, many at a time. While none is placed,
+        the batch they would give is found without placing the requests not placed yet (those
+        that arrived since the last decision, and those it left): one arrival that can still
+        make a batch of one goes alone (the only batch the queues would give); several, up to
+        ``hull.SMALL``, are weighed on queues that rank them as the size queues would, from
+        their slack now, without hulls and heaps (``scheduling.fresh``), and those the batch
+        leaves stay unplaced for the next decision. Placing a request costs a hull insertion
+        and two heap pushes per batch size, taking it out as much, and moving it at each of
+        its milestones more: most of a decision's CPU time at a moderate load, where the
+        queue holds a handful of requests, spent while the worker waits.
         """
         arrived, self._arrived = self._arrived, []
+        left, self._left = self._left, 0
         if not self._requests:  # an idle queue: no point keeps the old reference time
             self._t0 = now_s
             size = self._queues[0].size
@@ -210,14 +215,13 @@ class Orloj:
                     self._drops.append(Drop(request, UNREACHABLE))
                 else:
                     alive.append(request)
-            if len(arrived) == 1 and alive:
+            if len(arrived) == 1 and alive and not left:
                 return alive, self._mix_latency(1).mean()
             found = self._fresh_choice(alive, now_s)
             if found is not None:
                 chosen = {r.key for r in found[0]}
-                for request in alive:
-                    if request.key not in chosen:
-                        self._place(request, now_s)
+                self._arrived = [r for r in alive if r.key not in chosen]
+                self._left = len(self._arrived)
                 return found
             arrived = alive
         for request in arrived:

@@ -135,8 +135,9 @@ def test_the_idle_queue_shortcut_sends_the_batch_the_queues_would(
         idle = not fast._requests and len(fast._arrived) > 1
         got, want = fast.next_batch(now), queued.next_batch(now)
         assert [r.key for r in got.batch] == [r.key for r in want.batch]
-        assert [(d.request.key, d.reason) for d in got.drops] == \
-            [(d.request.key, d.reason) for d in want.drops]
+        # the same drops; the queues find those they hold at their milestones, in that order
+        assert sorted((d.request.key, d.reason) for d in got.drops) == \
+            sorted((d.request.key, d.reason) for d in want.drops)
         assert got.expected_latency_s == want.expected_latency_s
         assert len(fast) == len(queued)
         shortcuts += idle and len(got.batch) > 0
