@@ -66,6 +66,23 @@ def clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf
                for batch, t in schedule(order, start_s, latency_of, largest, skip))
 
 
+def first_if_clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf,
+                    largest: int) -> tuple[list[QueuedRequest], float] | None:
+    """:func:`first_batch` and its mean latency where :func:`clears` holds, else None.
+
+    One walk of the schedule for both (the clearing check runs on the path of every batch).
+    """
+    first: tuple[list[QueuedRequest], float] | None = None
+    if order and start_s + latency_of({order[0].app: 1})[1] > order[0].deadline_s:
+        return None  # the first batch's own check, before its batch is formed
+    for batch, t in schedule(order, start_s, latency_of, largest):
+        if t + latency_of({batch[0].app: 1})[1] > batch[0].deadline_s:
+            return None
+        if first is None:
+            first = (batch, latency_of(counts_of(batch))[0])
+    return first
+
+
 def first_batch(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf,
                 largest: int) -> list[QueuedRequest]:
     """The first batch of ``order``'s clearing schedule (:func:`schedule`) at ``start_s``.

@@ -31,7 +31,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from scheduling.clearing import by_deadline, clears, counts_of, first_batch
+from scheduling.clearing import by_deadline, clears, counts_of, first_if_clears
 from scheduling.distribution import Distribution
 from scheduling.fresh import RankedQueue, fresh_queues
 from scheduling.orloj_config import OrlojConfig
@@ -242,9 +242,9 @@ class Orloj:
             return None
         tried = self._clearing_first()
         if tried:
-            batch = self._first_clearing_batch(requests, now_s)
-            if batch is not None:
-                return batch, self._latency_of(counts_of(batch))[0]
+            cleared = self._clearing_batch(requests, now_s)
+            if cleared is not None:
+                return cleared
         queues = fresh_queues(requests, now_s, self.curve, self.config.batch_sizes)
         if queues is None:
             return None
@@ -332,9 +332,9 @@ class Orloj:
         if self.config.selection == "goodput":
             cfg = self.config
             if clearable and self._clearing_first():
-                first = self._clearing_batch(now_s)
+                first = self._clearing_batch(list(self._requests.values()), now_s)
                 if first is not None:
-                    return first, self._latency_of(self._counts(first))[0]
+                    return [r.key for r in first[0]], first[1]
             best: _Candidate | None = None
             harmless: _Candidate | None = None
             urgent = self._urgent(smallest, now_s)
@@ -386,28 +386,20 @@ class Orloj:
             return max(keeping, key=lambda e: e[:2])
         return self._candidate(self._queues[0].size, [order[0].key], now_s)
 
-    def _clearing_batch(self, now_s: float) -> list[Hashable] | None:
-        """The clearing schedule's first batch while the queue can be cleared in time.
+    def _clearing_batch(self, requests: list[QueuedRequest],
+                        now_s: float) -> tuple[list[QueuedRequest], float] | None:
+        """The clearing schedule's first batch of ``requests`` and its mean latency, or None.
 
-        None once it cannot (or is too long to check): goodput decides then. While it can,
-        the earliest deadline goes now with what it can carry (``clearing.first_batch``):
-        served as soon as possible, a request keeps for the machine's jitter the slack that
-        a batch picked for goodput would have spent on other requests first.
-        """
-        batch = self._first_clearing_batch(list(self._requests.values()), now_s)
-        return None if batch is None else [r.key for r in batch]
-
-    def _first_clearing_batch(self, requests: list[QueuedRequest],
-                              now_s: float) -> list[QueuedRequest] | None:
-        """The clearing schedule's first batch of ``requests``, or None.
-
-        None when they cannot all be cleared in time, or are too many to check
-        (``clearing.CLEAR_LIMIT``).
+        None once they cannot all be cleared in time (or are too many to check,
+        ``clearing.CLEAR_LIMIT``): goodput decides then. While they can, the earliest
+        deadline goes now with what it can carry (``clearing.first_batch``): served as soon
+        as possible, a request keeps for the machine's jitter the slack that a batch picked
+        for goodput would have spent on other requests first.
         """
         order = by_deadline(requests)
-        if order is None or not self._clears(order, now_s):
+        if order is None:
             return None
-        return first_batch(order, now_s, self._latency_of, self.config.batch_sizes[-1])
+        return first_if_clears(order, now_s, self._latency_of, self.config.batch_sizes[-1])
 
     def _deadline_order(self) -> list[QueuedRequest] | None:
         """The queued requests by deadline, for the clearing check (None: too many)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from scheduling.clearing import clears, first_batch
+import random
+
+from scheduling.clearing import clears, first_batch, first_if_clears
 from scheduling.types import QueuedRequest
 
 
@@ -44,3 +46,18 @@ def test_the_first_batch_takes_what_the_earliest_deadline_can_carry() -> None:
     loose = [request(k, 1.0) for k in range(10)]
     assert len(first_batch(loose, 0.0, latency_of, largest=8)) == 8
     assert first_batch([], 0.0, latency_of, largest=8) == []
+
+
+def test_the_first_batch_where_it_clears_is_both_in_one_walk() -> None:
+    rng = random.Random(3)
+    for _ in range(500):
+        start = rng.uniform(0.0, 0.010)
+        order = sorted((request(k, rng.uniform(0.010, 0.080)) for k in range(rng.randint(1, 9))),
+                       key=lambda r: r.deadline_s)
+        largest = rng.choice([1, 2, 4, 8])
+        found = first_if_clears(order, start, latency_of, largest)
+        if not clears(order, start, latency_of, largest):
+            assert found is None
+            continue
+        first = first_batch(order, start, latency_of, largest)
+        assert found == (first, latency_of({"app": len(first)})[0])
