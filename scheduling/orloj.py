@@ -29,7 +29,6 @@ import itertools
 import logging
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 
 from scheduling.clearing import by_deadline, clears, counts_of, first_if_clears
 from scheduling.distribution import Distribution
@@ -40,33 +39,18 @@ from scheduling.priority import DEAD, Curve
 from scheduling.profile import ModelProfile, Profiler
 from scheduling.size_queue import Member, SizeQueue
 from scheduling.types import UNREACHABLE, BatchDone, Decision, Drop, QueuedRequest
+from scheduling.urgency import HARMLESS_LOSS, URGENT_COUNT, Urgent, lost
 
 logger = logging.getLogger(__name__)
 
 
 APP_DEPTH = 4
 """Request-aware goodput selection looks this many batches deep for each app's own batch."""
-URGENT_COUNT = 4
-"""How many of the highest priorities overall a batch is checked against (``_lost``)."""
-HARMLESS_LOSS = 0.1
-"""Expected finishes below which a batch costs the requests it leaves out nothing."""
 
 
 _Candidate = tuple[float, int, list[Hashable], float, float]
 """A batch weighed by goodput selection: (goodput, size of its queue, its keys, its expected
 latency, its expected on-time finishes)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Urgent:
-    """One of the requests of highest priority, as a decision's candidates are weighed."""
-
-    key: Hashable
-    slack_s: float
-    latency: Distribution
-    """The latency of a batch of it alone."""
-    chance: float
-    """P(it finishes in time) sent alone now."""
 
 
 class Orloj:
@@ -346,10 +330,10 @@ class Orloj:
                     if best is None or entry[:2] > best[:2]:
                         best = entry
                     if urgent and (harmless is None or entry[:2] > harmless[:2]) and \
-                            self._lost(keys, urgent, entry[3]) <= HARMLESS_LOSS:
+                            lost(keys, urgent, entry[3]) <= HARMLESS_LOSS:
                         harmless = entry
             assert best is not None  # ready is not empty
-            if harmless is not None and harmless is not best and self._lost(
+            if harmless is not None and harmless is not best and lost(
                     best[2], urgent, best[3]) > HARMLESS_LOSS and self._waits(
                     best, harmless[3], now_s):
                 # the best batch would cost an urgent request its chance, and it can still
@@ -459,36 +443,21 @@ class Orloj:
             found += [keys[:queue.size] for keys in by_app.values()]
         return found
 
-    def _urgent(self, smallest: RankedQueue, now_s: float) -> list[_Urgent]:
+    def _urgent(self, smallest: RankedQueue, now_s: float) -> list[Urgent]:
         """The requests of highest priority overall (none with one app, or not request-aware).
 
-        The size-1 queue (``smallest``) holds every request. Each with its chance of
-        finishing alone now, which every candidate batch is weighed against (``_lost``).
+        The size-1 queue (``smallest``) holds every request; every candidate batch is
+        weighed against what it costs them (``scheduling.urgency``).
         """
         if not self._several_apps():
             return []
-        found = []
-        for key in self._top(smallest, now_s, URGENT_COUNT):
-            request = self._requests[key]
-            latency = self._composition(((request.app, 1),))
-            slack = request.deadline_s - now_s
-            found.append(_Urgent(key, slack, latency, latency.cdf_list((slack,))[0]))
-        return found
+        return [Urgent.alone(key, self._requests[key].deadline_s - now_s,
+                             self._composition(((self._requests[key].app, 1),)))
+                for key in self._top(smallest, now_s, URGENT_COUNT)]
 
     def _several_apps(self) -> bool:
         """Whether requests are told apart by app (request-aware) and there are several."""
         return self.config.request_aware and len(self.profile.apps) > 1
-
-    def _lost(self, keys: list[Hashable], urgent: list[_Urgent], took_s: float) -> float:
-        """Expected finishes the ``urgent`` requests lose if ``keys`` run first, for ``took_s``.
-
-        Each urgent request not in ``keys`` loses the chance it has now of finishing alone
-        minus the chance it keeps after the wait. Without this check, batches of short
-        requests, which finish more per second, starve long ones past their deadlines.
-        """
-        chosen = set(keys)
-        return sum(u.chance - u.latency.cdf_list((u.slack_s - took_s,))[0]
-                   for u in urgent if u.key not in chosen)
 
     def _waits(self, batch: _Candidate, wait_s: float, now_s: float) -> bool:
         """Whether ``batch`` sent ``wait_s`` later finishes about as many on time."""
