@@ -8,8 +8,8 @@ queues that rank them as the size queues would: the same members (a request is i
 of every size it can still make, ``Curve.placed``), the same points on eq. 2's curves, the
 same order (a queue holding no more than its size gives its members in arrival order, a
 fuller one its best first, equal priorities in arrival order, as the hull's scan does).
-Orloj weighs its candidate batches on them as on its own queues; the requests it leaves go
-into its own queues afterwards.
+Orloj weighs its candidate batches on them as on its own queues; the requests the batch
+leaves wait unplaced, and the next decision ranks them again from their slack then.
 
 It answers None where the size queues might rank otherwise: past ``hull.SMALL`` requests (the
 hull then keeps blocks, whose ties may fall otherwise) or when a request sits exactly on its
