@@ -51,6 +51,14 @@ def schedule(order: Sequence[QueuedRequest], start_s: float, latency_of: Latency
         yield batch, t
 
 
+def _in_time(head: QueuedRequest, start_s: float, latency_of: LatencyOf) -> bool:
+    """Whether a batch opened by ``head`` and started at ``start_s`` meets its deadline.
+
+    Within the p99 latency of ``head`` alone: the check :func:`clears` makes of every batch.
+    """
+    return start_s + latency_of({head.app: 1})[1] <= head.deadline_s
+
+
 def clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf,
            largest: int, skip: Collection[Hashable] = ()) -> bool:
     """Whether ``order`` (by deadline) less ``skip`` can all finish in time from ``start_s``.
@@ -60,9 +68,9 @@ def clears(order: Sequence[QueuedRequest], start_s: float, latency_of: LatencyOf
     is down to a coin toss.
     """
     head = next((r for r in order if r.key not in skip), None)
-    if head is not None and start_s + latency_of({head.app: 1})[1] > head.deadline_s:
+    if head is not None and not _in_time(head, start_s, latency_of):
         return False  # the first batch's own check, before its batch is formed
-    return all(t + latency_of({batch[0].app: 1})[1] <= batch[0].deadline_s
+    return all(_in_time(batch[0], t, latency_of)
                for batch, t in schedule(order, start_s, latency_of, largest, skip))
 
 
@@ -73,10 +81,10 @@ def first_if_clears(order: Sequence[QueuedRequest], start_s: float, latency_of: 
     One walk of the schedule for both (the clearing check runs on the path of every batch).
     """
     first: tuple[list[QueuedRequest], float] | None = None
-    if order and start_s + latency_of({order[0].app: 1})[1] > order[0].deadline_s:
+    if order and not _in_time(order[0], start_s, latency_of):
         return None  # the first batch's own check, before its batch is formed
     for batch, t in schedule(order, start_s, latency_of, largest):
-        if t + latency_of({batch[0].app: 1})[1] > batch[0].deadline_s:
+        if not _in_time(batch[0], t, latency_of):
             return None
         if first is None:
             first = (batch, latency_of(counts_of(batch))[0])
