@@ -11,9 +11,7 @@ From them, :meth:`Calibration.profile` gives:
   beyond its reported execution time (transfer, encoding; 0 without reports, when it is part
   of the solo time), and ``slope`` the median over sizes of
   ``((probe(n) - overhead) / (alone - overhead) - 1) / (n - 1)`` (a probe's rows share one
-  execution time, so the ratio is batching's cost alone); with reported times, rows leave
-  (``BatchLaw.rows_leave``: a mixed batch costs its longest member plus the slope times the
-  others' own times, not every row padded to the longest).
+  execution time, so the ratio is batching's cost alone).
 
 After the warm-up the solo times keep coming from the batches the scheduler sends (the reported
 times, or a batch's time divided by the law's scale), in a sliding window: Orloj rebuilds its
@@ -106,14 +104,8 @@ class Calibration:
         return min(MAX_SLOPE, max(0.0, statistics.median(slopes))) if slopes else 0.0
 
     def law(self) -> BatchLaw:
-        """The batch law measured in the warm-up.
-
-        Rows leave where the model reports each row's own execution time (an early-exit
-        model: a row's time is its own, not the batch's longest).
-        """
         overhead = self.overhead_s()
-        return BatchLaw(slope=self.slope(overhead), overhead_s=overhead,
-                        rows_leave=not self.static())
+        return BatchLaw(slope=self.slope(overhead), overhead_s=overhead)
 
     def static(self) -> bool:
         """Whether the model reported no execution times of its own (a static model).

@@ -174,17 +174,6 @@ class Distribution:
         p = np.diff(self.cs)
         return float(np.sum(p * (self.xs[:-1] + self.xs[1:]) / 2.0))
 
-    def variance(self) -> float:
-        """Var[X] (uniform within each segment; computed once)."""
-        return self._variance
-
-    @cached_property
-    def _variance(self) -> float:
-        p = np.diff(self.cs)
-        a, b = self.xs[:-1], self.xs[1:]
-        second = float(np.sum(p * (a * a + a * b + b * b) / 3.0))
-        return max(0.0, second - self._mean ** 2)
-
     def expected_max(self, n: int) -> float:
         """E[max of n independent draws], exact for this piecewise-linear CDF (eq. 5-6).
 

@@ -28,24 +28,13 @@ built elsewhere, on another thread, while measurements keep coming in.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from statistics import NormalDist
-
-import numpy as np
 
 from scheduling.distribution import MAX_KNOTS, Distribution, max_of, mixture
 from scheduling.types import BatchLaw
-
-_GRID = np.concatenate([np.linspace(0.0, 0.9, 19),
-                        [0.92, 0.94, 0.96, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0]])
-"""Probabilities at which a rows-leave batch latency is built (``ModelProfile``): finer in
-the tail, which decides whether a batch meets a deadline."""
-_NORMAL_Z = np.array([NormalDist().inv_cdf(min(max(q, 0.0005), 0.9995)) for q in _GRID])
-"""The standard normal's quantiles on ``_GRID`` (its ends clipped to 0.05 % and 99.95 %)."""
 
 MIN_OVERHEAD_SAMPLES = 32
 """Live overheads a snapshot needs before it uses their distribution (else the law's)."""
@@ -101,8 +90,9 @@ class ModelProfile:
         if self.per_batch:
             return self._latency(self.solo(app), n)
         if app is None or n == 1:
-            return self._members_latency([self.solo(app)], [n])
-        return self._members_latency([self.solo(app), self.mix], [1, n - 1])
+            return self._latency(max_of([self.solo(app)], [n], max_knots=self._max_knots), n)
+        return self._latency(max_of([self.solo(app), self.mix], [1, n - 1],
+                                    max_knots=self._max_knots), n)
 
     def composition_latency(self, counts: Mapping[str, int]) -> Distribution:
         """The latency of a batch whose members are ``counts[app]`` requests of each app.
@@ -117,7 +107,8 @@ class ModelProfile:
         if self.per_batch:
             return self._latency(self.mix, n)
         names = sorted(a for a, c in counts.items() if c > 0)
-        return self._members_latency([self.solo(a) for a in names], [counts[a] for a in names])
+        return self._latency(max_of([self.solo(a) for a in names], [counts[a] for a in names],
+                                    max_knots=self._max_knots), n)
 
     @property
     def _max_knots(self) -> int | None:
@@ -126,29 +117,6 @@ class ModelProfile:
         All where the overhead's sum resamples it anyway: coarsening first costs more.
         """
         return MAX_KNOTS if self.overhead is None else None
-
-    def _members_latency(self, dists: list[Distribution], counts: list[int]) -> Distribution:
-        """A batch of ``counts[i]`` independent draws of each ``dists[i]``, overhead added.
-
-        Padded (the law's default): the longest member scaled by the law for the batch's size.
-        Rows that leave (``law.rows_leave``): ``(1 - slope) M + slope S`` with ``M`` the
-        longest and ``S`` the sum of all members; ``S`` is taken as normal (its mean and
-        variance are exact) and the two are added quantile by quantile, as if they rose
-        together (a batch holding a longer longest member mostly holds more work in all).
-        """
-        n = sum(counts)
-        longest = max_of(dists, counts, max_knots=self._max_knots)
-        if not self.law.rows_leave or n == 1:
-            return self._latency(longest, n)
-        slope = self.law.slope
-        total = sum(c * d.mean() for d, c in zip(dists, counts, strict=True))
-        spread = math.sqrt(sum(c * d.variance() for d, c in zip(dists, counts, strict=True)))
-        sums = np.maximum(0.0, total + spread * _NORMAL_Z)
-        xs = (1.0 - slope) * longest.quantiles(_GRID) + slope * sums
-        latency = Distribution.from_knots(np.maximum.accumulate(xs), _GRID)
-        if self.overhead is None:
-            return latency.affine(1.0, self.law.overhead_s)
-        return latency.plus(self.overhead)
 
     def _latency(self, longest: Distribution, n: int) -> Distribution:
         """A batch of ``n`` whose longest member takes ``longest`` alone: scaled, overhead added."""

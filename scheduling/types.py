@@ -9,7 +9,7 @@ argument, and a :class:`Decision` with no batch says when to ask again (``wake_a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -97,17 +97,10 @@ class BatchLaw:
 
     ``latency = overhead_s + m · (1 + slope · (n - 1))``: requests are padded to the longest, and
     each extra request adds ``slope`` of that time (0: batching is free; 1: no gain).
-
-    ``rows_leave`` (ours): a model whose rows leave the batch at their own exit (early exits)
-    runs each extra member only as long as that member's own solo time ``t``:
-    ``latency = overhead_s + m + slope · Σ t`` over the members other than the longest. With
-    equal members both laws agree (``latency``); they differ on a mixed batch
-    (:meth:`of_members`), which padding prices as if every row ran to the last exit.
     """
 
     slope: float = 0.0
     overhead_s: float = 0.0
-    rows_leave: bool = False
 
     def __post_init__(self) -> None:
         if self.slope < 0 or self.overhead_s < 0:
@@ -117,12 +110,4 @@ class BatchLaw:
         return 1.0 + self.slope * (n - 1)
 
     def latency(self, n: int, longest_s: float) -> float:
-        """A batch of ``n`` members that each take ``longest_s`` alone (or padded to it)."""
         return self.overhead_s + longest_s * self.scale(n)
-
-    def of_members(self, solo_s: Sequence[float]) -> float:
-        """A batch whose members take ``solo_s`` alone."""
-        longest = max(solo_s)
-        if self.rows_leave:
-            return self.overhead_s + longest + self.slope * (sum(solo_s) - longest)
-        return self.latency(len(solo_s), longest)

@@ -2,9 +2,8 @@
 
 Two processes: the *source* hands each request of the trace to the scheduler at its arrival;
 the *worker* asks the scheduler for a batch whenever it is free, runs it for the batch law's
-latency of its members (``BatchLaw.of_members``: padded to the longest, or rows leaving at
-their exits), then reports it. With no batch it waits for the next arrival or the decision's
-``wake_at_s``, whichever comes first.
+latency of its longest member (``BatchLaw.latency``, padding), then reports it. With no batch it
+waits for the next arrival or the decision's ``wake_at_s``, whichever comes first.
 
 A request *finishes* when its batch completes by its deadline; the finish rate is finished
 requests over all requests (§5.2). The scheduler's own running time (its thread's CPU time,
@@ -103,8 +102,8 @@ class _Run:
 
     def _run_batch(self, batch: tuple[QueuedRequest, ...]) -> Proc:
         env, solo = self.env, self.trace.solo
-        latency = self.law.of_members(
-            [float(solo[int(r.key)]) for r in batch])  # type: ignore[call-overload]
+        longest = max(float(solo[int(r.key)]) for r in batch)  # type: ignore[call-overload]
+        latency = self.law.latency(len(batch), longest)
         started = env.now
         yield env.timeout(latency)
         self.batches += 1

@@ -446,10 +446,8 @@ def test_the_calibration_reads_overhead_and_slope() -> None:
     assert law.overhead_s == pytest.approx(0.002)
     assert law.slope == pytest.approx(0.25)
     assert c.solo() == [0.010, 0.011, 0.010]
-    assert law.rows_leave  # each row's own time reported: rows leave at their exits
     static = Calibration(alone=[0.01, 0.01], probes={2: [(0.015, 0.01)]})
     assert static.law().overhead_s == 0.0 and static.law().slope == pytest.approx(0.5)
-    assert not static.law().rows_leave
     assert static.solo() == [0.01, 0.01]
 
 

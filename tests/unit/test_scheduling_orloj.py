@@ -390,46 +390,6 @@ def test_a_compositions_latency_matches_monte_carlo_with_the_overhead() -> None:
     assert expected == pytest.approx(draws.mean(), rel=0.02)
 
 
-def test_rows_that_leave_price_a_mixed_batch_below_padding() -> None:
-    padded = BatchLaw(slope=0.4, overhead_s=0.002)
-    leaving = BatchLaw(slope=0.4, overhead_s=0.002, rows_leave=True)
-    assert leaving.latency(8, 0.005) == padded.latency(8, 0.005)  # equal members: the same
-    assert leaving.of_members([0.005] * 8) == pytest.approx(padded.of_members([0.005] * 8))
-    mixed = [0.006, 0.001, 0.001, 0.001]
-    assert padded.of_members(mixed) == pytest.approx(0.002 + 0.006 * 2.2)
-    assert leaving.of_members(mixed) == pytest.approx(0.002 + 0.006 + 0.4 * 0.003)
-
-
-def test_a_compositions_latency_matches_monte_carlo_when_rows_leave() -> None:
-    rng = np.random.default_rng(7)
-    short = rng.normal(1e-3, 1e-4, 100_000)
-    long = rng.gamma(9.0, 5e-4, 100_000)
-    law = BatchLaw(slope=0.3, overhead_s=0.002, rows_leave=True)
-    profile = ModelProfile(
-        {"easy": Distribution.from_samples(short[:4000]),
-         "hard": Distribution.from_samples(long[:4000])}, {"easy": 1.0, "hard": 1.0}, law)
-    members = np.concatenate([rng.choice(short, (50_000, 5)), rng.choice(long, (50_000, 2))],
-                             axis=1)
-    longest = members.max(axis=1)
-    draws = law.overhead_s + longest + law.slope * (members.sum(axis=1) - longest)
-    latency = profile.composition_latency({"easy": 5, "hard": 2})
-    assert latency.mean() == pytest.approx(draws.mean(), rel=0.02)
-    for q in (0.1, 0.5, 0.9, 0.99):
-        assert latency.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.05)
-    padded = ModelProfile(profile.apps, profile.weights, BatchLaw(slope=0.3, overhead_s=0.002))
-    assert padded.composition_latency({"easy": 5, "hard": 2}).mean() > 1.3 * draws.mean()
-    # one member known (a hard request), the others from the mixture
-    mix = np.where(rng.random((50_000, 3)) < 0.5, rng.choice(short, (50_000, 3)),
-                   rng.choice(long, (50_000, 3)))
-    members = np.concatenate([rng.choice(long, (50_000, 1)), mix], axis=1)
-    longest = members.max(axis=1)
-    draws = law.overhead_s + longest + law.slope * (members.sum(axis=1) - longest)
-    latency = profile.batch_latency(4, "hard")
-    assert latency.mean() == pytest.approx(draws.mean(), rel=0.02)
-    for q in (0.1, 0.5, 0.9, 0.99):
-        assert latency.quantile(q) == pytest.approx(np.quantile(draws, q), rel=0.05)
-
-
 @pytest.mark.parametrize("clear_in_time", [True, False])
 def test_long_requests_are_served_in_time_while_everyone_can_be(clear_in_time: bool) -> None:
     """A loose objective, three long requests, and short ones arriving about as fast as they
