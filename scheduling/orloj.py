@@ -451,9 +451,9 @@ class Orloj:
         """
         if not self._several_apps():
             return []
-        return [Urgent.alone(key, self._requests[key].deadline_s - now_s,
-                             self._composition(((self._requests[key].app, 1),)))
-                for key in self._top(smallest, now_s, URGENT_COUNT)]
+        top = [self._requests[key] for key in self._top(smallest, now_s, URGENT_COUNT)]
+        return [Urgent.alone(r.key, r.deadline_s - now_s, self._composition(((r.app, 1),)))
+                for r in top]
 
     def _several_apps(self) -> bool:
         """Whether requests are told apart by app (request-aware) and there are several."""
