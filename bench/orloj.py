@@ -86,6 +86,8 @@ over the repeats of the best baseline's finish rate less Orloj's in that repeat;
 CPU time per decision (``next_batch`` and the enqueues since the previous decision), over its
 queues, and ``overhead_us_p50_by_scheduler`` (``_mean``: over all their decisions); both
 over the whole run, the load sweep's decisions (more requests queued) included;
+``gateway_gc_pauses``: per generation, the gateway's garbage-collector passes over the whole
+run (``passes``, ``total_ms``, ``over_10ms``: a pass holds every queue's requests);
 ``exec_p99_ms``, ``rate_rps`` per workload and ``requests_per_class``.
 """
 
@@ -486,6 +488,7 @@ def main() -> None:
                     "understudy_gateway_scheduler_decision_cpu_seconds_count", app_id=label,
                     scheduler=scheduler) or 0.0 for label in labels)
                 overhead_mean[scheduler] = round(spent / decided * 1e6, 1) if decided else None
+            pauses = gateway.collector_pauses()
         finally:
             if gateway is not None:
                 if args.keep_log is not None:
@@ -534,6 +537,7 @@ def main() -> None:
         "overhead_us_p50_by_scheduler": overhead,
         "scheduler_overhead_us_mean": overhead_mean.get("orloj"),
         "overhead_us_mean_by_scheduler": overhead_mean,
+        "gateway_gc_pauses": pauses,
         "exec_p99_ms": {k: round(f["p99_s"] * 1000, 3) for k, f in figures.items()},
         "exec_p50_ms": {k: round(f["p50_s"] * 1000, 3) for k, f in figures.items()},
         "batch8_ms": {k: round(f["batch8_s"] * 1000, 3) for k, f in figures.items()},

@@ -48,6 +48,24 @@ class GatewayProcess:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
+    def collector_pauses(self) -> dict[str, dict[str, float]]:
+        """Per generation, the garbage collector's passes in the gateway.
+
+        How many, their total and how many took 10 ms or more
+        (``understudy_gateway_gc_pause_seconds``).
+        """
+        name = "understudy_gateway_gc_pause_seconds"
+        found: dict[str, dict[str, float]] = {}
+        for generation in ("0", "1", "2"):
+            passes = self.sample(f"{name}_count", generation=generation)
+            if not passes:
+                continue
+            total = self.sample(f"{name}_sum", generation=generation) or 0.0
+            short = self.sample(f"{name}_bucket", generation=generation, le="0.01") or 0.0
+            found[generation] = {"passes": passes, "total_ms": round(total * 1000, 1),
+                                 "over_10ms": passes - short}
+        return found
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
         self.process.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
                     1e-2)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class _AppChildren:
@@ -111,6 +112,10 @@ class GatewayMetrics:
             "requests a batch scheduler dropped before sending them, by reason "
             "(deadline-unreachable, expired, action-window-missed)",
             ["app_id", "scheduler", "reason"], registry=r)
+        self.gc_pauses = Histogram(
+            "understudy_gateway_gc_pause_seconds",
+            "passes of the garbage collector (the event loop waits for each), by generation",
+            ["generation"], buckets=PAUSE_BUCKETS, registry=r)
         self._apps: dict[str, _AppChildren] = {}
 
     def _app(self, app_id: str) -> _AppChildren:
@@ -184,6 +189,9 @@ class GatewayMetrics:
         Labelled with the app's id, or with the name of a queue that apps share.
         """
         self.scheduler_decision_p50.labels(queue_id).set_function(p50_s)
+
+    def collector_paused(self, generation: int, seconds: float) -> None:
+        self.gc_pauses.labels(str(generation)).observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format."""

@@ -6,12 +6,14 @@ clients get their own predictions back from batches the scheduler formed (one Tr
 per batch); an app whose objective no request can meet answers at once with a 504 whose error
 names ``deadline-unreachable``, and the gateway's /metrics count the drops and expose the
 scheduler's CPU time per decision. Two apps sharing one queue (``--model-queue``) are batched
-together, each client still getting its own prediction.
+together, each client still getting its own prediction. The gateway freezes its start-up
+heap before it listens and times every pass of the garbage collector in /metrics.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -159,3 +161,17 @@ def test_apps_sharing_a_queue_are_batched_together_and_each_answered_its_own(
     for app in ("left", "right"):  # no queue of their own
         assert gateway.sample("understudy_gateway_batch_size_count", app_id=app,
                               scheduler="orloj") is None
+
+
+def test_the_gateway_freezes_its_start_up_heap_and_times_each_collector_pass(
+        gateway: Gateway, digits: tuple[np.ndarray, np.ndarray]) -> None:
+    x, _ = digits
+    for i in range(50):  # requests allocate: the collector's youngest generation runs
+        assert infer(gateway, "nexus", x[i:i + 1]).status_code == 200
+    log = (gateway.run_dir / "gateway.log").read_text()
+    frozen = re.search(r"(\d+) start-up objects exempted", log)
+    assert frozen is not None and int(frozen.group(1)) > 10_000  # modules, classes, functions
+    assert log.index("start-up objects exempted") < log.index("gateway listening")
+    pauses = gateway.collector_pauses()
+    assert pauses["0"]["passes"] >= 1 and pauses["0"]["total_ms"] >= 0
+    assert set(pauses) <= {"0", "1", "2"}

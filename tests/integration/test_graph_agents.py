@@ -390,3 +390,12 @@ def _replica_processes(bed: Testbed, graph: str = GRAPH) -> list[int]:
         if b"stateful.replica_main" in cmdline and root.encode() in cmdline:
             found.append(int(proc.name))
     return found
+
+
+def test_every_server_process_froze_its_start_up_heap(testbed: Testbed) -> None:
+    logs = Path(testbed.state.run_dir) / "logs"
+    servers = [logs / "controller.log", *sorted(logs.glob("agent-*.log"))]
+    assert len(servers) == 4 and all(log.exists() for log in servers)
+    for log in servers:  # short collector passes (understudy.cli.pauses) in each
+        frozen = re.search(r"(\d+) start-up objects exempted", log.read_text(errors="replace"))
+        assert frozen is not None and int(frozen.group(1)) > 10_000, log.name

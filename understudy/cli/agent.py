@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from understudy.cli.pauses import freeze_start_up_heap
 from understudy.wire.bounds import MAX_CAPACITY, MAX_RESOURCES, check_name
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ def run(options: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, agent.stop)
+        freeze_start_up_heap()  # short collector passes on the load path (cli.pauses)
         await agent.run()
 
     asyncio.run(main())

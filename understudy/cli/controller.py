@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from understudy.cli.pauses import freeze_start_up_heap
+
 logger = logging.getLogger(__name__)
 
 REDIS_PASSWORD_ENV = "UNDERSTUDY_REDIS_PASSWORD"
@@ -105,6 +107,7 @@ def run(options: argparse.Namespace) -> int:
     # the loop makes the planner, wait up to 5 ms per hand-off: on the failover path that
     # is time between detection and the interim loads. 1 ms keeps both within a millisecond.
     sys.setswitchinterval(0.001)
+    freeze_start_up_heap()  # short collector passes on the failover path (cli.pauses)
     tls = ({"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
            if settings.tls_cert is not None else {})
     serve(app, controller.shutting_down, host=settings.host, port=settings.port,

@@ -12,15 +12,17 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from understudy.cli.pauses import CollectorPauses, freeze_start_up_heap
+
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "UNDERSTUDY_GATEWAY_"
+"""Every gateway setting may come from ``UNDERSTUDY_GATEWAY_<FIELD>`` (JSON for ``hedge_ms``;
+see ``understudy.wire.settings`` for the precedence)."""
 GIL_SWITCH_S = 0.001
 """How long the event loop's thread waits for the GIL while another thread computes (Python's
 default: 5 ms). Orloj's profile refreshes are built on a worker thread; without this, each
 time the loop wakes during one it could wait up to 5 ms, a fair share of a tight objective."""
-"""Every gateway setting may come from ``UNDERSTUDY_GATEWAY_<FIELD>`` (JSON for ``hedge_ms``;
-see ``understudy.wire.settings`` for the precedence)."""
 
 
 def parse_hedge(text: str) -> tuple[str, float]:
@@ -158,11 +160,14 @@ def run(options: argparse.Namespace) -> int:
         logger.error("invalid gateway settings: %s", exc)
         return 2
     gateway = Gateway(config)
+    pauses = CollectorPauses(gateway.metrics.collector_paused)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, gateway.stop)
+        pauses.install()
+        freeze_start_up_heap()  # before listening: its own pass keeps no request waiting
         await gateway.run()
 
     sys.setswitchinterval(GIL_SWITCH_S)
