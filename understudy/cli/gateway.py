@@ -166,8 +166,8 @@ def run(options: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, gateway.stop)
-        pauses.install()
         freeze_start_up_heap()  # before listening: its own pass keeps no request waiting
+        pauses.install()
         await gateway.run()
 
     sys.setswitchinterval(GIL_SWITCH_S)
