@@ -41,27 +41,24 @@ class GatewayProcess:
 
     def sample(self, name: str, **labels: str) -> float | None:
         """One sample of /metrics whose labels include ``labels`` (None: absent)."""
-        wanted = [f'{k}="{v}"' for k, v in labels.items()]
-        for line in self.metrics().splitlines():
-            if line.startswith(name) and (line[len(name):len(name) + 1] in (" ", "{")) \
-                    and all(w in line for w in wanted):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+        return _sample_of(self.metrics(), name, **labels)
 
     def collector_pauses(self) -> dict[str, dict[str, float]]:
         """Per generation, the garbage collector's passes in the gateway.
 
         How many, their total and how many took 10 ms or more
-        (``understudy_gateway_gc_pause_seconds``).
+        (``understudy_gateway_gc_pause_seconds``), from one reading of /metrics (passes go
+        on between two readings).
         """
         name = "understudy_gateway_gc_pause_seconds"
+        text = self.metrics()
         found: dict[str, dict[str, float]] = {}
         for generation in ("0", "1", "2"):
-            passes = self.sample(f"{name}_count", generation=generation)
+            passes = _sample_of(text, f"{name}_count", generation=generation)
             if not passes:
                 continue
-            total = self.sample(f"{name}_sum", generation=generation) or 0.0
-            short = self.sample(f"{name}_bucket", generation=generation, le="0.01") or 0.0
+            total = _sample_of(text, f"{name}_sum", generation=generation) or 0.0
+            short = _sample_of(text, f"{name}_bucket", generation=generation, le="0.01") or 0.0
             found[generation] = {"passes": passes, "total_ms": round(total * 1000, 1),
                                  "over_10ms": passes - short}
         return found
@@ -74,6 +71,16 @@ class GatewayProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+
+
+def _sample_of(text: str, name: str, **labels: str) -> float | None:
+    """The first sample of metrics ``text`` named ``name`` with ``labels`` (None: absent)."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name):len(name) + 1] in (" ", "{")) \
+                and all(w in line for w in wanted):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def start_gateway(run_dir: Path, controller_url: str, *extra: str,
