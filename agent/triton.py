@@ -160,7 +160,10 @@ class TritonServer:
                 preexec_fn=child_setup(self.config.nice))
         finally:
             log.close()
-        self._close_client()
+        # Every thread's clients, not only this one's: a restart may have moved Triton to
+        # fresh ports (``TritonKeeper.fresh_ports``), and a load thread's cached client would
+        # still dial the old ones (connection refused right after ``triton_up``).
+        self._close_every_client()
         self._stopping = False
         self._watch(self.process)
 
