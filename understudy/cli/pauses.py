@@ -1,13 +1,13 @@
 """Short collector passes for the long-running servers (the gateway above all).
 
 CPython's cyclic garbage collector now and then walks every container object the process
-holds (a pass over its oldest generation). In a server nearly all of them were made at start-up
-(modules, classes, functions, the web framework's and the Triton client's) and live as long as
-the process: walking them all stops the event loop for longer than the tightest objectives
-the gateway schedules for, and every request in flight or arriving meanwhile waits.
-:func:`freeze_start_up_heap` moves what is alive once the server is up into the permanent
+holds (a pass over its oldest generation), and the event loop waits meanwhile: every request
+in flight or arriving. Many of those objects were made at start-up (modules, classes,
+functions, the web framework's and the Triton client's) and live as long as the process.
+:func:`freeze_start_up_heap` moves what is alive once the server is built into the permanent
 generation that the collector skips (``gc.freeze``); later passes walk only what was made
-since.
+since, which in a gateway with many apps is still a lot (each app's metric series, queue
+and profile).
 
 :class:`CollectorPauses` times every pass and hands each to an observer (the gateway's
 ``understudy_gateway_gc_pause_seconds``), so a long one is seen where it happens.
